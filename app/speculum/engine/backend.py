@@ -1,0 +1,100 @@
+"""The interface the decoder needs from a model: what ``LlamaModel`` offers.
+
+A deterministic synthetic model implements the same interface in the tests, so the
+exactness of the algorithm is proven apart from llama.cpp's numerics.
+"""
+
+from __future__ import annotations
+
+import codecs
+import threading
+from typing import Protocol, Sequence
+
+import numpy as np
+
+
+class Detokenizer:
+    """Turns a stream of token pieces into text, holding back a partial UTF-8 character."""
+
+    def __init__(self, model: TokenPieces):
+        self._model = model
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def feed(self, token: int) -> str:
+        return self._utf8.decode(self._model.token_bytes(token))
+
+    def flush(self) -> str:
+        return self._utf8.decode(b"", final=True)
+
+
+class TokenPieces:
+    """Mixin: the bytes of each token, cached (the vocabulary never changes)."""
+
+    def token_bytes(self, token: int) -> bytes:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def detokenizer(self) -> Detokenizer:
+        return Detokenizer(self)
+
+
+class Backend(Protocol):
+    n_vocab: int
+    n_ctx: int
+    n_past: int  # tokens in the KV cache
+
+    def decode(self, tokens: Sequence[int], rows: Sequence[int] | None = None) -> np.ndarray: ...
+    def prefill(self, tokens: Sequence[int]) -> np.ndarray: ...
+    def trim(self, n: int) -> None: ...
+    def is_eog(self, token: int) -> bool: ...
+    def token_bytes(self, token: int) -> bytes: ...
+    def token_text(self, token: int, special: bool = True) -> str: ...
+    def tokenize(self, text: str, add_special: bool = False, parse_special: bool = True) -> list[int]: ...
+
+
+class CachedSequence:
+    """A backend plus the tokens in its KV cache, so a new request reuses the common prefix.
+
+    A chat's second turn shares the first turn's tokens: only the new ones are decoded.
+    """
+
+    def __init__(self, model: Backend):
+        self.model = model
+        self.tokens: list[int] = []
+
+    def sync(self, context: Sequence[int]) -> int:
+        """Trim the cache to its longest common prefix with ``context``; return that length."""
+        limit = min(len(self.tokens), len(context))
+        if self.tokens[:limit] == list(context[:limit]):  # the usual case, at C speed
+            n = limit
+        else:
+            n = 0
+            while self.tokens[n] == context[n]:
+                n += 1
+        if n < len(self.tokens):
+            self.model.trim(n)
+            del self.tokens[n:]
+        return n
+
+    def feed(self, tokens: Sequence[int], stop: threading.Event | None = None) -> None:
+        """Decode tokens that need no logits (prompt prefill), checking ``stop`` between chunks."""
+        if tokens:
+            step = getattr(self.model, "n_batch", len(tokens))
+            for start in range(0, len(tokens), step):
+                if stop is not None and stop.is_set():
+                    return
+                chunk = tokens[start:start + step]
+                self.model.decode(chunk, rows=())
+                self.tokens.extend(chunk)
+
+    def decode(self, tokens: Sequence[int], rows: Sequence[int] | None = None) -> np.ndarray:
+        logits = self.model.decode(tokens, rows)
+        self.tokens.extend(tokens)
+        return logits
+
+    def trim(self, n: int) -> None:
+        if n < len(self.tokens):
+            self.model.trim(n)
+            del self.tokens[n:]

@@ -1,0 +1,146 @@
+"""Drafters propose the next few tokens cheaply; the target verifies them in one pass.
+
+- ``ModelDrafter``: a small model of the same tokenizer, its KV cache kept in step
+  with the target (synced to the accepted context before every proposal).
+- ``PromptLookup``: copies the continuation of the latest earlier occurrence of the
+  current n-gram suffix, from the prompt and what was generated so far.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from .backend import Backend, CachedSequence
+from .sampling import SamplingParams, distribution, sample
+
+MODEL = "model"
+LOOKUP = "lookup"
+NONE = "none"
+
+
+@dataclass
+class Draft:
+    tokens: list[int] = field(default_factory=list)
+    source: str = NONE
+    # Per drafted token, the draft's distribution q (rows, V) when sampling; None means a
+    # point mass on each token (greedy drafts and lookup drafts).
+    q: np.ndarray | None = None
+    confidence: list[float] = field(default_factory=list)  # the draft's own p of each token
+    match_length: int = 0  # lookup: length of the n-gram that matched
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+class ModelDrafter:
+    source = MODEL
+
+    def __init__(self, model: Backend):
+        self.model = model
+        self.sequence = CachedSequence(model)
+
+    def propose(self, context: Sequence[int], k: int, sampling: SamplingParams,
+                rng: np.random.Generator, min_confidence: float = 0.0) -> Draft:
+        """Up to k tokens following ``context``; stops early below ``min_confidence``."""
+        if k <= 0:
+            return Draft(source=self.source)
+        seq = self.sequence
+        have = seq.sync(context)
+        if have == len(context):  # nothing new to decode: step back one to get logits
+            seq.trim(have - 1)
+            have -= 1
+        # Room in the draft's own context: it may be smaller than the target's.
+        k = min(k, self.model.n_ctx - len(context))
+        if k <= 0:
+            return Draft(source=self.source)
+        seq.feed(context[have:-1])
+        logits = seq.decode([context[-1]])[0]
+        tokens: list[int] = []
+        qs: list[np.ndarray] = []
+        conf: list[float] = []
+        for i in range(k):
+            if sampling.greedy:
+                tok = int(np.argmax(logits))
+                top = logits[tok]
+                c = 1.0 / float(np.exp(np.asarray(logits, np.float32) - top).sum())
+            else:
+                q = distribution(logits, sampling)
+                tok = sample(q, rng)
+                qs.append(q)
+                c = float(q[tok])
+            if tokens and c < min_confidence:
+                break
+            tokens.append(tok)
+            conf.append(c)
+            if i + 1 < k:
+                logits = seq.decode([tok])[0]
+        return Draft(tokens, self.source, np.stack(qs[: len(tokens)]) if qs else None, conf)
+
+    def begin(self, context: Sequence[int]) -> None:
+        """Nothing to prepare: ``propose`` syncs the KV cache to the context it is given."""
+
+    def accept(self, context: Sequence[int]) -> None:
+        """Drop drafted tokens the target rejected (the next propose syncs anyway)."""
+        self.sequence.sync(context)
+
+
+class PromptLookup:
+    """n-gram index over prompt + generated tokens, updated as tokens arrive."""
+
+    source = LOOKUP
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+        self.tokens: list[int] = []
+        # n-gram -> end position of its latest occurrence that has a continuation.
+        self._index: dict[tuple[int, ...], int] = {}
+
+    def reset(self) -> None:
+        self.tokens = []
+        self._index = {}
+
+    def extend(self, new_tokens: Sequence[int]) -> None:
+        toks = self.tokens
+        for t in new_tokens:
+            toks.append(t)
+            end = len(toks) - 2  # the n-grams ending here now have a continuation
+            for n in range(1, self.max_ngram + 1):
+                if end - n + 1 < 0:
+                    break
+                self._index[tuple(toks[end - n + 1:end + 1])] = end
+
+    def begin(self, context: Sequence[int]) -> None:
+        """Start a generation: keep the index when ``context`` extends what it holds."""
+        n = len(self.tokens)
+        if len(context) >= n and list(context[:n]) == self.tokens:
+            self.extend(context[n:])
+        else:
+            self.reset()
+            self.extend(context)
+
+    def match(self, context: Sequence[int]) -> tuple[int, int]:
+        """(end position of the latest earlier match, its n-gram length), or (-1, 0)."""
+        self.extend(context[len(self.tokens):])
+        toks = self.tokens
+        for n in range(min(self.max_ngram, len(toks) - 1), self.min_ngram - 1, -1):
+            end = self._index.get(tuple(toks[len(toks) - n:]))
+            if end is not None:
+                return end, n
+        return -1, 0
+
+    def propose(self, context: Sequence[int], k: int, sampling: SamplingParams | None = None,
+                rng: np.random.Generator | None = None, min_match: int = 0) -> Draft:
+        if k <= 0:
+            return Draft(source=self.source)
+        end, n = self.match(context)
+        if end < 0 or n < min_match:
+            return Draft(source=self.source)
+        cont = self.tokens[end + 1:end + 1 + k]
+        return Draft(list(cont), self.source, None, [1.0] * len(cont), n)
+
+    def accept(self, context: Sequence[int]) -> None:
+        self.extend(context[len(self.tokens):])

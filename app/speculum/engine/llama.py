@@ -1,0 +1,331 @@
+"""A thin, fast wrapper over llama-cpp-python's low-level API.
+
+One ``LlamaModel`` is one GGUF file with one context holding one sequence. The
+decoder drives it with ``decode(tokens, rows)``: the tokens go in at the current
+position and the logits of the named rows come back as a zero-copy numpy view
+(valid until the next call). ``trim(n)`` rolls the KV cache back to ``n`` tokens.
+The high-level ``Llama.generate()`` is not used: it hides per-step accept/reject.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..errors import ContextFullError, SpeculumError
+from ..models.gguf import check_gguf_file
+from .backend import TokenPieces
+
+import llama_cpp as lc  # noqa: E402  (after our imports: its own logger is replaced below)
+
+# --- llama.cpp's log: kept quiet, the last lines remembered for error messages -------------
+
+_log_lines: collections.deque[str] = collections.deque(maxlen=40)
+_log_verbose = bool(os.environ.get("SPECULUM_LLAMA_LOG"))
+
+
+@lc.llama_log_callback
+def _log_callback(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+    line = text.decode("utf-8", errors="replace")
+    _log_lines.append(line)
+    if _log_verbose:
+        print(line, end="", flush=True)
+
+
+lc.llama_log_set(_log_callback, ctypes.c_void_p(0))
+lc.llama_backend_init()
+
+
+def _recent_log_error() -> str:
+    """The most telling line llama.cpp logged, to name why a load failed."""
+    for line in reversed(_log_lines):
+        low = line.lower()
+        if "unknown" in low or "error" in low or "failed" in low or "unsupported" in low:
+            text = line.strip()
+            return text.split(": ", 1)[-1] if text.startswith("llama_") else text
+    return ""
+
+
+# --- what the machine can do ------------------------------------------------------------------
+
+def system_info() -> str:
+    return lc.llama_print_system_info().decode("utf-8", errors="replace")
+
+
+def gpu_backend() -> str | None:
+    """The GPU backend this llama.cpp was built with ('Metal', 'CUDA', ...), or None."""
+    if not lc.llama_supports_gpu_offload():
+        return None
+    info = system_info()
+    for name in ("CUDA", "Metal", "HIP", "ROCm", "Vulkan", "SYCL", "OpenCL"):
+        if name.lower() in info.lower():
+            return name
+    return "GPU"
+
+
+def default_threads() -> int:
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:
+        n = os.cpu_count() or 1
+    return max(1, min(n, 16))
+
+
+def llama_cpp_version() -> str:
+    return getattr(lc, "__version__", "unknown")
+
+
+# --- model -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ModelFacts:
+    path: str
+    name: str
+    architecture: str
+    n_parameters: int
+    quantization: str
+    file_size: int
+    vocab_size: int
+    context_length: int  # the model's training context
+    n_ctx: int  # this context's size
+    backend: str  # CPU, Metal, CUDA, ...
+    n_gpu_layers: int
+
+
+LoadProgress = Callable[[float], bool]  # fraction loaded -> keep going?
+
+
+class LlamaModel(TokenPieces):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        n_ctx: int = 4096,
+        n_gpu_layers: int | None = None,
+        n_threads: int | None = None,
+        n_threads_batch: int | None = None,
+        n_batch: int = 512,
+        flash_attn: bool | None = None,
+        progress: LoadProgress | None = None,
+    ):
+        self.path = Path(path)
+        header = check_gguf_file(self.path)
+        self._lock = threading.Lock()
+        gpu = gpu_backend()
+        if n_gpu_layers is None:
+            n_gpu_layers = -1 if gpu else 0  # every layer on the GPU when there is one
+        mparams = lc.llama_model_default_params()
+        mparams.n_gpu_layers = 0 if gpu is None else (10**6 if n_gpu_layers < 0 else n_gpu_layers)
+        self._progress_cb = None
+        if progress is not None:
+            def on_progress(fraction: float, _user: ctypes.c_void_p) -> bool:
+                return bool(progress(float(fraction)))
+            self._progress_cb = lc.llama_progress_callback(on_progress)
+            mparams.progress_callback = self._progress_cb
+        _log_lines.clear()
+        self._model = lc.llama_model_load_from_file(str(self.path).encode(), mparams)
+        if not self._model:
+            why = _recent_log_error()
+            if progress is not None and "cancel" in why.lower():
+                raise SpeculumError(f"Loading {self.path.name} was cancelled.")
+            raise SpeculumError(
+                f"llama.cpp could not load {self.path.name} (architecture '{header.architecture}')"
+                + (f": {why}" if why else ".")
+            )
+        self._vocab = lc.llama_model_get_vocab(self._model)
+        self.n_vocab = lc.llama_vocab_n_tokens(self._vocab)
+        n_train = lc.llama_model_n_ctx_train(self._model)
+        threads = n_threads or default_threads()
+        cparams = lc.llama_context_default_params()
+        cparams.n_ctx = min(n_ctx, n_train) if n_train > 0 else n_ctx
+        cparams.n_batch = cparams.n_ubatch = n_batch
+        cparams.n_seq_max = 1
+        cparams.n_threads = threads
+        cparams.n_threads_batch = n_threads_batch or threads
+        cparams.flash_attn_type = (
+            lc.LLAMA_FLASH_ATTN_TYPE_AUTO if flash_attn is None
+            else lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        )
+        self._ctx = lc.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            lc.llama_model_free(self._model)
+            self._model = None
+            why = _recent_log_error()
+            raise SpeculumError(
+                f"llama.cpp could not create a context of {cparams.n_ctx} tokens for "
+                f"{self.path.name}" + (f": {why}" if why else " (out of memory?).")
+            )
+        self._mem = lc.llama_get_memory(self._ctx)
+        self.n_ctx = lc.llama_n_ctx(self._ctx)
+        self.n_batch = n_batch
+        self.n_threads = threads
+        self.n_past = 0
+        self._batch = lc.llama_batch_init(n_batch, 0, 1)
+        for i in range(n_batch):
+            self._batch.n_seq_id[i] = 1
+            self._batch.seq_id[i][0] = 0
+        self._pieces: dict[int, bytes] = {}
+        self._piece_buf = ctypes.create_string_buffer(256)
+        self.bos = lc.llama_vocab_bos(self._vocab)
+        self.eos = lc.llama_vocab_eos(self._vocab)
+        self.add_bos = bool(lc.llama_vocab_get_add_bos(self._vocab))
+        self.facts = ModelFacts(
+            path=str(self.path),
+            name=header.name or self.path.stem,
+            architecture=header.architecture,
+            n_parameters=int(lc.llama_model_n_params(self._model)),
+            quantization=header.quantization,
+            file_size=self.path.stat().st_size,
+            vocab_size=self.n_vocab,
+            context_length=n_train,
+            n_ctx=self.n_ctx,
+            backend=gpu if (gpu and n_gpu_layers != 0) else "CPU",
+            n_gpu_layers=mparams.n_gpu_layers,
+        )
+        self.chat_template = self.meta("tokenizer.chat_template")
+
+    # -- metadata and vocabulary --
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(1 << 16)
+        n = lc.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        if n < 0:
+            return None
+        if n >= len(buf):
+            buf = ctypes.create_string_buffer(n + 1)
+            lc.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace")
+
+    def tokenize(self, text: str, add_special: bool = False, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        arr = (lc.llama_token * cap)()
+        n = lc.llama_tokenize(self._vocab, data, len(data), arr, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            arr = (lc.llama_token * cap)()
+            n = lc.llama_tokenize(self._vocab, data, len(data), arr, cap, add_special, parse_special)
+        return list(arr[:n])
+
+    def token_bytes(self, token: int) -> bytes:
+        piece = self._pieces.get(token)
+        if piece is None:
+            n = lc.llama_token_to_piece(self._vocab, token, self._piece_buf, 256, 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = lc.llama_token_to_piece(self._vocab, token, buf, -n, 0, False)
+                piece = buf.raw[:n]
+            else:
+                piece = self._piece_buf.raw[:n]
+            self._pieces[token] = piece
+        return piece
+
+    def token_text(self, token: int, special: bool = True) -> str:
+        """A token's text for display (special tokens by name)."""
+        if special:
+            text = lc.llama_vocab_get_text(self._vocab, token)
+            if text and lc.llama_vocab_is_control(self._vocab, token):
+                return text.decode("utf-8", errors="replace")
+        return self.token_bytes(token).decode("utf-8", errors="replace")
+
+    def is_eog(self, token: int) -> bool:
+        return bool(lc.llama_vocab_is_eog(self._vocab, token))
+
+    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
+        from .chat import render_chat
+
+        return render_chat(self, messages, add_generation_prompt)
+
+    # -- decoding --
+
+    def decode(self, tokens: Sequence[int], rows: Sequence[int] | None = None) -> np.ndarray:
+        """Append ``tokens`` at the current position; return logits of ``rows`` (default: last).
+
+        The result is a (len(rows), n_vocab) float32 view into llama.cpp's buffer,
+        valid until the next decode.
+        """
+        n = len(tokens)
+        if n == 0:
+            raise ValueError("decode needs at least one token")
+        if n > self.n_batch:
+            raise ValueError(f"decode of {n} tokens exceeds n_batch {self.n_batch}; use prefill")
+        if self.n_past + n > self.n_ctx:
+            raise ContextFullError(
+                f"The context of {self.n_ctx} tokens is full ({self.n_past} used, {n} more needed)."
+            )
+        if rows is None:
+            rows = (n - 1,)
+        b = self._batch
+        pos = self.n_past
+        want = set(rows)
+        for i, t in enumerate(tokens):
+            b.token[i] = t
+            b.pos[i] = pos + i
+            b.logits[i] = i in want
+        b.n_tokens = n
+        rc = lc.llama_decode(self._ctx, b)
+        if rc != 0:
+            if rc == 1:
+                raise ContextFullError(f"llama.cpp found no room in the KV cache ({self.n_past} tokens used).")
+            raise SpeculumError(f"llama.cpp failed to decode (code {rc}).")
+        self.n_past += n
+        if not want:
+            return np.empty((0, self.n_vocab), dtype=np.float32)
+        ptr = lc.llama_get_logits(self._ctx)
+        return np.ctypeslib.as_array(ptr, shape=(len(want), self.n_vocab))
+
+    def prefill(self, tokens: Sequence[int]) -> np.ndarray:
+        """Decode any number of tokens in n_batch chunks; return the last row's logits."""
+        if self.n_past + len(tokens) > self.n_ctx:
+            raise ContextFullError(
+                f"The prompt needs {self.n_past + len(tokens)} tokens but the context holds {self.n_ctx}."
+            )
+        logits = None
+        for start in range(0, len(tokens), self.n_batch):
+            chunk = tokens[start:start + self.n_batch]
+            last = start + len(chunk) >= len(tokens)
+            logits = self.decode(chunk, rows=(len(chunk) - 1,) if last else ())
+        assert logits is not None, "prefill needs at least one token"
+        return logits[0]
+
+    def trim(self, n: int) -> None:
+        """Forget every token at position >= n."""
+        if n < self.n_past:
+            lc.llama_memory_seq_rm(self._mem, 0, n, -1)
+            self.n_past = n
+
+    def reset(self) -> None:
+        lc.llama_memory_clear(self._mem, True)
+        self.n_past = 0
+
+    def close(self) -> None:
+        if getattr(self, "_ctx", None):
+            lc.llama_batch_free(self._batch)
+            lc.llama_free(self._ctx)
+            self._ctx = None
+        if getattr(self, "_model", None):
+            lc.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __enter__(self) -> "LlamaModel":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+__all__ = ["LlamaModel", "ModelFacts", "gpu_backend", "system_info",
+           "default_threads", "llama_cpp_version"]

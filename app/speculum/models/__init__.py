@@ -1,0 +1,1 @@
+"""Model files: GGUF headers, the bundled demo weights, the local library, downloads."""

@@ -1,0 +1,51 @@
+"""Where Speculum keeps things: models, settings, conversations, bundled resources.
+
+Every folder can be moved with an environment variable, so tests and portable
+installs never touch the user's real library.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import platformdirs
+
+APP_NAME = "Speculum"
+
+
+def data_dir() -> Path:
+    """User data folder (conversations, remembered measurements)."""
+    env = os.environ.get("SPECULUM_DATA_DIR")
+    return Path(env) if env else Path(platformdirs.user_data_dir(APP_NAME, appauthor=False))
+
+
+def models_dir() -> Path:
+    """Local model library: GGUF files live here."""
+    env = os.environ.get("SPECULUM_MODELS_DIR")
+    return Path(env) if env else data_dir() / "models"
+
+
+def config_dir() -> Path:
+    """Settings folder."""
+    env = os.environ.get("SPECULUM_CONFIG_DIR")
+    return Path(env) if env else Path(platformdirs.user_config_dir(APP_NAME, appauthor=False))
+
+
+def resources_dir() -> Path:
+    """The `resources/` folder: in a source checkout, an installed share dir, or a bundle."""
+    candidates = []
+    bundle = getattr(sys, "_MEIPASS", None)
+    if bundle:
+        candidates.append(Path(bundle) / "resources")
+    candidates.append(Path(__file__).resolve().parents[2] / "resources")
+    candidates.append(Path(sys.prefix) / "share" / "speculum" / "resources")
+    for path in candidates:
+        if path.is_dir():
+            return path
+    return candidates[0]
+
+
+def resource(name: str) -> Path:
+    return resources_dir() / name

@@ -1,0 +1,152 @@
+"""The algorithm is exact: proven on a deterministic synthetic model (no llama.cpp numerics)."""
+
+import numpy as np
+import pytest
+
+from speculum.engine.decoder import Decoder
+from speculum.engine.drafters import Draft
+from speculum.engine.sampling import SamplingParams, distribution
+from speculum.engine.verify import verify
+from synthetic import SyntheticModel, noisy_copy
+
+
+def run(decoder, prompt, **kw):
+    cycles = list(decoder.generate(prompt, **kw))
+    return [t for c in cycles for t in c.emitted], cycles
+
+
+@pytest.mark.parametrize("noise", [0.0, 0.5, 2.0, 8.0])
+@pytest.mark.parametrize("k", [1, 3, 6])
+def test_greedy_model_draft_equals_plain(noise, k):
+    target = SyntheticModel(n_vocab=16, seed=1)
+    plain, _ = run(Decoder(SyntheticModel(n_vocab=16, seed=1)), [1, 2, 3], max_tokens=80, policy="off")
+    spec, cycles = run(Decoder(target, noisy_copy(target, seed=5, noise=noise)), [1, 2, 3],
+                       max_tokens=80, policy="draft", k=k)
+    assert spec == plain
+    assert len(spec) == 80
+    drafted = sum(len(c.drafted) for c in cycles)
+    accepted = sum(c.n_accepted for c in cycles)
+    assert drafted > 0
+    if noise == 0.0:
+        assert accepted == drafted  # a perfect draft is always accepted
+    if noise == 8.0:
+        assert accepted < drafted
+
+
+def test_greedy_random_drafts_of_every_quality_equal_plain():
+    """Drafts from a random proposer (right with probability a) never change greedy output."""
+    target = SyntheticModel(n_vocab=10, seed=3)
+    plain, _ = run(Decoder(SyntheticModel(n_vocab=10, seed=3)), [4, 5], max_tokens=60, policy="off")
+    for quality in (0.0, 0.3, 0.7, 1.0):
+        rng = np.random.default_rng(int(quality * 10))
+        dec = Decoder(target)
+
+        class RandomDrafter:
+            source = "model"
+
+            def begin(self, context):
+                pass
+
+            def propose(self, context, k, sampling, rng_, min_confidence=0.0):
+                ctx = list(context)
+                out = []
+                for _ in range(k):
+                    best = int(np.argmax(target.logits_after(ctx)))
+                    tok = best if rng.random() < quality else int(rng.integers(target.n_vocab))
+                    out.append(tok)
+                    ctx.append(tok)
+                return Draft(out, "model")
+
+            def accept(self, context):
+                pass
+
+        dec.model_drafter = RandomDrafter()
+        spec, cycles = run(dec, [4, 5], max_tokens=60, policy="draft", k=4)
+        assert spec == plain, quality
+
+
+def test_greedy_lookup_equals_plain():
+    target = SyntheticModel(n_vocab=6, seed=7, order=1)
+    prompt = [1, 2, 3, 4, 5, 1, 2, 3, 0, 1, 2]
+    plain, _ = run(Decoder(SyntheticModel(n_vocab=6, seed=7, order=1)), prompt, max_tokens=70, policy="off")
+    spec, cycles = run(Decoder(target), prompt, max_tokens=70, policy="lookup", k=5)
+    assert spec == plain
+    assert any(c.source == "lookup" for c in cycles)
+    assert sum(c.n_accepted for c in cycles) > 0
+
+
+def chi_square_p(observed, expected_probs, n):
+    from math import fsum
+    exp = np.asarray(expected_probs) * n
+    mask = exp > 5
+    stat = fsum(((np.asarray(observed)[mask] - exp[mask]) ** 2 / exp[mask]).tolist())
+    dof = int(mask.sum()) - 1
+    # Wilson–Hilferty approximation of the chi-square upper tail (no scipy needed).
+    from math import erf, sqrt
+    z = ((stat / dof) ** (1 / 3) - (1 - 2 / (9 * dof))) / sqrt(2 / (9 * dof))
+    return 0.5 * (1 - erf(z / sqrt(2)))
+
+
+@pytest.mark.parametrize("drafter", ["draft", "lookup"])
+def test_sampled_distribution_matches_target(drafter):
+    """Over many seeded runs, the token after 3 generated steps is distributed as the target's."""
+    V = 6
+    sampling_kw = dict(temperature=1.0, top_k=0, top_p=1.0)
+    target = SyntheticModel(n_vocab=V, seed=11, order=1, sharpness=1.2)
+    draft = noisy_copy(target, seed=12, noise=1.5)
+    prompt = [0, 1, 2, 3, 4, 5, 0, 1, 2]
+    steps = 3
+    # Exact distribution of the sequence after `steps` tokens, by enumeration (order-1 chain).
+    params = SamplingParams(**sampling_kw)
+    probs = {(): 1.0}
+    for _ in range(steps):
+        nxt = {}
+        for seq, pr in probs.items():
+            p = distribution(target.logits_after(prompt + list(seq)), params)
+            for t in range(V):
+                nxt[seq + (t,)] = nxt.get(seq + (t,), 0.0) + pr * p[t]
+        probs = nxt
+    last_token = np.zeros(V)
+    for seq, pr in probs.items():
+        last_token[seq[-1]] += pr
+    n = 3000
+    counts = np.zeros(V)
+    joint = {}
+    dec = Decoder(target, draft if drafter == "draft" else None)
+    drafted = 0
+    for seed in range(n):
+        out = []
+        for c in dec.generate(prompt, max_tokens=steps, policy=drafter, k=3,
+                              sampling=SamplingParams(seed=seed, **sampling_kw)):
+            out.extend(c.emitted)
+            drafted += len(c.drafted)
+        assert len(out) == steps
+        counts[out[-1]] += 1
+        joint[tuple(out)] = joint.get(tuple(out), 0) + 1
+    assert drafted > n  # speculation really happened
+    assert chi_square_p(counts, last_token, n) > 0.001
+    keys = sorted(probs)
+    assert chi_square_p([joint.get(s, 0) for s in keys], [probs[s] for s in keys], n) > 0.001
+
+
+def test_verify_sampled_rejects_and_resamples_from_residual():
+    """One position, q puts mass on a token p never picks: it must always be rejected."""
+    p_logits = np.array([[5.0, 0.0, -50.0], [0.0, 0.0, 0.0]], dtype=np.float32)
+    q = np.array([[0.0, 0.0, 1.0]])
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        v = verify(p_logits, Draft([2], "model", q), SamplingParams(temperature=1.0), rng)
+        assert v.n_accepted == 0 and v.tokens[0] in (0, 1)
+
+
+def test_sampling_filters_shape_p_and_q_alike():
+    logits = np.array([3.0, 2.0, 1.0, 0.0, -1.0])
+    p = distribution(logits, SamplingParams(temperature=1.0, top_k=2))
+    assert np.count_nonzero(p) == 2 and abs(p.sum() - 1) < 1e-12
+    p = distribution(logits, SamplingParams(temperature=1.0, top_p=0.7))
+    assert np.count_nonzero(p) == 2
+    p = distribution(logits, SamplingParams(temperature=1.0, min_p=0.3))
+    assert np.count_nonzero(p) == 2
+    big = np.random.default_rng(0).standard_normal(5000) * 0.01  # flat: top-p needs the full sort
+    p = distribution(big, SamplingParams(temperature=1.0, top_p=0.9))
+    assert 4000 < np.count_nonzero(p) < 5000
