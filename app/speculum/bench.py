@@ -1,0 +1,116 @@
+"""`speculum bench`: every prompt in every mode, interleaved in one process, side by side.
+
+Speed claims are ratios measured in one run (speculative vs plain on the same prompt,
+same model), because shared machines are noisy.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from . import paths
+from .documents import read_document
+from .engine.decoder import Decoder
+from .engine.prompts import build_messages
+from .engine.sampling import SamplingParams
+from .errors import SpeculumError
+
+DEFAULT_SUITE = "bench/default.jsonl"
+
+
+@dataclass
+class BenchPrompt:
+    name: str
+    user: str
+    system: str | None = None
+    document: str | None = None
+    temperature: float = 0.0
+    max_tokens: int = 128
+    seed: int = 0
+
+    def messages(self) -> list[dict]:
+        return build_messages(self.user, self.system, self.document)
+
+
+def load_prompts(path: str | None = None) -> list[BenchPrompt]:
+    file = Path(path) if path else paths.resource(DEFAULT_SUITE)
+    if not file.is_file():
+        raise SpeculumError(f"Prompt suite not found: {file}")
+    prompts = []
+    for n, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+            doc = d.get("document")
+            if doc is None and d.get("document_file"):
+                doc = read_document(file.parent / d["document_file"])
+            prompts.append(BenchPrompt(d["name"], d["user"], d.get("system"), doc,
+                                       float(d.get("temperature", 0.0)), int(d.get("max_tokens", 128)),
+                                       int(d.get("seed", 0))))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise SpeculumError(f"{file}:{n}: not a valid prompt line ({exc}).") from None
+    return prompts
+
+
+def run_one(decoder: Decoder, prompt_tokens: list[int], mode: str, prompt: BenchPrompt,
+            max_tokens: int, k: int) -> dict:
+    sampling = SamplingParams(temperature=prompt.temperature, seed=prompt.seed)
+    last = None
+    for cycle in decoder.generate(prompt_tokens, max_tokens=max_tokens, sampling=sampling, policy=mode, k=k):
+        last = cycle
+    s = decoder.stats
+    return {"name": prompt.name, "mode": mode, "tokens": s.tokens, "seconds": s.seconds,
+            "passes": s.passes, "drafted": s.drafted, "accepted": s.accepted,
+            "overhead_s": s.overhead_s, "draft_s": s.draft_s, "verify_s": s.verify_s,
+            "finish": last.finish if last else None}
+
+
+def run_bench(decoder: Decoder, prompts: list[BenchPrompt], modes: list[str], max_tokens: int | None = None,
+              repeat: int = 1, k: int = 4, progress: TextIO | None = None) -> list[dict]:
+    """Interleave modes per prompt and repetition; aggregate per (prompt, mode)."""
+    if decoder.model_drafter is None:
+        modes = [m for m in modes if m != "draft"]
+    totals: dict[tuple[str, str], dict] = {}
+    tokenized = {p.name: decoder.target.tokenize(decoder.target.apply_chat_template(p.messages())) for p in prompts}
+    # Warm-up: the first decode after loading is slower (page faults, thread start).
+    list(decoder.generate(tokenized[prompts[0].name], max_tokens=4, policy="off"))
+    for r in range(repeat):
+        for p in prompts:
+            for mode in modes:
+                res = run_one(decoder, tokenized[p.name], mode, p, max_tokens or p.max_tokens, k)
+                if progress:
+                    rate = res["tokens"] / res["seconds"] if res["seconds"] else 0
+                    progress.write(f"[{r + 1}/{repeat}] {p.name:<22} {mode:<7} {rate:6.1f} tok/s\n")
+                    progress.flush()
+                agg = totals.setdefault((p.name, mode), {k2: 0 for k2 in res if k2 not in ("name", "mode", "finish")})
+                for key in agg:
+                    agg[key] += res[key]
+    results = []
+    for (name, mode), a in totals.items():
+        results.append({
+            "name": name, "mode": mode, "tokens": a["tokens"] // repeat,
+            "tokens_per_s": round(a["tokens"] / a["seconds"], 3) if a["seconds"] else 0.0,
+            "acceptance_rate": round(a["accepted"] / a["drafted"], 4) if a["drafted"] else 0.0,
+            "tokens_per_pass": round(a["tokens"] / a["passes"], 4) if a["passes"] else 0.0,
+            "overhead_ms_per_cycle": round(1000 * a["overhead_s"] / a["passes"], 4) if a["passes"] else 0.0,
+            "draft_share": round(a["draft_s"] / a["seconds"], 4) if a["seconds"] else 0.0,
+        })
+    off = {r["name"]: r["tokens_per_s"] for r in results if r["mode"] == "off"}
+    for r in results:
+        base = off.get(r["name"])
+        r["speedup_vs_off"] = round(r["tokens_per_s"] / base, 3) if base else None
+    return results
+
+
+def print_table(results: list[dict], out: TextIO) -> None:
+    head = f"{'prompt':<22} {'mode':<7} {'tokens':>6} {'tok/s':>7} {'accept':>7} {'tok/pass':>8} {'ovh ms':>7} {'vs off':>7}"
+    out.write(head + "\n" + "-" * len(head) + "\n")
+    for r in results:
+        sp = f"{r['speedup_vs_off']:.2f}x" if r["speedup_vs_off"] is not None else "-"
+        acc = f"{100 * r['acceptance_rate']:.0f}%" if r["mode"] != "off" else "-"
+        out.write(f"{r['name']:<22} {r['mode']:<7} {r['tokens']:>6} {r['tokens_per_s']:>7.1f} {acc:>7} "
+                  f"{r['tokens_per_pass']:>8.2f} {r['overhead_ms_per_cycle']:>7.3f} {sp:>7}\n")

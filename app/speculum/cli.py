@@ -1,0 +1,186 @@
+"""`speculum` — the window with no arguments; `generate`, `bench`, `models`, `doctor`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import threading
+from pathlib import Path
+
+from . import __version__, paths
+from .errors import SpeculumError
+
+
+def _add_model_options(p: argparse.ArgumentParser, draft: bool = True) -> None:
+    p.add_argument("--target", required=True, help="target GGUF file")
+    if draft:
+        p.add_argument("--draft", help="draft GGUF file (same tokenizer as the target)")
+    p.add_argument("--ctx", type=int, default=4096, help="context size in tokens (default 4096)")
+    p.add_argument("--threads", type=int, help="CPU threads (default: all cores)")
+    p.add_argument("--gpu-layers", type=int, help="target layers on the GPU (default: all when there is one)")
+    p.add_argument("--draft-gpu-layers", type=int, help="draft layers on the GPU (default: all when there is one)")
+
+
+def _add_sampling_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--mode", choices=("auto", "off", "draft", "lookup"), default="auto")
+    p.add_argument("-k", type=int, default=4, help="tokens drafted per cycle (fixed modes; auto adapts)")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--max-tokens", type=int, default=256)
+
+
+def _load(args):
+    from .engine.session import LoadOptions, load_decoder
+
+    options = LoadOptions(n_ctx=args.ctx, n_threads=args.threads, target_gpu_layers=args.gpu_layers,
+                          draft_gpu_layers=getattr(args, "draft_gpu_layers", None))
+    return load_decoder(args.target, getattr(args, "draft", None), options)
+
+
+def cmd_generate(args) -> int:
+    from .documents import read_document
+    from .engine.prompts import build_messages
+    from .engine.sampling import SamplingParams
+    from .termview import TerminalView
+
+    user = sys.stdin.read() if args.prompt == "-" else args.prompt
+    document = read_document(args.document) if args.document else None
+    decoder = _load(args)
+    messages = build_messages(user, args.system, document)
+    prompt = decoder.target.tokenize(decoder.target.apply_chat_template(messages))
+    sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.seed)
+    view = TerminalView(decoder.target, color={"always": True, "never": False}.get(args.color))
+    last = None
+    text = []
+    try:
+        for cycle in decoder.generate(prompt, max_tokens=args.max_tokens, sampling=sampling,
+                                      policy=args.mode, k=args.k):
+            last = cycle
+            text.append(cycle.text)
+            if args.json:
+                print(json.dumps({"type": "cycle", **cycle.to_json()}, ensure_ascii=False), flush=True)
+            else:
+                view.show(cycle)
+    except KeyboardInterrupt:
+        pass
+    stats = decoder.stats
+    if args.json:
+        print(json.dumps({"type": "summary", **stats.summary(), "mode": args.mode,
+                          "finish": last.finish if last else None, "message": last.message if last else "",
+                          "text": "".join(text), "policy": last.policy if last else {}},
+                         ensure_ascii=False))
+    else:
+        view.summary(stats, last.finish if last else None, last.message if last else "")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from .bench import load_prompts, print_table, run_bench
+
+    prompts = load_prompts(args.prompts)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    decoder = _load(args)
+    results = run_bench(decoder, prompts, modes, max_tokens=args.max_tokens, repeat=args.repeat,
+                        k=args.k, progress=None if args.json else sys.stderr)
+    if args.json:
+        print(json.dumps({"results": results}, indent=1))
+    else:
+        print_table(results, sys.stdout)
+    return 0
+
+
+def cmd_doctor(args) -> int:
+    from .engine import llama
+
+    try:
+        from PySide6 import __version__ as qt_version
+    except Exception as exc:  # Qt missing or its libraries absent: report, don't fail
+        qt_version = f"unavailable ({exc})"
+    gpu = llama.gpu_backend()
+    rows = [
+        ("Speculum", __version__),
+        ("Python", platform.python_version()),
+        ("llama.cpp (llama-cpp-python)", llama.llama_cpp_version()),
+        ("Qt (PySide6)", qt_version),
+        ("Compute backend", gpu or "CPU"),
+        ("GPU offload", "supported" if gpu else "not supported by this llama.cpp build"),
+        ("Threads", str(llama.default_threads())),
+        ("System", f"{platform.system()} {platform.machine()}"),
+        ("Models folder", str(paths.models_dir())),
+        ("Data folder", str(paths.data_dir())),
+        ("Settings folder", str(paths.config_dir())),
+        ("llama.cpp features", llama.system_info().strip()),
+    ]
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
+    return 0
+
+
+def cmd_gui(args) -> int:
+    from .ui.app import run_app
+
+    return run_app(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="speculum", description="Local LLMs with speculative decoding, made visible.")
+    parser.add_argument("--version", action="version", version=f"speculum {__version__}")
+    parser.add_argument("--self-test", metavar="MODEL", help="check a model loads and generates; exit 0 when it does")
+    sub = parser.add_subparsers(dest="command")
+
+    g = sub.add_parser("generate", help="generate from a prompt, showing each draft")
+    _add_model_options(g)
+    _add_sampling_options(g)
+    g.add_argument("--system", help="system message")
+    g.add_argument("--document", help="a .txt/.md/.html/.pdf document to work on")
+    g.add_argument("--json", action="store_true", help="one JSON object per cycle, then a summary object")
+    g.add_argument("--color", choices=("auto", "always", "never"), default="auto")
+    g.add_argument("prompt", help="the prompt; '-' reads it from standard input")
+    g.set_defaults(func=cmd_generate)
+
+    b = sub.add_parser("bench", help="compare modes side by side on a prompt suite")
+    _add_model_options(b)
+    b.add_argument("--prompts", help="JSONL prompt suite (default: the bundled one)")
+    b.add_argument("--modes", default="off,draft,lookup,auto")
+    b.add_argument("--max-tokens", type=int, help="override each prompt's max_tokens")
+    b.add_argument("--repeat", type=int, default=1)
+    b.add_argument("-k", type=int, default=4)
+    b.add_argument("--json", action="store_true")
+    b.set_defaults(func=cmd_bench)
+
+    d = sub.add_parser("doctor", help="versions, compute backend, folders")
+    d.set_defaults(func=cmd_doctor)
+
+    from .models.commands import register
+
+    register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.self_test:
+            from .selftest import self_test
+
+            return self_test(args.self_test)
+        if args.command is None:
+            return cmd_gui(args)
+        return args.func(args)
+    except SpeculumError as exc:
+        print(f"speculum: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""Loading a target (and optional draft) into a Decoder, refusing incompatible pairs first."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+from ..errors import SpeculumError
+from ..models.compat import check_files
+from ..models.gguf import check_gguf_file
+from .decoder import Decoder
+
+
+@dataclass
+class LoadOptions:
+    n_ctx: int = 4096
+    n_threads: int | None = None
+    target_gpu_layers: int | None = None  # None: all layers on the GPU when there is one
+    draft_gpu_layers: int | None = None
+    flash_attn: bool | None = None
+
+
+def load_decoder(target: str | os.PathLike, draft: str | os.PathLike | None = None,
+                 options: LoadOptions | None = None,
+                 progress: Callable[[str, float], bool] | None = None) -> Decoder:
+    """Check both files, check the pair shares a vocabulary, then load them.
+
+    ``progress(stage, fraction)`` returning False cancels the load.
+    """
+    from .llama import LlamaModel
+
+    options = options or LoadOptions()
+    check_gguf_file(target)
+    if draft is not None:
+        check_gguf_file(draft)
+        verdict = check_files(target, draft)
+        if not verdict:
+            raise SpeculumError(verdict.reason)
+
+    def stage(name: str):
+        return (lambda f: progress(name, f)) if progress else None
+
+    t = LlamaModel(target, n_ctx=options.n_ctx, n_gpu_layers=options.target_gpu_layers,
+                   n_threads=options.n_threads, flash_attn=options.flash_attn, progress=stage("target"))
+    d = None
+    if draft is not None:
+        try:
+            d = LlamaModel(draft, n_ctx=options.n_ctx, n_gpu_layers=options.draft_gpu_layers,
+                           n_threads=options.n_threads, flash_attn=options.flash_attn, progress=stage("draft"))
+        except BaseException:
+            t.close()
+            raise
+    return Decoder(t, d)

@@ -1,0 +1,57 @@
+"""The terminal view of a generation: accepted drafts green, rejected drafts struck
+through in red, the target's own tokens plain, then one summary line."""
+
+from __future__ import annotations
+
+import codecs
+import sys
+from typing import TextIO
+
+from .engine.cycle import Cycle
+from .engine.stats import Stats
+
+GREEN = "\x1b[32m"
+RED_STRUCK = "\x1b[9;31m"
+DIM = "\x1b[2m"
+RESET = "\x1b[0m"
+
+
+class TerminalView:
+    def __init__(self, model, out: TextIO = sys.stdout, color: bool | None = None):
+        self.model = model
+        self.out = out
+        self.color = out.isatty() if color is None else color
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def _text(self, token: int) -> str:
+        return self._utf8.decode(b"" if self.model.is_eog(token) else self.model.token_bytes(token))
+
+    def show(self, cycle: Cycle) -> None:
+        if not self.color:
+            self.out.write(cycle.text)
+        else:
+            parts = []
+            for i, tok in enumerate(cycle.emitted):
+                text = self._text(tok)
+                if i < cycle.n_accepted:
+                    parts.append(f"{GREEN}{text}{RESET}")
+                else:
+                    rejected = "".join(cycle.drafted_text[cycle.n_accepted:])
+                    if rejected:
+                        parts.append(f"{RED_STRUCK}{rejected}{RESET}")
+                    parts.append(text)
+            if cycle.finish:
+                parts.append(self._utf8.decode(b"", final=True))
+            self.out.write("".join(parts))
+        self.out.flush()
+
+    def summary(self, stats: Stats, finish: str | None, message: str = "") -> None:
+        line = (f"{stats.tokens} tokens, {stats.tokens_per_s:.1f} tok/s, "
+                f"acceptance {100 * stats.acceptance_rate:.0f}% "
+                f"({stats.accepted}/{stats.drafted}), {stats.tokens_per_pass:.2f} tokens/pass, "
+                f"overhead {stats.overhead_ms_per_cycle:.2f} ms/cycle, ended: {finish}")
+        self.out.write("\n")
+        if message:
+            self.out.write(message + "\n")
+        self.out.write((f"{DIM}{line}{RESET}" if self.color else line) + "\n")
+        self.out.flush()

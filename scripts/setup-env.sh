@@ -1,0 +1,37 @@
+# Sourced by run.sh and test.sh: one virtual environment outside the repo, reused.
+# SPECULUM_DEV_CACHE moves it; pip's own cache (~/.cache/pip) keeps the llama.cpp wheel,
+# so only the first install on a machine compiles llama.cpp (about 6 minutes on 2 cores).
+set -euo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CACHE="${SPECULUM_DEV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/speculum-dev}"
+VENV="$CACHE/venv"
+PY="${PYTHON:-python3}"
+
+if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
+    echo "Speculum needs Python 3.10 or newer ($PY is $("$PY" --version 2>&1))." >&2
+    exit 1
+fi
+mkdir -p "$CACHE"
+if [ ! -x "$VENV/bin/python" ]; then
+    echo "==> creating $VENV"
+    "$PY" -m venv "$VENV"
+    "$VENV/bin/python" -m pip install -q --upgrade pip
+fi
+
+# Qt needs a few system libraries even offscreen; install them where we can (Debian/Ubuntu, root).
+need_qt_libs() {
+    [ "$(uname)" = Linux ] || return 1
+    ldconfig -p 2>/dev/null | grep -q 'libEGL.so.1' && ldconfig -p | grep -q 'libxkbcommon.so.0' \
+        && ldconfig -p | grep -q 'libfontconfig.so.1' && ldconfig -p | grep -q 'libdbus-1.so.3' && return 1
+    return 0
+}
+if need_qt_libs && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    echo "==> installing Qt's system libraries"
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libegl1 libgl1 libxkbcommon0 libxkbcommon-x11-0 \
+        libfontconfig1 libdbus-1-3 libglib2.0-0 fonts-dejavu-core >/dev/null
+fi
+
+pip_install() {
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$@"
+}
