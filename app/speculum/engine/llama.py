@@ -45,11 +45,11 @@ lc.llama_backend_init()
 
 def _recent_log_error() -> str:
     """The most telling line llama.cpp logged, to name why a load failed."""
-    for line in reversed(_log_lines):
-        low = line.lower()
-        if "unknown" in low or "error" in low or "failed" in low or "unsupported" in low:
-            text = line.strip()
-            return text.split(": ", 1)[-1] if text.startswith("llama_") else text
+    lines = [line.strip() for line in _log_lines]
+    for marker in ("error loading model:", "unknown", "error", "failed", "unsupported"):
+        for line in reversed(lines):
+            if marker in line.lower():
+                return line.split(marker, 1)[-1].strip() if marker.endswith(":") else line.split(": ", 1)[-1]
     return ""
 
 
@@ -164,11 +164,11 @@ class LlamaModel(TokenPieces):
             )
         self._mem = lc.llama_get_memory(self._ctx)
         self.n_ctx = lc.llama_n_ctx(self._ctx)
-        self.n_batch = n_batch
+        self.n_batch = lc.llama_n_batch(self._ctx)  # llama.cpp caps it at the requested n_ctx
         self.n_threads = threads
         self.n_past = 0
-        self._batch = lc.llama_batch_init(n_batch, 0, 1)
-        for i in range(n_batch):
+        self._batch = lc.llama_batch_init(self.n_batch, 0, 1)
+        for i in range(self.n_batch):
             self._batch.n_seq_id[i] = 1
             self._batch.seq_id[i][0] = 0
         self._pieces: dict[int, bytes] = {}
