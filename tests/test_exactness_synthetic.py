@@ -21,7 +21,7 @@ def test_greedy_model_draft_equals_plain(noise, k):
     target = SyntheticModel(n_vocab=16, seed=1)
     plain, _ = run(Decoder(SyntheticModel(n_vocab=16, seed=1)), [1, 2, 3], max_tokens=80, policy="off")
     spec, cycles = run(Decoder(target, noisy_copy(target, seed=5, noise=noise)), [1, 2, 3],
-                       max_tokens=80, policy="draft", k=k)
+                       max_tokens=80, policy="draft", k=k, fixed_k=True)
     assert spec == plain
     assert len(spec) == 80
     drafted = sum(len(c.drafted) for c in cycles)
@@ -61,15 +61,23 @@ def test_greedy_random_drafts_of_every_quality_equal_plain():
                 pass
 
         dec.model_drafter = RandomDrafter()
-        spec, cycles = run(dec, [4, 5], max_tokens=60, policy="draft", k=4)
+        spec, cycles = run(dec, [4, 5], max_tokens=60, policy="draft", k=4, fixed_k=True)
         assert spec == plain, quality
+
+
+@pytest.mark.parametrize("mode", ["auto", "draft", "lookup"])
+def test_adaptive_modes_equal_plain(mode):
+    target = SyntheticModel(n_vocab=8, seed=9, order=1)
+    plain, _ = run(Decoder(SyntheticModel(n_vocab=8, seed=9, order=1)), [1, 2, 3], max_tokens=90, policy="off")
+    spec, _ = run(Decoder(target, noisy_copy(target, seed=3, noise=1.0)), [1, 2, 3], max_tokens=90, policy=mode)
+    assert spec == plain
 
 
 def test_greedy_lookup_equals_plain():
     target = SyntheticModel(n_vocab=6, seed=7, order=1)
     prompt = [1, 2, 3, 4, 5, 1, 2, 3, 0, 1, 2]
     plain, _ = run(Decoder(SyntheticModel(n_vocab=6, seed=7, order=1)), prompt, max_tokens=70, policy="off")
-    spec, cycles = run(Decoder(target), prompt, max_tokens=70, policy="lookup", k=5)
+    spec, cycles = run(Decoder(target), prompt, max_tokens=70, policy="lookup", k=5, fixed_k=True)
     assert spec == plain
     assert any(c.source == "lookup" for c in cycles)
     assert sum(c.n_accepted for c in cycles) > 0
@@ -116,7 +124,7 @@ def test_sampled_distribution_matches_target(drafter):
     drafted = 0
     for seed in range(n):
         out = []
-        for c in dec.generate(prompt, max_tokens=steps, policy=drafter, k=3,
+        for c in dec.generate(prompt, max_tokens=steps, policy=drafter, k=3, fixed_k=True,
                               sampling=SamplingParams(seed=seed, **sampling_kw)):
             out.extend(c.emitted)
             drafted += len(c.drafted)

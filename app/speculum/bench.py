@@ -57,10 +57,10 @@ def load_prompts(path: str | None = None) -> list[BenchPrompt]:
 
 
 def run_one(decoder: Decoder, prompt_tokens: list[int], mode: str, prompt: BenchPrompt,
-            max_tokens: int, k: int) -> dict:
+            max_tokens: int, k: int, fixed_k: bool = False) -> dict:
     sampling = SamplingParams(temperature=prompt.temperature, seed=prompt.seed)
     last = None
-    for cycle in decoder.generate(prompt_tokens, max_tokens=max_tokens, sampling=sampling, policy=mode, k=k):
+    for cycle in decoder.generate(prompt_tokens, max_tokens=max_tokens, sampling=sampling, policy=mode, k=k, fixed_k=fixed_k):
         last = cycle
     s = decoder.stats
     return {"name": prompt.name, "mode": mode, "tokens": s.tokens, "seconds": s.seconds,
@@ -70,7 +70,7 @@ def run_one(decoder: Decoder, prompt_tokens: list[int], mode: str, prompt: Bench
 
 
 def run_bench(decoder: Decoder, prompts: list[BenchPrompt], modes: list[str], max_tokens: int | None = None,
-              repeat: int = 1, k: int = 4, progress: TextIO | None = None) -> list[dict]:
+              repeat: int = 1, k: int = 4, fixed_k: bool = False, progress: TextIO | None = None) -> list[dict]:
     """Interleave modes per prompt and repetition; aggregate per (prompt, mode)."""
     if decoder.model_drafter is None:
         modes = [m for m in modes if m != "draft"]
@@ -81,7 +81,7 @@ def run_bench(decoder: Decoder, prompts: list[BenchPrompt], modes: list[str], ma
     for r in range(repeat):
         for p in prompts:
             for mode in modes:
-                res = run_one(decoder, tokenized[p.name], mode, p, max_tokens or p.max_tokens, k)
+                res = run_one(decoder, tokenized[p.name], mode, p, max_tokens or p.max_tokens, k, fixed_k)
                 if progress:
                     rate = res["tokens"] / res["seconds"] if res["seconds"] else 0
                     progress.write(f"[{r + 1}/{repeat}] {p.name:<22} {mode:<7} {rate:6.1f} tok/s\n")

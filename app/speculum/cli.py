@@ -26,7 +26,8 @@ def _add_model_options(p: argparse.ArgumentParser, draft: bool = True) -> None:
 
 def _add_sampling_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", choices=("auto", "off", "draft", "lookup"), default="auto")
-    p.add_argument("-k", type=int, default=4, help="tokens drafted per cycle (fixed modes; auto adapts)")
+    p.add_argument("-k", type=int, default=4, help="tokens drafted per cycle with --fixed-k (otherwise adapted)")
+    p.add_argument("--fixed-k", action="store_true", help="draft and lookup modes draft exactly k tokens every cycle")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -60,7 +61,7 @@ def cmd_generate(args) -> int:
     text = []
     try:
         for cycle in decoder.generate(prompt, max_tokens=args.max_tokens, sampling=sampling,
-                                      policy=args.mode, k=args.k):
+                                      policy=args.mode, k=args.k, fixed_k=args.fixed_k):
             last = cycle
             text.append(cycle.text)
             if args.json:
@@ -87,7 +88,7 @@ def cmd_bench(args) -> int:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     decoder = _load(args)
     results = run_bench(decoder, prompts, modes, max_tokens=args.max_tokens, repeat=args.repeat,
-                        k=args.k, progress=None if args.json else sys.stderr)
+                        k=args.k, fixed_k=args.fixed_k, progress=None if args.json else sys.stderr)
     if args.json:
         print(json.dumps({"results": results}, indent=1))
     else:
@@ -152,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--max-tokens", type=int, help="override each prompt's max_tokens")
     b.add_argument("--repeat", type=int, default=1)
     b.add_argument("-k", type=int, default=4)
+    b.add_argument("--fixed-k", action="store_true", help="draft and lookup modes draft exactly k tokens every cycle")
     b.add_argument("--json", action="store_true")
     b.set_defaults(func=cmd_bench)
 

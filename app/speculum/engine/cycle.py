@@ -24,6 +24,8 @@ class Cycle:
     text: str  # text this cycle adds to the answer (partial UTF-8 held back)
     p_drafted: list[float] = field(default_factory=list)  # target p of each drafted token
     p_emitted: list[float] = field(default_factory=list)  # target p of each emitted token
+    draft_confidence: list[float] = field(default_factory=list)  # the drafter's own p of each draft
+    match_length: int = 0  # lookup: length of the n-gram the draft was copied after
     draft_s: float = 0.0
     verify_s: float = 0.0
     overhead_s: float = 0.0

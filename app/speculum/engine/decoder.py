@@ -26,7 +26,9 @@ from .verify import verify
 class Decoder:
     """Owns the target (and optional draft) model and their KV caches across generations."""
 
-    def __init__(self, target: Backend, draft: Backend | None = None, max_ngram: int = 3):
+    def __init__(self, target: Backend, draft: Backend | None = None, max_ngram: int = 3,
+                 clock=time.perf_counter):
+        self.clock = clock  # tests pass a fake clock that synthetic models advance
         self.target = target
         self.draft = draft
         self.sequence = CachedSequence(target)
@@ -37,11 +39,14 @@ class Decoder:
     def drafter(self, source: str) -> ModelDrafter | PromptLookup | None:
         return {MODEL: self.model_drafter, LOOKUP: self.lookup}.get(source)
 
-    def policy_for(self, mode: str, k: int = 4) -> Policy:
-        if mode == "auto":
-            from .auto import AutoPolicy
-            return AutoPolicy.for_decoder(self)
-        return FixedPolicy(mode, k, has_draft_model=self.model_drafter is not None)
+    def policy_for(self, mode: str, k: int = 4, fixed_k: bool = False) -> Policy:
+        """auto: the measured policy; draft / lookup: that drafter, k adapted (or fixed); off: plain."""
+        if mode == "off" or fixed_k:
+            return FixedPolicy(mode, k, has_draft_model=self.model_drafter is not None)
+        if mode == "draft" and self.model_drafter is None:
+            return FixedPolicy(mode, k, has_draft_model=False)  # raises the plain-words error
+        from .auto import AutoPolicy
+        return AutoPolicy.for_decoder(self, mode)
 
     def _propose(self, choice: Choice, context: list[int], k: int, sampling: SamplingParams,
                  rng: np.random.Generator) -> Draft:
@@ -65,6 +70,7 @@ class Decoder:
         sampling: SamplingParams = SamplingParams(),
         policy: Policy | str = "off",
         k: int = 4,
+        fixed_k: bool = False,
         stop: threading.Event | None = None,
         want_probs: bool = False,
     ) -> Iterator[Cycle]:
@@ -73,7 +79,7 @@ class Decoder:
         Raises ContextFullError before decoding when the prompt alone does not fit.
         """
         if isinstance(policy, str):
-            policy = self.policy_for(policy, k)
+            policy = self.policy_for(policy, k, fixed_k)
         target = self.target
         context = list(prompt)
         if not context:
@@ -88,12 +94,15 @@ class Decoder:
         detok = target.detokenizer()
 
         # Prompt: reuse the cached prefix, decode the rest but the last token in chunks.
-        t0 = time.perf_counter()
+        t0 = self.clock()
         seq = self.sequence
         have = seq.sync(context[:-1])
         stats.prompt_tokens = len(context) - 1 - have
         seq.feed(context[have:-1], stop)
-        stats.prompt_s = time.perf_counter() - t0
+        prepare = getattr(policy, "prepare", None)
+        if prepare is not None and not (stop is not None and stop.is_set()):
+            prepare(seq, context[-1])
+        stats.prompt_s = self.clock() - t0
         for drafter in (self.model_drafter, self.lookup):
             if drafter is not None:
                 drafter.begin(context)
@@ -101,7 +110,7 @@ class Decoder:
         generated = 0
         index = 0
         while True:
-            start = time.perf_counter()
+            start = self.clock()
             finish = None
             message = ""
             room = target.n_ctx - len(context)  # positions left after the pending last token
@@ -114,21 +123,23 @@ class Decoder:
                 message = (f"The context of {target.n_ctx:,} tokens is full; the answer so far is kept. "
                            "Start a new conversation or raise the context size.")
             if finish:
+                if hasattr(policy, "finish"):
+                    policy.finish()
                 tail = detok.flush()
                 yield Cycle(index, NONE, 0, [], [], 0, [], [], tail, n_generated=generated,
                             finish=finish, message=message, policy=policy.describe())
                 return
 
-            choice = policy.choose()
+            choice = policy.choose(context)
             k_now = min(choice.k, room - 1, max_tokens - generated - 1)
             draft = Draft(source=NONE)
             if k_now > 0 and choice.source != NONE:
                 draft = self._propose(choice, context, k_now, sampling, rng)
-            t_drafted = time.perf_counter()
+            t_drafted = self.clock()
 
             batch = [context[-1]] + draft.tokens
             logits = seq.decode(batch, rows=range(len(batch)))
-            t_verified = time.perf_counter()
+            t_verified = self.clock()
 
             verdict = verify(logits, draft, sampling, rng)
             emitted = verdict.tokens
@@ -172,6 +183,8 @@ class Decoder:
                 text=text,
                 p_drafted=p_drafted,
                 p_emitted=p_emitted[: len(emitted)],
+                draft_confidence=draft.confidence,
+                match_length=draft.match_length,
                 draft_s=t_drafted - start,
                 verify_s=t_verified - t_drafted,
                 n_generated=generated,
@@ -179,9 +192,11 @@ class Decoder:
             )
             policy.observe(cycle)
             cycle.policy = policy.describe()
-            cycle.overhead_s = time.perf_counter() - t_verified
+            cycle.overhead_s = self.clock() - t_verified
             stats.add(cycle)
             yield cycle
             if finish:
+                if hasattr(policy, "finish"):
+                    policy.finish()
                 return
             index += 1

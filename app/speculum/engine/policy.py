@@ -7,7 +7,7 @@ The adaptive policy (``auto`` mode) lives beside it and answers the same questio
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, Sequence
 
 from .cycle import Cycle
 from .drafters import LOOKUP, MODEL, NONE
@@ -25,9 +25,10 @@ class Choice:
 
 
 class Policy(Protocol):
-    def choose(self) -> Choice: ...
+    def choose(self, context: Sequence[int]) -> Choice: ...
     def observe(self, cycle: Cycle) -> None: ...
     def describe(self) -> dict: ...
+    # Optional: ``prepare(sequence, last_token)`` before the first cycle, ``finish()`` after the last.
 
 
 class FixedPolicy:
@@ -41,7 +42,7 @@ class FixedPolicy:
             "lookup": Choice(LOOKUP, k),
         }[mode]
 
-    def choose(self) -> Choice:
+    def choose(self, context: Sequence[int] = ()) -> Choice:
         return self.choice
 
     def observe(self, cycle: Cycle) -> None:

@@ -1,0 +1,96 @@
+"""The `speculum` command line, run as a user runs it (a subprocess, real models)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def speculum(*args, stdin=None, timeout=300):
+    return subprocess.run([sys.executable, "-m", "speculum.cli", *map(str, args)], input=stdin,
+                          capture_output=True, text=True, timeout=timeout, env={**os.environ, "PYTHONIOENCODING": "utf-8"})
+
+
+def test_generate_json_streams_cycles_and_a_summary(smollm_path):
+    proc = speculum("generate", "--target", smollm_path, "--draft", smollm_path, "--mode", "draft", "-k", "3",
+                    "--fixed-k", "--max-tokens", "24", "--json", "Name three fruits.")
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    cycles, summary = lines[:-1], lines[-1]
+    assert cycles and all(c["type"] == "cycle" for c in cycles)
+    assert all(len(c["drafted"]) == 3 or c["finish"] for c in cycles)
+    assert summary["type"] == "summary"
+    for key in ("tokens", "tokens_per_s", "acceptance_rate", "tokens_per_pass"):
+        assert key in summary
+    assert summary["tokens"] == sum(len(c["emitted"]) for c in cycles) <= 24
+    assert summary["acceptance_rate"] == 1.0  # a model drafting for itself is always right (greedy)
+    assert summary["text"] == "".join(c["text"] for c in cycles)
+
+
+def test_generate_terminal_view_colours_and_stdin_prompt(smollm_path):
+    proc = speculum("generate", "--target", smollm_path, "--mode", "lookup", "--fixed-k", "--max-tokens", "40",
+                    "--color", "always", "-", stdin="Repeat exactly: one two three four five six seven eight nine ten")
+    assert proc.returncode == 0, proc.stderr
+    assert "\x1b[32m" in proc.stdout  # accepted drafts in green
+    assert "\x1b[9;31m" in proc.stdout  # rejected drafts struck through in red
+    last = proc.stdout.strip().splitlines()[-1]
+    assert "tokens" in last and "tok/s" in last and "acceptance" in last
+
+
+def test_generate_with_a_document(smollm_path, tmp_path):
+    doc = tmp_path / "note.html"
+    doc.write_text("<html><body><h1>Meeting</h1><p>The budget meeting moves to Thursday at 10am.</p></body></html>")
+    proc = speculum("generate", "--target", smollm_path, "--mode", "lookup", "--document", doc, "--max-tokens", "30",
+                    "--json", "When is the meeting?")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout.splitlines()[-1])
+    assert summary["tokens"] > 0
+
+
+def test_bench_json_contract(smollm_path, tmp_path):
+    suite = tmp_path / "suite.jsonl"
+    suite.write_text(json.dumps({"name": "copy", "user": "Repeat: red green blue red green blue", "max_tokens": 16}) + "\n"
+                     + json.dumps({"name": "poem", "user": "A haiku about snow.", "temperature": 0.8, "max_tokens": 12}) + "\n")
+    proc = speculum("bench", "--target", smollm_path, "--draft", smollm_path, "--prompts", suite,
+                    "--modes", "off,draft,lookup,auto", "--json")
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads(proc.stdout)["results"]
+    assert {(r["name"], r["mode"]) for r in results} == {(n, m) for n in ("copy", "poem")
+                                                          for m in ("off", "draft", "lookup", "auto")}
+    for r in results:
+        for key in ("name", "mode", "tokens", "tokens_per_s", "acceptance_rate", "tokens_per_pass", "speedup_vs_off"):
+            assert key in r
+        assert r["tokens_per_s"] > 0
+    assert all(r["speedup_vs_off"] == 1.0 for r in results if r["mode"] == "off")
+
+
+def test_bench_table(smollm_path, tmp_path):
+    suite = tmp_path / "suite.jsonl"
+    suite.write_text(json.dumps({"name": "hello", "user": "Say hello.", "max_tokens": 8}) + "\n")
+    proc = speculum("bench", "--target", smollm_path, "--prompts", suite, "--modes", "off,lookup")
+    assert proc.returncode == 0, proc.stderr
+    assert "vs off" in proc.stdout and "hello" in proc.stdout and "lookup" in proc.stdout
+
+
+def test_draft_mode_without_a_draft_is_a_clear_error(smollm_path):
+    proc = speculum("generate", "--target", smollm_path, "--mode", "draft", "hi")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("speculum: Draft mode needs a draft model")
+
+
+def test_doctor_reports_versions_backend_and_folders(tmp_path):
+    proc = speculum("doctor")
+    assert proc.returncode == 0, proc.stderr
+    for label in ("Speculum", "llama.cpp", "Qt (PySide6)", "Compute backend", "GPU offload", "Threads",
+                  "Models folder", "Settings folder"):
+        assert label in proc.stdout
+    assert "6." in proc.stdout.split("Qt (PySide6)")[1].splitlines()[0]  # a real Qt version
+
+
+def test_install_demo_reuses_assembled_files(qwen_target_path, qwen_draft_path):
+    proc = speculum("models", "install-demo", timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert str(qwen_target_path) in proc.stdout and str(qwen_draft_path) in proc.stdout
+    assert "assembling" not in proc.stderr  # verified files are reused, not rebuilt
