@@ -143,9 +143,9 @@ def cmd_list(args) -> int:
     print(f"\nLibrary in {library.root}:")
     lib_pairs, singles = library.pairs(), library.singles()
     for p in lib_pairs:
-        print(f"   pair  {p.id:<20} {human_bytes(p.size):>9}  {p.target.path.name} + {p.draft.path.name}")
+        print(f"   pair  {p.id:<30} {human_bytes(p.size):>9}  {p.target.path.name} + {p.draft.path.name}")
     for m in singles:
-        print(f"   model {m.name:<20} {human_bytes(m.size):>9}  {m.path}")
+        print(f"   model {m.name:<30} {human_bytes(m.size):>9}  {m.path}")
     if not lib_pairs and not singles:
         print("   nothing yet: 'speculum models download PAIR', or 'speculum models install-demo' offline.")
     partial = staged_bytes(library.root)
