@@ -6,13 +6,18 @@ import sys
 
 
 def run_app(args=None) -> int:
-    from PySide6.QtWidgets import QApplication, QLabel, QMainWindow
+    from PySide6.QtGui import QIcon
+    from PySide6.QtWidgets import QApplication
+
+    from .. import paths
+    from .mainwindow import MainWindow
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("Speculum")
-    window = QMainWindow()
-    window.setWindowTitle("Speculum")
-    window.setCentralWidget(QLabel("Speculum — the chat window arrives with the desktop-window issue."))
-    window.resize(900, 600)
+    app.setOrganizationName("Speculum")
+    icon = paths.resource("icons/speculum.svg")
+    if icon.is_file():
+        app.setWindowIcon(QIcon(str(icon)))
+    window = MainWindow()
     window.show()
     return app.exec()

@@ -1,0 +1,53 @@
+"""Colours and token labels shared by the speculation view, the legend and the stats charts."""
+
+from __future__ import annotations
+
+from PySide6.QtGui import QColor
+
+ACCEPTED = "accepted"  # a drafted token the target agreed with
+REJECTED = "rejected"  # a drafted token the target refused
+CORRECTION = "correction"  # the target's own token after a rejection
+BONUS = "bonus"  # the target's extra token after every draft was accepted
+PLAIN = "plain"  # a token from a plain step (nothing drafted)
+PROPOSED = "proposed"  # replay: drafted, not yet verified
+
+# (text colour, background)
+COLOURS = {
+    ACCEPTED: ("#0b5d1e", "#c9f2d0"),
+    REJECTED: ("#a1121f", "#fbd5d8"),
+    CORRECTION: ("#1d3f9e", "#d6e2ff"),
+    BONUS: ("#5b2a91", "#eadcfb"),
+    PLAIN: ("#30343b", None),
+    PROPOSED: ("#5f6670", "#eceef1"),
+}
+
+LABELS = {
+    ACCEPTED: "accepted draft",
+    REJECTED: "rejected draft",
+    CORRECTION: "target's correction",
+    BONUS: "target's bonus token",
+    PLAIN: "plain step",
+    PROPOSED: "proposed, not yet verified",
+}
+
+DRAFTERS = {"model": "draft model", "lookup": "prompt lookup", "none": "none (plain step)"}
+
+CHART_LINE = QColor("#2f6fdf")
+CHART_FILL = QColor(47, 111, 223, 40)
+BAR = QColor("#2e9d4f")
+BAR_BACK = QColor("#e6e8eb")
+GRID = QColor("#c9cdd3")
+MUTED = QColor("#6b7280")
+
+
+def visible(text: str) -> str:
+    """A token's text with the whitespace that matters made visible.
+
+    Newlines show as ↵ (then break the line), tabs as ⇥; a token of only spaces shows
+    each space as ·, since an empty-looking token would hide that it exists.
+    """
+    if text == "":
+        return "∅"
+    if not text.strip(" "):
+        return "·" * len(text)
+    return text.replace("\t", "⇥").replace("\r", "").replace("\n", "↵\n")

@@ -1,0 +1,861 @@
+"""The Speculum window: pair picker, conversations, transcript, speculation view, stats, replay.
+
+The window owns no model. It sends requests to the engine thread (``worker.Engine``)
+and renders what comes back: batches of Cycle events while generating, a result at the
+end, or an error message shown in the window's banner.
+"""
+
+from __future__ import annotations
+
+import time
+
+from PySide6.QtCore import QByteArray, Qt, Signal
+from PySide6.QtGui import QAction, QKeySequence, QShortcut
+from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFormLayout, QFrame, QGroupBox, QHBoxLayout,
+                               QLabel, QListWidget, QListWidgetItem, QMainWindow, QMessageBox,
+                               QProgressBar, QPushButton, QSizePolicy, QSpinBox, QSplitter, QToolBar,
+                               QToolButton, QVBoxLayout, QWidget)
+
+from .. import paths, summarise
+from ..conversations import DEFAULT_TITLE, Conversation, ConversationStore, Message
+from . import look
+from .qtcompat import emit
+from .document import DocumentPane
+from .inputbox import InputBox
+from .modelchoices import local_models
+from .replay import ReplayBar
+from .settings import MODES, Settings
+from .speculation import Legend, SpeculationView
+from .stats import StatsPanel
+from .transcript import Transcript
+from .worker import Engine, GenerationRequest, LoadRequest, gpu_backend, replay_snapshots
+
+NO_DRAFT = "(no draft model)"
+TITLE_CHARS = 48
+
+
+class Banner(QFrame):
+    """A message across the top of the chat: errors the user can act on, never a console-only traceback."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setObjectName("banner")
+        self.label = QLabel()
+        self.label.setWordWrap(True)
+        self.label.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        close = QToolButton(text="✕", toolTip="Dismiss")
+        close.clicked.connect(self.hide)
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(10, 6, 6, 6)
+        layout.addWidget(self.label, 1)
+        layout.addWidget(close, 0, Qt.AlignTop)
+        self.hide()
+
+    def show_message(self, text: str, kind: str = "error") -> None:
+        self.setProperty("kind", kind)
+        self.style().unpolish(self)
+        self.style().polish(self)
+        self.label.setText(text)
+        self.show()
+
+    def text(self) -> str:
+        return self.label.text() if self.isVisible() else ""
+
+
+class MainWindow(QMainWindow):
+    generationFinished = Signal()  # the window has rendered and saved a finished answer (or shown why not)
+    modelsLoaded = Signal()
+    loadFailed = Signal(str)  # after the window showed the message
+
+    def __init__(self, settings: Settings | None = None, store: ConversationStore | None = None,
+                 autoload: bool = True):
+        super().__init__()
+        self.settings = settings or Settings.load()
+        self.store = store or ConversationStore()
+        self.engine = Engine(self)
+        self.gpu = gpu_backend()
+        self.loaded = False
+        self.loading = False
+        self.generating = False
+        self.conversations: list[Conversation] = []
+        self.current: Conversation | None = None
+        self._live: dict | None = None  # the generation being written
+        self._replay: dict | None = None  # cycles, stages and stats of the answer being replayed
+        self._replay_step = -1
+
+        self.setWindowTitle("Speculum")
+        self.setObjectName("mainWindow")
+        self.resize(1440, 900)
+        self._build()
+        self._connect()
+        self._apply_settings()
+        self._load_conversations()
+        style = paths.resource("style.qss")
+        if style.is_file():
+            self.setStyleSheet(style.read_text(encoding="utf-8"))
+        if self.settings.geometry:
+            self.restoreGeometry(QByteArray.fromHex(self.settings.geometry.encode()))
+        if autoload and self.target_combo.currentData():
+            self.load_pair()
+
+    # ------------------------------------------------------------------ layout
+
+    def _build(self) -> None:
+        bar = QToolBar("Models")
+        bar.setObjectName("modelBar")
+        bar.setMovable(False)
+        self.addToolBar(bar)
+        self.target_combo = QComboBox(objectName="targetCombo", toolTip="Target model: the one whose answer you get")
+        self.draft_combo = QComboBox(objectName="draftCombo",
+                                     toolTip="Draft model: a smaller model of the same vocabulary that proposes tokens")
+        for combo in (self.target_combo, self.draft_combo):
+            combo.setSizeAdjustPolicy(QComboBox.AdjustToContents)
+            combo.setMinimumContentsLength(22)
+        self.load_button = QPushButton("Load", objectName="loadButton", toolTip="Load the chosen target and draft")
+        self.models_button = QPushButton("Models…", objectName="modelsButton")
+        self.mode_combo = QComboBox(objectName="modeCombo")
+        for label, mode in MODES:
+            self.mode_combo.addItem(label, mode)
+        self.mode_combo.setToolTip("Auto: the policy picks the drafter and draft length from measurements.\n"
+                                   "Draft model: the small model drafts. Prompt lookup: drafts copied from\n"
+                                   "the prompt and answer so far. Off: plain decoding.")
+        self.document_toggle = QAction("Document", self, checkable=True, toolTip="Show the document pane")
+        bar.addWidget(QLabel(" Target "))
+        bar.addWidget(self.target_combo)
+        bar.addWidget(QLabel("  ←  draft "))
+        bar.addWidget(self.draft_combo)
+        bar.addWidget(self.load_button)
+        bar.addWidget(self.models_button)
+        bar.addSeparator()
+        bar.addWidget(QLabel(" Mode "))
+        bar.addWidget(self.mode_combo)
+        bar.addSeparator()
+        bar.addAction(self.document_toggle)
+
+        # Left: conversations and settings.
+        self.conversation_list = QListWidget(objectName="conversationList")
+        self.new_button = QPushButton("New")
+        self.rename_button = QPushButton("Rename")
+        self.delete_button = QPushButton("Delete")
+        buttons = QHBoxLayout()
+        for b in (self.new_button, self.rename_button, self.delete_button):
+            buttons.addWidget(b)
+        self.temperature = QDoubleSpinBox(objectName="temperature", minimum=0.0, maximum=2.0, singleStep=0.1,
+                                          decimals=2, toolTip="0 = greedy: always the most likely token")
+        self.top_p = QDoubleSpinBox(objectName="topP", minimum=0.05, maximum=1.0, singleStep=0.05, decimals=2)
+        self.max_tokens = QSpinBox(objectName="maxTokens", minimum=1, maximum=32768, singleStep=64)
+        self.k_spin = QSpinBox(objectName="draftLength", minimum=1, maximum=16,
+                               toolTip="Tokens drafted per cycle in Draft model and Prompt lookup modes")
+        generation = QGroupBox("Generation")
+        form = QFormLayout(generation)
+        form.addRow("Temperature", self.temperature)
+        form.addRow("Top-p", self.top_p)
+        form.addRow("Max tokens", self.max_tokens)
+        form.addRow("Draft length k", self.k_spin)
+        self.n_ctx = QSpinBox(objectName="contextSize", minimum=128, maximum=131072, singleStep=512,
+                              toolTip="Context size in tokens (applies at the next Load)")
+        self.target_layers = QSpinBox(objectName="targetGpuLayers", minimum=-1, maximum=999, specialValueText="All")
+        self.draft_layers = QSpinBox(objectName="draftGpuLayers", minimum=-1, maximum=999, specialValueText="All")
+        hardware = QGroupBox("Hardware")
+        form = QFormLayout(hardware)
+        form.addRow("Context", self.n_ctx)
+        form.addRow("Target GPU layers", self.target_layers)
+        form.addRow("Draft GPU layers", self.draft_layers)
+        note = QLabel(f"GPU: {self.gpu}. Changes apply at the next Load." if self.gpu
+                      else "This llama.cpp build runs on the CPU only.")
+        note.setObjectName("caption")
+        note.setWordWrap(True)
+        form.addRow(note)
+        for spin in (self.target_layers, self.draft_layers):
+            spin.setEnabled(bool(self.gpu))
+            spin.setToolTip("Layers on the GPU: All, or a number (0 = CPU only)" if self.gpu
+                            else "No GPU backend in this llama.cpp build")
+        left = QWidget(objectName="sidebar")
+        lay = QVBoxLayout(left)
+        title = QLabel("Conversations")
+        title.setObjectName("paneTitle")
+        lay.addWidget(title)
+        lay.addWidget(self.conversation_list, 1)
+        lay.addLayout(buttons)
+        lay.addWidget(generation)
+        lay.addWidget(hardware)
+
+        # Centre: banner, transcript (and document), input.
+        self.banner = Banner()
+        self.transcript = Transcript()
+        self.document = DocumentPane()
+        self.document.hide()
+        self.chat_split = QSplitter(Qt.Horizontal)
+        self.chat_split.addWidget(self.transcript)
+        self.chat_split.addWidget(self.document)
+        self.chat_split.setChildrenCollapsible(False)
+        self.input = InputBox()
+        self.input.setFixedHeight(84)
+        self.send_button = QPushButton("Send", objectName="sendButton")
+        self.stop_button = QPushButton("Stop", objectName="stopButton", toolTip="Stop generating (Esc)")
+        self.stop_button.setEnabled(False)
+        side = QVBoxLayout()
+        side.addWidget(self.send_button)
+        side.addWidget(self.stop_button)
+        side.addStretch()
+        row = QHBoxLayout()
+        row.addWidget(self.input, 1)
+        row.addLayout(side)
+        centre = QWidget()
+        lay = QVBoxLayout(centre)
+        lay.addWidget(self.banner)
+        lay.addWidget(self.chat_split, 1)
+        lay.addLayout(row)
+
+        # Right: the speculation view, replay, stats.
+        self.speculation = SpeculationView()
+        self.replay_bar = ReplayBar()
+        self.replay_bar.setEnabled(False)
+        self.replay_label = QLabel("Replay: finish a generation, then step through its cycles.")
+        self.replay_label.setObjectName("caption")
+        self.replay_label.setWordWrap(True)
+        self.stats = StatsPanel()
+        right = QWidget(objectName="speculationPane")
+        lay = QVBoxLayout(right)
+        title = QLabel("Speculation, cycle by cycle")
+        title.setObjectName("paneTitle")
+        lay.addWidget(title)
+        lay.addWidget(Legend())
+        lay.addWidget(self.speculation, 1)
+        lay.addWidget(self.replay_bar)
+        lay.addWidget(self.replay_label)
+        lay.addWidget(self.stats)
+
+        split = QSplitter(Qt.Horizontal)
+        split.addWidget(left)
+        split.addWidget(centre)
+        split.addWidget(right)
+        split.setStretchFactor(0, 0)
+        split.setStretchFactor(1, 3)
+        split.setStretchFactor(2, 2)
+        split.setSizes([250, 660, 530])
+        self.setCentralWidget(split)
+
+        # Status bar: what runs where, and load progress.
+        self.backend_label = QLabel(objectName="backendLabel")
+        self.model_label = QLabel("No model loaded", objectName="modelLabel")
+        self.load_progress = QProgressBar(objectName="loadProgress", maximum=1000, textVisible=True)
+        self.load_progress.setFixedWidth(220)
+        self.cancel_button = QPushButton("Cancel", objectName="cancelLoad", toolTip="Cancel loading")
+        self.load_progress.hide()
+        self.cancel_button.hide()
+        status = self.statusBar()
+        status.addWidget(self.model_label, 1)
+        status.addPermanentWidget(self.load_progress)
+        status.addPermanentWidget(self.cancel_button)
+        status.addPermanentWidget(self.backend_label)
+        self._show_backend(None)
+
+    def _connect(self) -> None:
+        w = self.engine.worker
+        w.loadProgress.connect(self._on_load_progress)
+        w.loaded.connect(self._on_loaded)
+        w.loadFailed.connect(self._on_load_failed)
+        w.finished.connect(self._on_finished)
+        w.failed.connect(self._on_failed)
+        w.stageChanged.connect(self._on_stage)
+        w.plainRateMeasured.connect(self._on_plain_rate)
+        self.engine.batcher.batchReady.connect(self._on_batch)
+        self.load_button.clicked.connect(self.load_pair)
+        self.cancel_button.clicked.connect(self.cancel_load)
+        self.models_button.clicked.connect(self.open_models_dialog)
+        self.send_button.clicked.connect(lambda: self.send(self.input.toPlainText()))
+        self.input.submitted.connect(self.send)
+        self.input.stopRequested.connect(self.stop)
+        self.stop_button.clicked.connect(self.stop)
+        QShortcut(QKeySequence(Qt.Key_Escape), self, activated=self.stop)
+        self.new_button.clicked.connect(self.new_conversation)
+        self.rename_button.clicked.connect(self._edit_title)
+        self.delete_button.clicked.connect(lambda: self.delete_conversation())
+        self.conversation_list.currentItemChanged.connect(self._on_conversation_picked)
+        self.conversation_list.itemChanged.connect(self._on_title_edited)
+        self.document.summariseRequested.connect(self.summarise)
+        self.document.error.connect(self.show_error)
+        self.document_toggle.toggled.connect(self.document.setVisible)
+        self.transcript.replayRequested.connect(self.replay_message)
+        self.replay_bar.stepChanged.connect(self._render_replay_step)
+        for widget in (self.mode_combo,):
+            widget.currentIndexChanged.connect(self._save_settings)
+        for spin in (self.temperature, self.top_p, self.max_tokens, self.k_spin, self.n_ctx,
+                     self.target_layers, self.draft_layers):
+            spin.valueChanged.connect(self._save_settings)
+        self.models_button.setEnabled(self._models_dialog_class() is not None)
+        if not self.models_button.isEnabled():
+            self.models_button.setToolTip("The model library is not part of this build")
+        else:
+            self.models_button.setToolTip("Find, download and check model pairs")
+
+    # ------------------------------------------------------------------ settings
+
+    def _apply_settings(self) -> None:
+        s = self.settings
+        self._applying = True  # each setter below fires valueChanged; save only the finished state
+        self.refresh_models(s.target, s.draft)
+        self.mode_combo.setCurrentIndex(max(0, self.mode_combo.findData(s.mode)))
+        self.temperature.setValue(s.temperature)
+        self.top_p.setValue(s.top_p)
+        self.max_tokens.setValue(s.max_tokens)
+        self.k_spin.setValue(s.k)
+        self.n_ctx.setValue(s.n_ctx)
+        self.target_layers.setValue(s.target_gpu_layers)
+        self.draft_layers.setValue(s.draft_gpu_layers)
+        self._applying = False
+
+    def _save_settings(self, *_):
+        if getattr(self, "_applying", False):
+            return
+        s = self.settings
+        s.mode = self.mode_combo.currentData()
+        s.temperature = self.temperature.value()
+        s.top_p = self.top_p.value()
+        s.max_tokens = self.max_tokens.value()
+        s.k = self.k_spin.value()
+        s.n_ctx = self.n_ctx.value()
+        s.target_gpu_layers = self.target_layers.value()
+        s.draft_gpu_layers = self.draft_layers.value()
+        s.conversation = self.current.id if self.current else ""
+        try:
+            s.save()
+        except OSError as exc:
+            self.show_error(f"Could not save the settings: {exc.strerror or exc}.")
+
+    # ------------------------------------------------------------------ models
+
+    def refresh_models(self, target: str = "", draft: str = "") -> None:
+        """Fill the pair picker from the library, keeping (or setting) the chosen pair."""
+        target = target or (self.target_combo.currentData() or "")
+        draft = draft if draft is not None else (self.draft_combo.currentData() or "")
+        choices = local_models()
+        for combo, with_none in ((self.target_combo, False), (self.draft_combo, True)):
+            combo.blockSignals(True)
+            combo.clear()
+            if with_none:
+                combo.addItem(NO_DRAFT, "")
+            for choice in choices:
+                combo.addItem(choice.label, choice.path)
+            combo.blockSignals(False)
+        if not target and choices:
+            target = choices[0].path
+            if len(choices) > 1 and "demo target" in choices[0].label:
+                draft = draft or choices[1].path
+        self.set_pair(target, draft or None, load=False)
+
+    def _select(self, combo: QComboBox, path: str) -> None:
+        index = combo.findData(path)
+        if index < 0:
+            from pathlib import Path
+
+            combo.addItem(f"{Path(path).stem}  ·  (not in the library)", path)
+            index = combo.count() - 1
+        combo.setCurrentIndex(index)
+
+    def set_pair(self, target: str, draft: str | None = None, load: bool = True) -> None:
+        if target:
+            self._select(self.target_combo, str(target))
+        self._select(self.draft_combo, str(draft) if draft else "")
+        if load:
+            self.load_pair()
+
+    def load_pair(self) -> None:
+        target = self.target_combo.currentData()
+        if not target:
+            self.show_error("Pick a target model first (or use Models… to get one).")
+            return
+        if self.generating:
+            self.show_error("Stop the generation before loading other models.")
+            return
+        draft = self.draft_combo.currentData() or None
+        layers = lambda v: None if v < 0 else v  # noqa: E731  (-1 shows as "All")
+        request = LoadRequest(str(target), str(draft) if draft else None, self.n_ctx.value(),
+                              layers(self.target_layers.value()), layers(self.draft_layers.value()))
+        self.settings.target, self.settings.draft = request.target, request.draft or ""
+        self._save_settings()
+        self.banner.hide()
+        self.loaded = False
+        self.loading = True
+        self._update_controls()
+        self.load_progress.setValue(0)
+        self.load_progress.setFormat("Loading target… %p%")
+        self.load_progress.show()
+        self.cancel_button.show()
+        self.model_label.setText("Loading models…")
+        self.engine.load(request)
+
+    def cancel_load(self) -> None:
+        self.engine.cancel_load()
+        self.cancel_button.setEnabled(False)
+
+    def _on_load_progress(self, stage: str, fraction: float) -> None:
+        self.load_progress.setFormat(f"Loading {stage}… %p%")
+        self.load_progress.setValue(int(fraction * 1000))
+
+    def _on_loaded(self, target, draft) -> None:
+        self.loading = False
+        self.loaded = True
+        self._end_load()
+        pair = f"{target.name} ({target.quantization})"
+        pair += f"  ←  {draft.name} ({draft.quantization})" if draft else "  ·  no draft model (prompt lookup only)"
+        self.model_label.setText(f"{pair}  ·  context {target.n_ctx:,} tokens")
+        self._show_backend(target)
+        rate = self.settings.plain_tokens_per_s.get(target.path)
+        self.engine.worker.set_plain_rate(rate)
+        self._update_controls()
+        emit(self.modelsLoaded)
+
+    def _on_load_failed(self, message: str) -> None:
+        self.loading = False
+        self.loaded = False
+        self._end_load()
+        self.model_label.setText("No model loaded")
+        self.show_error(message)
+        self._update_controls()
+        emit(self.loadFailed, message)
+
+    def _end_load(self) -> None:
+        self.load_progress.hide()
+        self.cancel_button.hide()
+        self.cancel_button.setEnabled(True)
+
+    def _show_backend(self, facts) -> None:
+        if facts is None:
+            text = f"Backend: {self.gpu or 'CPU'}"
+        elif facts.backend == "CPU":
+            text = "Backend: CPU"
+        else:
+            text = f"Backend: {facts.backend} · {facts.n_gpu_layers if facts.n_gpu_layers < 10**5 else 'all'} layers"
+        self.backend_label.setText(text)
+
+    def _on_plain_rate(self, target: str, tokens_per_s: float) -> None:
+        self.settings.plain_tokens_per_s[target] = round(tokens_per_s, 3)
+
+    @staticmethod
+    def _models_dialog_class():
+        try:
+            from .models_dialog import ModelsDialog  # written separately; the window works without it
+        except Exception:
+            return None
+        return ModelsDialog
+
+    def open_models_dialog(self) -> None:
+        cls = self._models_dialog_class()
+        if cls is None:
+            self.show_error("The model library dialog is not available in this build.")
+            return
+        try:
+            dialog = cls(self)
+        except Exception as exc:
+            self.show_error(f"The model library could not open: {exc}")
+            return
+        dialog.pair_ready.connect(self._on_pair_ready)
+        dialog.open()
+
+    def _on_pair_ready(self, target, draft) -> None:
+        self.refresh_models(str(target), str(draft) if draft else "")
+        self.load_pair()
+
+    # ------------------------------------------------------------------ conversations
+
+    def _load_conversations(self) -> None:
+        self.conversations = self.store.load_all()
+        if not self.conversations:
+            self.conversations = [Conversation()]
+        self._fill_list()
+        wanted = next((c for c in self.conversations if c.id == self.settings.conversation), self.conversations[0])
+        self.open_conversation(wanted.id)
+
+    def _fill_list(self) -> None:
+        self.conversation_list.blockSignals(True)
+        self.conversation_list.clear()
+        for c in self.conversations:
+            item = QListWidgetItem(c.title)
+            item.setData(Qt.UserRole, c.id)
+            item.setFlags(item.flags() | Qt.ItemIsEditable)
+            self.conversation_list.addItem(item)
+            if self.current is not None and c.id == self.current.id:
+                self.conversation_list.setCurrentItem(item)
+        self.conversation_list.blockSignals(False)
+
+    def _item(self, conversation_id: str) -> QListWidgetItem | None:
+        for row in range(self.conversation_list.count()):
+            item = self.conversation_list.item(row)
+            if item.data(Qt.UserRole) == conversation_id:
+                return item
+        return None
+
+    def conversation(self, conversation_id: str) -> Conversation | None:
+        return next((c for c in self.conversations if c.id == conversation_id), None)
+
+    def open_conversation(self, conversation_id: str) -> None:
+        conv = self.conversation(conversation_id)
+        if conv is None:
+            return
+        self.current = conv
+        item = self._item(conv.id)
+        if item is not None and self.conversation_list.currentItem() is not item:
+            self.conversation_list.blockSignals(True)
+            self.conversation_list.setCurrentItem(item)
+            self.conversation_list.blockSignals(False)
+        self.transcript.show_messages(conv.messages)
+        self.document.set_document(conv.document, conv.document_name)
+        if conv.document:
+            self.document_toggle.setChecked(True)
+        self.speculation.clear_view()
+        self.stats.reset()
+        last = next((i for i in range(len(conv.messages) - 1, -1, -1) if conv.messages[i].cycles), None)
+        if last is not None:
+            self.replay_message(last, step=None)
+        else:
+            self._replay = None
+            self.replay_bar.setEnabled(False)
+            self.replay_label.setText("Replay: finish a generation, then step through its cycles.")
+        self.settings.conversation = conv.id
+        self._save_settings()
+
+    def _on_conversation_picked(self, item, _previous=None) -> None:
+        if item is not None:
+            self.open_conversation(item.data(Qt.UserRole))
+
+    def new_conversation(self) -> Conversation:
+        conv = Conversation()
+        self.conversations.insert(0, conv)
+        self._fill_list()
+        self.open_conversation(conv.id)
+        self.input.setFocus()
+        return conv
+
+    def _edit_title(self) -> None:
+        item = self.conversation_list.currentItem()
+        if item is not None:
+            self.conversation_list.editItem(item)
+
+    def rename_conversation(self, conversation_id: str, title: str) -> None:
+        conv = self.conversation(conversation_id)
+        title = title.strip()
+        if conv is None or not title:
+            return
+        conv.title = title
+        self._save(conv)
+        item = self._item(conversation_id)
+        if item is not None and item.text() != title:
+            self.conversation_list.blockSignals(True)
+            item.setText(title)
+            self.conversation_list.blockSignals(False)
+
+    def _on_title_edited(self, item: QListWidgetItem) -> None:
+        conv = self.conversation(item.data(Qt.UserRole))
+        if conv is not None and item.text().strip() and item.text() != conv.title:
+            self.rename_conversation(conv.id, item.text())
+        elif conv is not None:
+            self.conversation_list.blockSignals(True)
+            item.setText(conv.title)
+            self.conversation_list.blockSignals(False)
+
+    def delete_conversation(self, conversation_id: str | None = None, confirm: bool = True) -> None:
+        conv = self.conversation(conversation_id) if conversation_id else self.current
+        if conv is None:
+            return
+        if self.generating and self._live and self._live["conversation"] is conv:
+            self.show_error("Stop the generation before deleting its conversation.")
+            return
+        if confirm and conv.messages:
+            answer = QMessageBox.question(self, "Delete conversation",
+                                          f"Delete “{conv.title}” and its {len(conv.messages)} messages?")
+            if answer != QMessageBox.Yes:
+                return
+        self.store.delete(conv.id)
+        self.conversations.remove(conv)
+        if not self.conversations:
+            self.conversations.append(Conversation())
+        if self.current is conv:
+            self.current = None
+        self._fill_list()
+        self.open_conversation((self.current or self.conversations[0]).id)
+
+    def _save(self, conv: Conversation) -> None:
+        if not conv.messages and conv.title == DEFAULT_TITLE and not conv.document:
+            return  # an empty new conversation is kept in the list, written once it has content
+        try:
+            self.store.save(conv)
+        except OSError as exc:
+            self.show_error(f"Could not save the conversation: {exc.strerror or exc}. It stays open here.")
+
+    # ------------------------------------------------------------------ generating
+
+    def _update_controls(self) -> None:
+        busy = self.generating or self.loading
+        self.send_button.setEnabled(not busy)
+        self.document.summarise_button.setEnabled(not busy and bool(self.document.text().strip()))
+        self.stop_button.setEnabled(self.generating)
+        self.load_button.setEnabled(not busy)
+        self.conversation_list.setEnabled(not self.generating)
+        self.new_button.setEnabled(not self.generating)
+        self.delete_button.setEnabled(not self.generating)
+
+    def _request(self, conv: Conversation, **extra) -> GenerationRequest:
+        return GenerationRequest(conversation_id=conv.id, messages=conv.history(),
+                                 mode=self.mode_combo.currentData(), k=self.k_spin.value(),
+                                 temperature=self.temperature.value(), top_p=self.top_p.value(),
+                                 max_tokens=self.max_tokens.value(), **extra)
+
+    def _can_generate(self) -> bool:
+        if self.generating:
+            return False
+        if self.loading:
+            self.show_error("The models are still loading.")
+            return False
+        if not self.loaded:
+            self.show_error("No model is loaded. Pick a target model (and a draft) above and press Load.")
+            return False
+        return True
+
+    def send(self, text: str) -> None:
+        text = text.strip()
+        if not text or not self._can_generate():
+            return
+        conv = self.current
+        conv.messages.append(Message("user", text))
+        if conv.title == DEFAULT_TITLE:
+            conv.title = " ".join(text.split())[:TITLE_CHARS] + ("…" if len(text) > TITLE_CHARS else "")
+            item = self._item(conv.id)
+            if item is not None:
+                self.conversation_list.blockSignals(True)
+                item.setText(conv.title)
+                self.conversation_list.blockSignals(False)
+        self._save(conv)  # the question survives a crash; only the answer being written can be lost
+        self.input.clear()
+        self._begin(conv, self._request(conv), kind="chat", restore=text)
+
+    def summarise(self) -> None:
+        text = self.document.text()
+        if not text.strip():
+            self.show_error("The document is empty: paste text or open a file first.")
+            return
+        if not self._can_generate():
+            return
+        conv = self.current
+        conv.document, conv.document_name = text, self.document.name
+        name = self.document.name or "the pasted document"
+        from ..engine.prompts import document_message  # a string template, no model involved
+
+        conv.messages.append(Message("user", document_message(text), display=f"Summarise {name} "
+                                     f"({len(text.split()):,} words)"))
+        if conv.title == DEFAULT_TITLE:
+            conv.title = f"Summary of {name}"[:TITLE_CHARS]
+            self._fill_list()
+        self._save(conv)
+        self.document_toggle.setChecked(True)
+        request = self._request(conv, document=text)
+        request.messages = []
+        self._begin(conv, request, kind="summary")
+
+    def _begin(self, conv: Conversation, request: GenerationRequest, kind: str, restore: str = "") -> None:
+        self.banner.hide()
+        self.generating = True
+        self._update_controls()
+        self._live = {"conversation": conv, "kind": kind, "restore": restore, "text": [], "cycles": [],
+                      "stages": [], "started": time.monotonic(), "snapshot": None}
+        self._replay = None
+        self.replay_bar.setEnabled(False)
+        self.replay_label.setText("Generating…")
+        self.document.highlight([])
+        self.transcript.show_messages(conv.messages)
+        self.transcript.begin_answer("writing…")
+        self.speculation.clear_view()
+        self.stats.reset()
+        self.engine.generate(request)
+
+    def stop(self) -> None:
+        if self.generating:
+            self.engine.stop()
+            self.stop_button.setEnabled(False)
+            self.replay_label.setText("Stopping after this target pass…")
+        elif self.loading:
+            self.cancel_load()
+
+    def _on_stage(self, stage: str) -> None:
+        self.document.show_progress(f"Summarising in parts: {stage}…")
+        self.statusBar().showMessage(f"Summarising in parts: {stage}")
+
+    def _on_batch(self, events: list) -> None:
+        live = self._live
+        if live is None:
+            return
+        cycles = [e.cycle for e in events]
+        stages = [e.stage for e in events]
+        live["cycles"].extend(cycles)
+        live["stages"].extend(stages)
+        live["text"].extend(c.text for c in cycles)
+        self.speculation.append_cycles(cycles, stages)
+        self.stats.chart.add_points([(e.snapshot.seconds, e.snapshot.tokens_per_s) for e in events])
+        self.stats.show_snapshot(events[-1].snapshot)
+        live["snapshot"] = events[-1].snapshot
+        stage = events[-1].stage
+        if stage:
+            # Long documents: the answer pane shows the part being summarised.
+            live.setdefault("stage_text", {})
+            for e in events:
+                live["stage_text"][e.stage] = live["stage_text"].get(e.stage, "") + e.cycle.text
+            self.transcript.update_answer(f"*{stage}…*\n\n" + live["stage_text"][stage])
+        else:
+            self.transcript.update_answer("".join(live["text"]))
+
+    def _on_finished(self, result) -> None:
+        self.engine.batcher.flush()  # cycles still waiting for the next frame go first
+        live, self._live = self._live, None
+        self.generating = False
+        self.document.show_progress("")
+        self.statusBar().clearMessage()
+        conv = self.conversation(result.conversation_id) or (live and live["conversation"])
+        if conv is None:
+            self._update_controls()
+            return
+        stages = live["stages"] if live else []
+        records = []
+        for i, cycle in enumerate(result.cycles):
+            record = cycle.to_json()
+            if i < len(stages) and stages[i]:
+                record["stage"] = stages[i]
+            records.append(record)
+        snap = result.snapshot
+        note = result.note
+        if result.finish == "stopped" and not note:
+            note = "Stopped; the answer so far is kept."
+        text = result.text
+        display = ""
+        if result.part_summaries:
+            n = len(result.part_summaries)
+            note = (note + " " if note else "") + f"Summarised in {n} parts, then combined."
+            # The whole document no longer fits the context: later turns see the summary instead.
+            user = conv.messages[-1] if conv.messages and conv.messages[-1].role == "user" else None
+            if user is not None:
+                user.content = f"Summarise the document {conv.document_name or ''} (too long to include here)."
+            if result.finish == "stopped":
+                display = "**Part summaries so far**\n\n" + text
+        conv.messages.append(Message("assistant", text, display=display, cycles=records,
+                                     stats={"tokens_per_s": round(snap.tokens_per_s, 3), "tokens": snap.tokens,
+                                            "acceptance_rate": round(snap.acceptance_rate, 4),
+                                            "tokens_per_pass": round(snap.tokens_per_pass, 4),
+                                            "prompt_tokens": snap.prompt_tokens, "prompt_total": snap.prompt_total,
+                                            "seconds": round(snap.seconds, 4)},
+                                     mode=result.mode, finish=result.finish, note=note))
+        self._save(conv)
+        self._save_settings()
+        if conv is self.current:
+            self.transcript.show_messages(conv.messages)
+            if live and live["kind"] == "summary":
+                self._highlight_copies(conv, result.cycles)
+            self.replay_message(len(conv.messages) - 1, step=None)
+        self._update_controls()
+        emit(self.generationFinished)
+
+    def _highlight_copies(self, conv: Conversation, cycles) -> None:
+        copies = ["".join(c.drafted_text[:c.n_accepted]) for c in cycles if c.source == "lookup" and c.n_accepted]
+        self.document.highlight(summarise.copied_spans(self.document.text(), copies))
+
+    def _on_failed(self, message: str) -> None:
+        self.engine.batcher.flush()
+        live, self._live = self._live, None
+        self.generating = False
+        self.document.show_progress("")
+        self.statusBar().clearMessage()
+        if live is not None:
+            conv = live["conversation"]
+            # The question goes back to the box so nothing typed is lost; the conversation is unchanged.
+            if conv.messages and conv.messages[-1].role == "user":
+                conv.messages.pop()
+                self._save(conv)
+            if live["restore"] and not self.input.toPlainText().strip():
+                self.input.setPlainText(live["restore"])
+            if conv is self.current:
+                self.transcript.show_messages(conv.messages)
+        self.replay_label.setText("")
+        self.show_error(message)
+        self._update_controls()
+        emit(self.generationFinished)
+
+    # ------------------------------------------------------------------ replay
+
+    def replay_message(self, index: int, step: int | None = 0) -> None:
+        """Load an answer's cycle records into the replay bar; step 0 starts before the first cycle."""
+        if self.generating or self.current is None or not (0 <= index < len(self.current.messages)):
+            return
+        from ..engine.cycle import Cycle  # a plain record type; nothing runs
+
+        message = self.current.messages[index]
+        cycles = [Cycle.from_json(d) for d in message.cycles]
+        rate = self.settings.plain_tokens_per_s.get(self.settings.target)
+        self._replay = {"cycles": cycles, "stages": [d.get("stage", "") for d in message.cycles],
+                        "snapshots": replay_snapshots(cycles, rate), "message": index}
+        self._replay_step = -1
+        self.replay_bar.setEnabled(bool(cycles))
+        self.replay_bar.start(len(cycles), step)
+
+    def _render_replay_step(self, step: int) -> None:
+        replay = self._replay
+        if replay is None:
+            return
+        cycles, stages, snaps = replay["cycles"], replay["stages"], replay["snapshots"]
+        done = step // 2  # cycles fully verified at this step
+        previous = self._replay_step
+        if step == previous + 1 and previous >= 0:
+            if step % 2:
+                self.speculation.show_proposed(cycles[done], stages[done])
+            else:
+                self.speculation.append_cycles([cycles[done - 1]], [stages[done - 1]])
+        else:
+            self.speculation.clear_view()
+            self.speculation.append_cycles(cycles[:done], stages[:done])
+            if step % 2:
+                self.speculation.show_proposed(cycles[done], stages[done])
+        self._replay_step = step
+        self.stats.show_history(snaps[:done])
+        self.replay_label.setText(self._describe_step(cycles, step))
+
+    @staticmethod
+    def _describe_step(cycles, step: int) -> str:
+        n = len(cycles)
+        if step == 0:
+            return f"Replay: before the first of {n} cycles. Press Play or step forward."
+        cycle = cycles[(step - 1) // 2]
+        head = f"Cycle {cycle.index + 1} of {n}"
+        drafter = look.DRAFTERS.get(cycle.source, cycle.source)
+        k = len(cycle.drafted)
+        if step % 2:
+            if not k:
+                return f"{head}: plain step, nothing drafted."
+            return f"{head}: {drafter} proposed {k} token{'s' * (k != 1)}; the target checks them in one pass."
+        if not k:
+            return f"{head}: the target wrote {len(cycle.emitted)} token{'s' * (len(cycle.emitted) != 1)} by itself."
+        rejected = k - cycle.n_accepted
+        tail = "then its correction" if rejected else "then a bonus token"
+        if len(cycle.emitted) == cycle.n_accepted:
+            tail = "and stopped there"
+        return (f"{head}: {cycle.n_accepted} of {k} accepted, {rejected} struck; "
+                f"the target kept the accepted ones {tail}.")
+
+    # ------------------------------------------------------------------ errors and closing
+
+    def show_error(self, message: str) -> None:
+        self.banner.show_message(message)
+
+    def closeEvent(self, event) -> None:
+        live = self._live
+        if live is not None:
+            # Closing mid-generation: keep the partial answer, as Stop would.
+            self.engine.stop()
+            conv = live["conversation"]
+            conv.messages.append(Message("assistant", "".join(live["text"]),
+                                         cycles=[c.to_json() for c in live["cycles"]],
+                                         mode=self.mode_combo.currentData(), finish="stopped",
+                                         note="Stopped when the window closed; the answer so far is kept."))
+            self._save(conv)
+            self._live = None
+        self.settings.geometry = bytes(self.saveGeometry().toHex()).decode()
+        self._save_settings()
+        self.engine.shutdown()
+        super().closeEvent(event)

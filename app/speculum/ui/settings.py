@@ -1,0 +1,47 @@
+"""The window's settings, kept as JSON in ``config_dir()/settings.json``."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+from .. import paths
+from ..conversations import write_json_atomic
+
+MODES = [("Auto", "auto"), ("Draft model", "draft"), ("Prompt lookup", "lookup"), ("Off", "off")]
+
+
+@dataclass
+class Settings:
+    target: str = ""
+    draft: str = ""
+    mode: str = "auto"
+    k: int = 4
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_tokens: int = 256
+    n_ctx: int = 4096
+    target_gpu_layers: int = -1  # -1: all layers on the GPU when there is one
+    draft_gpu_layers: int = -1
+    conversation: str = ""  # the one open when the window closed
+    plain_tokens_per_s: dict[str, float] = field(default_factory=dict)  # per target file, measured here
+    geometry: str = ""  # the window's saved geometry, hex
+
+    @staticmethod
+    def path():
+        return paths.config_dir() / "settings.json"
+
+    @classmethod
+    def load(cls) -> "Settings":
+        try:
+            data = json.loads(cls.path().read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return cls()
+        known = cls.__dataclass_fields__.keys()
+        try:
+            return cls(**{k: v for k, v in data.items() if k in known})
+        except TypeError:
+            return cls()
+
+    def save(self) -> None:
+        write_json_atomic(self.path(), asdict(self))

@@ -1,0 +1,162 @@
+"""The chat transcript: the user's turns as typed, the answers rendered as Markdown."""
+
+from __future__ import annotations
+
+import html
+
+from PySide6.QtCore import QUrl, Signal
+from PySide6.QtGui import QColor, QFontDatabase, QTextBlockFormat, QTextCharFormat, QTextCursor, QTextFormat
+from PySide6.QtWidgets import QTextBrowser
+
+from .qtcompat import emit
+
+CODE_BACKGROUND = QColor("#f2f4f7")
+FINISH_NOTES = {
+    "stopped": "stopped",
+    "max_tokens": "reached max tokens",
+    "context_full": "context full",
+}
+
+
+class Transcript(QTextBrowser):
+    replayRequested = Signal(int)  # index of an assistant message in the conversation
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setObjectName("transcript")
+        self.setOpenLinks(False)
+        self.setOpenExternalLinks(False)
+        self.anchorClicked.connect(self._anchor)
+        self.setPlaceholderText("Write a message below, or open a document and press Summarise.")
+        self._answer_from: int | None = None
+        self._answer_header = ""
+
+    def _anchor(self, url: QUrl) -> None:
+        if url.scheme() == "replay":
+            emit(self.replayRequested, int(url.path() or url.host() or 0))
+
+    # -- building blocks --
+
+    def _cursor(self) -> QTextCursor:
+        cursor = QTextCursor(self.document())
+        cursor.movePosition(QTextCursor.End)
+        return cursor
+
+    def _new_block(self, cursor: QTextCursor, top_margin: float = 14) -> None:
+        fmt = QTextBlockFormat()
+        fmt.setTopMargin(top_margin)
+        if self.document().isEmpty():
+            cursor.setBlockFormat(fmt)
+        else:
+            cursor.insertBlock(fmt, QTextCharFormat())
+
+    def _header(self, cursor: QTextCursor, who: str, details: str = "", link: str = "") -> None:
+        self._new_block(cursor)
+        colour = "#1d3f9e" if who == "You" else "#0b5d1e"
+        extra = f" <span style='color:#6b7280'>· {html.escape(details)}</span>" if details else ""
+        if link:
+            extra += f" <span style='color:#6b7280'>·</span> {link}"
+        cursor.insertHtml(f"<span style='color:{colour}; font-weight:600'>{who}</span>{extra}")
+
+    def _markdown(self, cursor: QTextCursor, text: str) -> None:
+        start = cursor.position()
+        self._new_block(cursor, 4)
+        cursor.insertMarkdown(text or " ")
+        self._style_code(start, cursor.position())
+
+    def _plain(self, cursor: QTextCursor, text: str) -> None:
+        self._new_block(cursor, 4)
+        cursor.insertText(text, QTextCharFormat())
+
+    def _style_code(self, start: int, end: int) -> None:
+        """Code blocks and inline code in a monospaced font; blocks on a light background."""
+        mono = QFontDatabase.systemFont(QFontDatabase.FixedFont)
+        block = self.document().findBlock(start)
+        while block.isValid() and block.position() <= end:
+            fmt = block.blockFormat()
+            if fmt.hasProperty(QTextFormat.BlockCodeFence) or fmt.hasProperty(QTextFormat.BlockCodeLanguage):
+                fmt.setBackground(CODE_BACKGROUND)
+                fmt.setLeftMargin(6)
+                cursor = QTextCursor(block)
+                cursor.setBlockFormat(fmt)
+                cursor.select(QTextCursor.BlockUnderCursor)
+                char = QTextCharFormat()
+                char.setFontFamilies([mono.family()])
+                char.setFontFixedPitch(True)
+                cursor.mergeCharFormat(char)
+            else:
+                it = block.begin()
+                while not it.atEnd():
+                    frag = it.fragment()
+                    if frag.charFormat().fontFixedPitch():
+                        cursor = QTextCursor(self.document())
+                        cursor.setPosition(frag.position())
+                        cursor.setPosition(frag.position() + frag.length(), QTextCursor.KeepAnchor)
+                        char = QTextCharFormat()
+                        char.setFontFamilies([mono.family()])
+                        char.setBackground(CODE_BACKGROUND)
+                        cursor.mergeCharFormat(char)
+                    it += 1
+            block = block.next()
+
+    # -- whole conversation --
+
+    def show_messages(self, messages) -> None:
+        """Render a conversation (speculum.conversations.Message list)."""
+        self.clear()
+        self._answer_from = None
+        cursor = self._cursor()
+        for i, m in enumerate(messages):
+            if m.role == "user":
+                self._header(cursor, "You")
+                self._plain(cursor, m.shown)
+            else:
+                details = [m.mode] if m.mode else []
+                if m.stats.get("tokens_per_s"):
+                    details.append(f"{m.stats['tokens_per_s']:.1f} tok/s")
+                if m.finish in FINISH_NOTES:
+                    details.append(FINISH_NOTES[m.finish])
+                link = f"<a href='replay:{i}'>Replay</a>" if m.cycles else ""
+                self._header(cursor, "Assistant", " · ".join(details), link)
+                self._markdown(cursor, m.shown)
+                if m.note:
+                    self._note(cursor, m.note)
+        self._follow()
+
+    def _note(self, cursor: QTextCursor, note: str) -> None:
+        self._new_block(cursor, 2)
+        fmt = QTextCharFormat()
+        fmt.setForeground(QColor("#8a5a00"))
+        fmt.setFontItalic(True)
+        cursor.insertText(note, fmt)
+
+    # -- the answer being written --
+
+    def begin_answer(self, header: str = "writing…") -> None:
+        cursor = self._cursor()
+        self._header(cursor, "Assistant", header)
+        self._answer_from = cursor.position()
+        self._follow()
+
+    def update_answer(self, text: str) -> None:
+        if self._answer_from is None:
+            self.begin_answer()
+        bar = self.verticalScrollBar()
+        at_bottom = bar.value() >= bar.maximum() - 4
+        cursor = self._cursor()
+        cursor.setPosition(self._answer_from, QTextCursor.KeepAnchor)
+        cursor.removeSelectedText()
+        self._markdown(cursor, text)
+        if at_bottom:
+            self._follow()
+
+    def answer_text(self) -> str:
+        if self._answer_from is None:
+            return ""
+        cursor = self._cursor()
+        cursor.setPosition(self._answer_from, QTextCursor.KeepAnchor)
+        return cursor.selectedText().replace("\u2029", "\n").strip()
+
+    def _follow(self) -> None:
+        bar = self.verticalScrollBar()
+        bar.setValue(bar.maximum())

@@ -1,0 +1,288 @@
+"""The real window driven with pytest-qt on a real small model (SmolLM2-135M, CPU).
+
+Generations are kept short; each test loads its own window over private data folders.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QColor
+
+from speculum import paths
+from speculum.ui import look
+from speculum.ui.mainwindow import MainWindow
+from speculum.ui.settings import Settings
+
+LOAD_MS = 120_000
+GENERATE_MS = 180_000
+COPY_PROMPT = ("Copy this text exactly, twice:\nThe quick brown fox jumps over the lazy dog. "
+               "Pack my box with five dozen liquor jugs. How vexingly quick daft zebras jump.")
+
+
+@pytest.fixture
+def open_window(qtbot, data_dirs):
+    """Open a window over the test's data folders, with settings on top of the saved ones."""
+    windows = []
+
+    def open_(target=None, draft=None, load=True, **settings):
+        saved = Settings.load()
+        for key, value in {"n_ctx": 1024, "max_tokens": 48, **settings}.items():
+            setattr(saved, key, value)
+        window = MainWindow(settings=saved, autoload=False)
+        qtbot.addWidget(window)
+        window.show()
+        windows.append(window)
+        if target is not None:
+            window.set_pair(str(target), str(draft) if draft else None, load=False)
+            if load:
+                with qtbot.waitSignal(window.modelsLoaded, timeout=LOAD_MS):
+                    window.load_pair()
+        return window
+
+    yield open_
+    for window in windows:
+        if window.isVisible():
+            window.close()
+
+
+def send(qtbot, window, text: str, timeout: int = GENERATE_MS):
+    with qtbot.waitSignal(window.generationFinished, timeout=timeout):
+        window.input.setPlainText(text)
+        qtbot.keyClick(window.input, Qt.Key_Return)
+    return window.current.messages[-1]
+
+
+def test_answer_fills_transcript_and_speculation_view(qtbot, open_window, smollm_path):
+    w = open_window(smollm_path, mode="lookup", k=4)
+    assert w.windowTitle().startswith("Speculum")
+    assert w.backend_label.text().startswith("Backend: CPU")
+    answer = send(qtbot, w, COPY_PROMPT)
+
+    assert answer.role == "assistant" and answer.content.strip()
+    assert "quick brown fox" in w.transcript.toPlainText()
+    runs = w.speculation.runs()
+    kinds = {kind for _, kind, _ in runs}
+    assert {look.ACCEPTED, look.REJECTED} <= kinds
+    for text, kind, fmt in runs:
+        if kind == look.REJECTED:
+            assert fmt.fontStrikeOut()
+            assert fmt.background().color() == QColor(look.COLOURS[look.REJECTED][1])
+        if kind == look.ACCEPTED:
+            assert not fmt.fontStrikeOut()
+            assert fmt.background().color() == QColor(look.COLOURS[look.ACCEPTED][1])
+    # Hovering a token names its cycle, draft position, drafter and probability.
+    doc_text = w.speculation.toPlainText()
+    accepted = next(t for t, k, _ in runs if k == look.ACCEPTED)
+    token = w.speculation.token_at(doc_text.index(accepted))
+    assert token is not None
+    assert "Cycle" in token[2] and "draft position" in token[2] and "prompt lookup" in token[2] and "p = " in token[2]
+    # The stats panel was filled live.
+    assert "%" in w.stats.acceptance.text()
+    assert w.stats.rate.text() != "—"
+    assert w.stats.policy.text().startswith("prompt lookup, k = ")
+    assert w.stats.bars.rates and len(w.stats.chart.points) > 1
+
+
+def test_enter_sends_and_shift_enter_breaks_the_line(qtbot, open_window):
+    w = open_window()
+    sent = []
+    w.input.submitted.connect(sent.append)
+    qtbot.keyClicks(w.input, "first line")
+    qtbot.keyClick(w.input, Qt.Key_Return, Qt.ShiftModifier)
+    qtbot.keyClicks(w.input, "second")
+    assert w.input.toPlainText() == "first line\nsecond" and not sent
+    qtbot.keyClick(w.input, Qt.Key_Return)
+    assert sent == ["first line\nsecond"]
+
+
+def test_stop_keeps_the_partial_answer(qtbot, open_window, smollm_path):
+    w = open_window(smollm_path, mode="off", max_tokens=1024)
+    with qtbot.waitSignal(w.generationFinished, timeout=GENERATE_MS):
+        w.input.setPlainText("Write a long story about a lighthouse keeper and the sea.")
+        qtbot.keyClick(w.input, Qt.Key_Return)
+        qtbot.waitUntil(lambda: len(w.speculation.runs()) >= 8, timeout=GENERATE_MS)
+        assert w.stop_button.isEnabled()
+        qtbot.keyClick(w.input, Qt.Key_Escape)
+    answer = w.current.messages[-1]
+    assert answer.finish == "stopped"
+    assert answer.content.strip() and answer.stats["tokens"] < 1024
+    assert answer.content.strip()[:20] in w.transcript.toPlainText()
+    assert "stopped" in w.transcript.toPlainText()
+    assert w.send_button.isEnabled() and not w.stop_button.isEnabled()
+
+
+def test_second_turn_reuses_the_cache(qtbot, open_window, smollm_path):
+    w = open_window(smollm_path, mode="lookup", max_tokens=24)
+    first = send(qtbot, w, "Name three colours of the rainbow.")
+    second = send(qtbot, w, "Now name two more.")
+    assert len(w.current.messages) == 4
+    # Turn two decodes only what is new: far fewer tokens than its whole prompt, which holds turn one.
+    assert second.stats["prompt_total"] > first.stats["prompt_total"]
+    assert second.stats["prompt_tokens"] < second.stats["prompt_total"] - first.stats["prompt_total"] + 8
+    assert "reused from the cache" in w.stats.prompt.text()
+
+
+def test_replay_steps_through_cycles(qtbot, open_window, smollm_path):
+    w = open_window(smollm_path, mode="lookup", max_tokens=32)
+    send(qtbot, w, COPY_PROMPT)
+    cycles = w.current.messages[-1].cycles
+    drafted = next(i for i, c in enumerate(cycles) if c["drafted"])
+    bar = w.replay_bar
+    assert bar.isEnabled() and bar.slider.maximum() == 2 * len(cycles)
+
+    bar.set_step(0)
+    assert w.speculation.runs() == []
+    bar.set_step(2 * drafted + 1)  # that cycle's draft proposed, not yet verified
+    kinds = [k for _, k, _ in w.speculation.runs()]
+    assert kinds[-len(cycles[drafted]["drafted"]):] == [look.PROPOSED] * len(cycles[drafted]["drafted"])
+    assert "proposed" in w.replay_label.text()
+    bar.set_step(2 * drafted + 2)  # verified: accepted and struck
+    kinds = [k for _, k, _ in w.speculation.runs()]
+    assert look.PROPOSED not in kinds
+    assert f"Cycle {drafted + 1} of {len(cycles)}" in w.replay_label.text()
+    assert "accepted" in w.replay_label.text()
+
+    bar.set_step(0)
+    bar.play.click()
+    qtbot.waitUntil(lambda: bar.step == 2 * len(cycles) and not bar.play.isChecked(), timeout=60_000)
+    live_kinds = [k for _, k, _ in w.speculation.runs()]
+    assert look.ACCEPTED in live_kinds and look.PROPOSED not in live_kinds
+    # The stats panel follows the replay.
+    assert w.stats.chart.points
+
+
+def test_conversation_survives_closing_and_reopening(qtbot, open_window, smollm_path):
+    w = open_window(smollm_path, mode="lookup", max_tokens=24)
+    answer = send(qtbot, w, "Say hello to the lighthouse keeper.")
+    conv_id = w.current.id
+    w.rename_conversation(conv_id, "Keeper greeting")
+    other = w.new_conversation()
+    w.rename_conversation(other.id, "To delete")
+    w.delete_conversation(other.id, confirm=False)
+    w.close()
+    assert (paths.data_dir() / "conversations" / f"{conv_id}.json").is_file()
+
+    again = open_window()
+    titles = [again.conversation_list.item(i).text() for i in range(again.conversation_list.count())]
+    assert titles == ["Keeper greeting"]
+    assert again.current.id == conv_id
+    assert answer.content.strip()[:20] in again.transcript.toPlainText()
+    restored = again.current.messages[-1]
+    assert [c["emitted"] for c in restored.cycles] == [c["emitted"] for c in answer.cycles] and restored.mode == "lookup"
+    # Replay works from the saved cycle records.
+    assert again.replay_bar.isEnabled() and again.replay_bar.slider.maximum() == 2 * len(answer.cycles)
+    again.replay_bar.set_step(2)
+    assert again.speculation.runs()
+    # Settings came back too.
+    assert again.mode_combo.currentData() == "lookup" and again.max_tokens.value() == 24
+    assert again.target_combo.currentData() == str(smollm_path)
+
+
+def test_summarise_highlights_copied_spans(qtbot, open_window, smollm_path):
+    w = open_window(smollm_path, mode="lookup", max_tokens=64, n_ctx=2048)
+    document = paths.resource("samples/lighthouse.md").read_text(encoding="utf-8")
+    w.document_toggle.setChecked(True)
+    w.document.set_document(document, "lighthouse.md")
+    with qtbot.waitSignal(w.generationFinished, timeout=GENERATE_MS):
+        qtbot.mouseClick(w.document.summarise_button, Qt.LeftButton)
+    answer = w.current.messages[-1]
+    assert answer.role == "assistant" and answer.content.strip()
+    assert w.current.messages[-2].shown.startswith("Summarise lighthouse.md")
+    spans = w.document.highlighted()
+    assert spans, "accepted lookup drafts should be found in the document"
+    assert all(span.strip() and span in document.replace("\n", "\u2029") for span in spans)
+    assert "copied into the answer" in w.document.caption.text()
+
+
+def test_long_document_is_summarised_in_parts(qtbot, open_window, smollm_path):
+    w = open_window(smollm_path, mode="lookup", max_tokens=24, n_ctx=512)
+    document = paths.resource("samples/lighthouse.md").read_text(encoding="utf-8") * 2
+    w.document.set_document(document, "long.md")
+    stages = []
+    w.engine.worker.stageChanged.connect(stages.append)
+    with qtbot.waitSignal(w.generationFinished, timeout=GENERATE_MS * 2):
+        w.summarise()
+        qtbot.waitUntil(lambda: w.document.progress.isVisible(), timeout=GENERATE_MS)
+        assert "Part 1 of" in w.document.progress.text()
+    assert not w.banner.isVisible(), w.banner.text()
+    parts = [s for s in stages if s.startswith("Part")]
+    assert len(parts) >= 2 and stages[-1].startswith("Combining")
+    answer = w.current.messages[-1]
+    assert f"Summarised in {len(parts)} parts" in answer.note
+    assert "— Part 1 of" in w.speculation.toPlainText() and "— Combining —" in w.speculation.toPlainText()
+
+
+def test_missing_model_file_shows_a_message(qtbot, open_window, tmp_path):
+    w = open_window(tmp_path / "nowhere.gguf", load=False)
+    with qtbot.waitSignal(w.loadFailed, timeout=LOAD_MS):
+        w.load_pair()
+    assert "not found" in w.banner.text() and "nowhere.gguf" in w.banner.text()
+    assert w.model_label.text() == "No model loaded"
+    w.send("hello?")
+    assert "No model is loaded" in w.banner.text()
+
+
+def test_incompatible_pair_shows_a_message(qtbot, open_window, qwen_target_path, gemma_path):
+    w = open_window(qwen_target_path, gemma_path, load=False)
+    with qtbot.waitSignal(w.loadFailed, timeout=LOAD_MS):
+        w.load_pair()
+    assert "cannot speculate" in w.banner.text()
+
+
+def test_model_load_failure_shows_a_message(qtbot, open_window, smollm_path, tmp_path):
+    # A well-formed GGUF whose architecture llama.cpp does not know: the header checks pass, the load fails.
+    broken = tmp_path / "unknown-arch.gguf"
+    shutil.copy(smollm_path, broken)
+    data = bytearray(broken.read_bytes()[: 1 << 16])
+    key = b"general.architecture"
+    at = data.index(key) + len(key) + 4 + 8  # value type, string length
+    assert data[at:at + 5] == b"llama"
+    with open(broken, "r+b") as f:
+        f.seek(at)
+        f.write(b"llamz")
+    w = open_window(broken, load=False)
+    with qtbot.waitSignal(w.loadFailed, timeout=LOAD_MS):
+        w.load_pair()
+    assert "could not load" in w.banner.text() and "unknown-arch.gguf" in w.banner.text()
+
+
+def test_context_full_shows_a_message_and_keeps_the_question(qtbot, open_window, smollm_path):
+    w = open_window(smollm_path, mode="off", n_ctx=128)
+    question = "Please read all of this. " * 60
+    with qtbot.waitSignal(w.generationFinished, timeout=GENERATE_MS):
+        w.send(question)
+    assert "context holds" in w.banner.text()
+    assert w.current.messages == []
+    assert w.input.toPlainText() == question.strip()
+
+
+def test_draft_mode_without_a_draft_model_shows_a_message(qtbot, open_window, smollm_path):
+    w = open_window(smollm_path, mode="draft")
+    with qtbot.waitSignal(w.generationFinished, timeout=GENERATE_MS):
+        w.send("hello")
+    assert "needs a draft model" in w.banner.text()
+
+
+def test_loading_can_be_cancelled(qtbot, open_window, smollm_path):
+    w = open_window(smollm_path, load=False)
+    assert w.models_button is not None
+    # Cancel as soon as loading reports progress, the way the Cancel button would.
+    w.engine.worker.loadProgress.connect(lambda *_: w.engine.cancel_load(), Qt.DirectConnection)
+    assert w.cancel_button.isHidden()
+    with qtbot.waitSignal(w.loadFailed, timeout=LOAD_MS):
+        w.load_pair()
+        assert w.load_progress.isVisible() and w.cancel_button.isVisible()
+    assert "cancelled" in w.banner.text()
+    assert not w.loaded and w.load_progress.isHidden()
+
+
+def test_settings_file_is_json_with_the_chosen_values(qtbot, open_window):
+    w = open_window()
+    w.temperature.setValue(0.7)
+    w.mode_combo.setCurrentIndex(w.mode_combo.findData("off"))
+    saved = json.loads(Settings.path().read_text())
+    assert saved["temperature"] == 0.7 and saved["mode"] == "off"
