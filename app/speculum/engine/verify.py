@@ -43,10 +43,11 @@ def _verify_greedy(logits: np.ndarray, draft: Draft) -> Verdict:
 
 def _verify_sampled(logits: np.ndarray, draft: Draft, sampling: SamplingParams,
                     rng: np.random.Generator) -> Verdict:
+    k = len(draft.tokens)
     accepted: list[int] = []
     p_drafted: list[float] = []
     for i, x in enumerate(draft.tokens):
-        p = distribution(logits[i], sampling)
+        p = distribution(logits[i], sampling)  # row by row: a rejection ends the work early
         px = float(p[x])
         p_drafted.append(px)
         qx = 1.0 if draft.q is None else float(draft.q[i][x])
@@ -58,9 +59,7 @@ def _verify_sampled(logits: np.ndarray, draft: Draft, sampling: SamplingParams,
             residual[x] = 0.0
         else:
             residual = np.maximum(p - draft.q[i], 0.0)
-        total = residual.sum()
         # p <= q everywhere only if p == q, where rejection cannot happen; guard rounding.
-        fix = sample(residual / total, rng) if total > 0 else sample(p, rng)
+        fix = sample(residual, rng) if residual.sum() > 0 else sample(p, rng)
         return Verdict(len(accepted), accepted + [fix], p_drafted)
-    bonus = sample(distribution(logits[len(draft.tokens)], sampling), rng)
-    return Verdict(len(accepted), accepted + [bonus], p_drafted)
+    return Verdict(len(accepted), accepted + [sample(distribution(logits[k], sampling), rng)], p_drafted)
