@@ -1,11 +1,11 @@
-"""Draw Speculum's app icon and write resources/icons/speculum.{png,ico,icns}.
+"""Render Speculum's app icon from resources/icons/speculum.svg into png, ico and icns.
 
     QT_QPA_PLATFORM=offscreen python packaging/make_icons.py
 
-The mark is what the window shows: a line of drafted tokens, the first ones accepted
-(green), the last one rejected (struck through, red). Drawn with Qt so no image library
-is needed; ICO and ICNS are written by hand as containers of PNG images (both formats
-take PNG entries: ICO since Windows Vista, ICNS since macOS 10.7).
+The SVG is the window's own icon (ui/app.py sets it), so the bundles' icons match it:
+rerun this after changing the SVG. ICO and ICNS are written by hand as containers of
+PNG images (both formats take PNG entries: ICO since Windows Vista, ICNS since macOS
+10.7), so no image library is needed beyond Qt.
 """
 
 from __future__ import annotations
@@ -14,10 +14,12 @@ import struct
 import sys
 from pathlib import Path
 
-from PySide6.QtCore import QBuffer, QByteArray, QIODevice, QPointF, QRectF, Qt
-from PySide6.QtGui import QColor, QGuiApplication, QImage, QLinearGradient, QPainter, QPen
+from PySide6.QtCore import QBuffer, QByteArray, QIODevice, Qt
+from PySide6.QtGui import QGuiApplication, QImage, QPainter
+from PySide6.QtSvg import QSvgRenderer
 
 ICONS = Path(__file__).resolve().parents[1] / "resources" / "icons"
+SOURCE = ICONS / "speculum.svg"
 
 ICO_SIZES = (16, 24, 32, 48, 64, 128, 256)
 # ICNS entry type for each PNG size (the @2x types reuse the larger pixel size).
@@ -25,34 +27,13 @@ ICNS_TYPES = (("icp4", 16), ("icp5", 32), ("icp6", 64), ("ic07", 128), ("ic08", 
               ("ic09", 512), ("ic10", 1024), ("ic11", 32), ("ic12", 64), ("ic13", 256), ("ic14", 512))
 
 
-def draw(size: int) -> QImage:
+def draw(size: int, renderer: QSvgRenderer) -> QImage:
     image = QImage(size, size, QImage.Format.Format_ARGB32_Premultiplied)
     image.fill(Qt.GlobalColor.transparent)
-    p = QPainter(image)
-    p.setRenderHint(QPainter.RenderHint.Antialiasing)
-    s = size / 64.0  # design grid: 64 x 64
-    # Rounded square, deep blue-violet, lighter at the top.
-    margin = 2 * s if size >= 32 else 0.5 * s
-    rect = QRectF(margin, margin, size - 2 * margin, size - 2 * margin)
-    grad = QLinearGradient(QPointF(0, rect.top()), QPointF(0, rect.bottom()))
-    grad.setColorAt(0.0, QColor("#3b3f7a"))
-    grad.setColorAt(1.0, QColor("#1b1d3a"))
-    p.setPen(Qt.PenStyle.NoPen)
-    p.setBrush(grad)
-    p.drawRoundedRect(rect, 13 * s, 13 * s)
-    # Three token rows: accepted, accepted, rejected. Fewer, bolder shapes when small.
-    green, red = QColor("#4fd39a"), QColor("#ff6b6b")
-    rows = ((16, 40, green), (28, 32, green), (40, 24, red))
-    h = 8 * s
-    for y, w, color in rows:
-        p.setBrush(color)
-        bar = QRectF(14 * s, y * s, w * s, h)
-        p.drawRoundedRect(bar, h / 2, h / 2)
-    # The strike-through on the rejected token.
-    pen = QPen(QColor("#f4f4fb"), max(1.0, 2.2 * s), Qt.PenStyle.SolidLine, Qt.PenCapStyle.RoundCap)
-    p.setPen(pen)
-    p.drawLine(QPointF(11 * s, 44 * s), QPointF(41 * s, 44 * s))
-    p.end()
+    painter = QPainter(image)
+    painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+    renderer.render(painter)
+    painter.end()
     return image
 
 
@@ -86,9 +67,12 @@ def icns(pngs: dict[int, bytes]) -> bytes:
 
 
 def main() -> int:
-    app = QGuiApplication.instance() or QGuiApplication(sys.argv[:1])  # noqa: F841  (QPainter needs it)
+    app = QGuiApplication.instance() or QGuiApplication(sys.argv[:1])  # noqa: F841  (fonts, painting)
+    renderer = QSvgRenderer(str(SOURCE))
+    if not renderer.isValid():
+        raise SystemExit(f"{SOURCE} is missing or not an SVG Qt can render")
     sizes = sorted(set(ICO_SIZES) | {n for _, n in ICNS_TYPES})
-    pngs = {n: png_bytes(draw(n)) for n in sizes}
+    pngs = {n: png_bytes(draw(n, renderer)) for n in sizes}
     ICONS.mkdir(parents=True, exist_ok=True)
     (ICONS / "speculum.png").write_bytes(pngs[512])
     (ICONS / "speculum.ico").write_bytes(ico({n: pngs[n] for n in ICO_SIZES}))
