@@ -88,7 +88,7 @@ def cmd_bench(args) -> int:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     decoder = _load(args)
     results = run_bench(decoder, prompts, modes, max_tokens=args.max_tokens, repeat=args.repeat,
-                        k=args.k, fixed_k=args.fixed_k, progress=None if args.json else sys.stderr)
+                        k=args.k, fixed_k=args.fixed_k, progress=sys.stderr)
     if args.json:
         print(json.dumps({"results": results}, indent=1))
     else:
