@@ -66,7 +66,7 @@ def run_one(decoder: Decoder, prompt_tokens: list[int], mode: str, prompt: Bench
     return {"name": prompt.name, "mode": mode, "tokens": s.tokens, "seconds": s.seconds,
             "passes": s.passes, "drafted": s.drafted, "accepted": s.accepted,
             "overhead_s": s.overhead_s, "draft_s": s.draft_s, "verify_s": s.verify_s,
-            "finish": last.finish if last else None}
+            "finish": last.finish if last else None, "choices": dict(s.passes_by_source)}
 
 
 def run_bench(decoder: Decoder, prompts: list[BenchPrompt], modes: list[str], max_tokens: int | None = None,
@@ -86,9 +86,13 @@ def run_bench(decoder: Decoder, prompts: list[BenchPrompt], modes: list[str], ma
                     rate = res["tokens"] / res["seconds"] if res["seconds"] else 0
                     progress.write(f"[{r + 1}/{repeat}] {p.name:<22} {mode:<7} {rate:6.1f} tok/s\n")
                     progress.flush()
-                agg = totals.setdefault((p.name, mode), {k2: 0 for k2 in res if k2 not in ("name", "mode", "finish")})
+                agg = totals.setdefault((p.name, mode), {k2: 0 for k2 in res
+                                                          if k2 not in ("name", "mode", "finish", "choices")})
                 for key in agg:
                     agg[key] += res[key]
+                choices = agg.setdefault("choices", {})
+                for source, n in res["choices"].items():
+                    choices[source] = choices.get(source, 0) + n
     results = []
     for (name, mode), a in totals.items():
         results.append({
@@ -98,6 +102,8 @@ def run_bench(decoder: Decoder, prompts: list[BenchPrompt], modes: list[str], ma
             "tokens_per_pass": round(a["tokens"] / a["passes"], 4) if a["passes"] else 0.0,
             "overhead_ms_per_cycle": round(1000 * a["overhead_s"] / a["passes"], 4) if a["passes"] else 0.0,
             "draft_share": round(a["draft_s"] / a["seconds"], 4) if a["seconds"] else 0.0,
+            # What the policy chose: share of target passes per drafter ("none" = plain step).
+            "choices": {src: round(n / a["passes"], 3) for src, n in sorted(a["choices"].items())},
         })
     off = {r["name"]: r["tokens_per_s"] for r in results if r["mode"] == "off"}
     for r in results:
@@ -107,10 +113,12 @@ def run_bench(decoder: Decoder, prompts: list[BenchPrompt], modes: list[str], ma
 
 
 def print_table(results: list[dict], out: TextIO) -> None:
-    head = f"{'prompt':<22} {'mode':<7} {'tokens':>6} {'tok/s':>7} {'accept':>7} {'tok/pass':>8} {'ovh ms':>7} {'vs off':>7}"
+    head = (f"{'prompt':<22} {'mode':<7} {'tokens':>6} {'tok/s':>7} {'accept':>7} {'tok/pass':>8} "
+            f"{'ovh ms':>7} {'vs off':>7}  passes by drafter")
     out.write(head + "\n" + "-" * len(head) + "\n")
     for r in results:
         sp = f"{r['speedup_vs_off']:.2f}x" if r["speedup_vs_off"] is not None else "-"
         acc = f"{100 * r['acceptance_rate']:.0f}%" if r["mode"] != "off" else "-"
         out.write(f"{r['name']:<22} {r['mode']:<7} {r['tokens']:>6} {r['tokens_per_s']:>7.1f} {acc:>7} "
-                  f"{r['tokens_per_pass']:>8.2f} {r['overhead_ms_per_cycle']:>7.3f} {sp:>7}\n")
+                  f"{r['tokens_per_pass']:>8.2f} {r['overhead_ms_per_cycle']:>7.3f} {sp:>7}  "
+                  + " ".join(f"{src} {100 * share:.0f}%" for src, share in r["choices"].items()) + "\n")

@@ -77,7 +77,8 @@ def cmd_generate(args) -> int:
                           "text": "".join(text), "policy": last.policy if last else {}},
                          ensure_ascii=False))
     else:
-        view.summary(stats, last.finish if last else None, last.message if last else "")
+        view.summary(stats, last.finish if last else None, last.message if last else "",
+                     last.policy if last else None)
     return 0
 
 

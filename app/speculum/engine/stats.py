@@ -21,6 +21,7 @@ class Stats:
     prompt_tokens: int = 0  # prompt tokens actually decoded (not reused from the cache)
     prompt_s: float = 0.0
     by_source: dict[str, list[int]] = field(default_factory=dict)  # source -> [drafted, accepted]
+    passes_by_source: dict[str, int] = field(default_factory=dict)  # what the policy chose, per pass
     tokens_over_time: list[tuple[float, int]] = field(default_factory=list)  # (seconds, tokens)
 
     def add(self, cycle: Cycle) -> None:
@@ -34,6 +35,7 @@ class Stats:
                 self.accepted_at.append(0)
             self.drafted_at[i] += 1
             self.accepted_at[i] += i < cycle.n_accepted
+        self.passes_by_source[cycle.source] = self.passes_by_source.get(cycle.source, 0) + 1
         if cycle.drafted:
             s = self.by_source.setdefault(cycle.source, [0, 0])
             s[0] += len(cycle.drafted)
@@ -83,4 +85,5 @@ class Stats:
             "overhead_ms_per_cycle": round(self.overhead_ms_per_cycle, 4),
             "prompt_tokens": self.prompt_tokens,
             "prompt_s": round(self.prompt_s, 4),
+            "passes_by_source": dict(self.passes_by_source),
         }
