@@ -55,9 +55,10 @@ def test_cli_self_test_on_a_non_gguf_file_exits_2_with_one_line(tmp_path, capsys
     bad = tmp_path / "notes.gguf"
     bad.write_text("these are notes, not a model\n" * 20)
     assert cli.main(["--self-test", str(bad)]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("speculum: ") and err.count("\n") == 1, err
-    assert "Traceback" not in err
+    captured = capsys.readouterr()
+    assert captured.err.startswith("speculum: ") and captured.err.count("\n") == 1, captured.err
+    assert "GGUF" in captured.err and "Traceback" not in captured.err
+    assert captured.out == ""
 
 
 def test_cli_self_test_on_a_missing_file_exits_2(tmp_path, capsys):

@@ -222,7 +222,10 @@ def report(result: SelfTestResult, out: TextIO) -> None:
 
 def self_test(model_path: str | Path, out: TextIO | None = None) -> int:
     """The CLI's --self-test: 0 on success, 1 on failure; SpeculumError (exit 2) for a bad model."""
+    from .models.gguf import check_gguf_file
+
     out = out or sys.stdout
+    check_gguf_file(Path(model_path).expanduser())  # a missing or foreign file: one line, exit 2
     where = "bundle" if getattr(sys, "frozen", False) else "installed"
     print(f"Speculum {__version__} self-test ({where}; Python {platform.python_version()}, "
           f"{platform.system()} {platform.machine()})", file=out)
