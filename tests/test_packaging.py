@@ -169,6 +169,8 @@ def test_macos_gets_an_arm64_app_with_icon_and_info_plist(monkeypatch):
     calls = run_spec(monkeypatch, "darwin")
     (exe,) = calls["EXE"]
     assert exe.kwargs["target_arch"] == "arm64"
+    # A console EXE would make PyInstaller mark the app LSBackgroundOnly (no Dock icon).
+    assert exe.kwargs["console"] is False
     assert Path(exe.kwargs["entitlements_file"]).is_file()
     (bundle,) = calls["BUNDLE"]
     kw = bundle.kwargs
