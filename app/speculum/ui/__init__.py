@@ -12,4 +12,7 @@
     settings.py     the window's settings file
     modelchoices.py what the pair picker offers
     look.py         colours and token labels
+    qtcompat.py     a work-around for PySide6 6.12.0 reference counts on Python < 3.12
 """
+
+from . import qtcompat  # noqa: F401  (first: every Qt call below depends on it)

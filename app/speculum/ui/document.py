@@ -11,7 +11,6 @@ from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QLabel, QPlainTextEdit,
 
 from ..documents import SUPPORTED, read_document
 from ..errors import SpeculumError
-from .qtcompat import emit
 
 COPIED = QColor("#c9f2d0")
 
@@ -79,7 +78,7 @@ class DocumentPane(QWidget):
         try:
             text = read_document(path)
         except SpeculumError as exc:
-            emit(self.error, str(exc))
+            self.error.emit(str(exc))
             return False
         self.set_document(text, Path(path).name)
         return True

@@ -5,7 +5,6 @@ from __future__ import annotations
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QPlainTextEdit
 
-from .qtcompat import emit
 
 
 class InputBox(QPlainTextEdit):
@@ -22,9 +21,9 @@ class InputBox(QPlainTextEdit):
         if event.key() in (Qt.Key_Return, Qt.Key_Enter) and not event.modifiers() & Qt.ShiftModifier:
             text = self.toPlainText().strip()
             if text:
-                emit(self.submitted, text)
+                self.submitted.emit(text)
             return
         if event.key() == Qt.Key_Escape:
-            emit(self.stopRequested)
+            self.stopRequested.emit()
             return
         super().keyPressEvent(event)

@@ -19,7 +19,6 @@ from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFormLayout, QFrame, Q
 from .. import paths, summarise
 from ..conversations import DEFAULT_TITLE, Conversation, ConversationStore, Message
 from . import look
-from .qtcompat import emit
 from .document import DocumentPane
 from .inputbox import InputBox
 from .modelchoices import local_models
@@ -276,7 +275,7 @@ class MainWindow(QMainWindow):
         self.conversation_list.itemChanged.connect(self._on_title_edited)
         self.document.summariseRequested.connect(self.summarise)
         self.document.error.connect(self.show_error)
-        self.document_toggle.toggled.connect(self.document.setVisible)
+        self.document_toggle.toggled.connect(self._show_document)
         self.transcript.replayRequested.connect(self.replay_message)
         self.replay_bar.stepChanged.connect(self._render_replay_step)
         for widget in (self.mode_combo,):
@@ -405,7 +404,7 @@ class MainWindow(QMainWindow):
         rate = self.settings.plain_tokens_per_s.get(target.path)
         self.engine.worker.set_plain_rate(rate)
         self._update_controls()
-        emit(self.modelsLoaded)
+        self.modelsLoaded.emit()
 
     def _on_load_failed(self, message: str) -> None:
         self.loading = False
@@ -414,7 +413,7 @@ class MainWindow(QMainWindow):
         self.model_label.setText("No model loaded")
         self.show_error(message)
         self._update_controls()
-        emit(self.loadFailed, message)
+        self.loadFailed.emit(message)
 
     def _end_load(self) -> None:
         self.load_progress.hide()
@@ -457,6 +456,13 @@ class MainWindow(QMainWindow):
     def _on_pair_ready(self, target, draft) -> None:
         self.refresh_models(str(target), str(draft) if draft else "")
         self.load_pair()
+
+    def _show_document(self, on: bool) -> None:
+        self.document.setVisible(on)
+        if on:
+            # A pane shown after the splitter was laid out starts at zero width.
+            total = sum(self.chat_split.sizes()) or self.chat_split.width()
+            self.chat_split.setSizes([total * 11 // 20, total * 9 // 20])
 
     # ------------------------------------------------------------------ conversations
 
@@ -751,7 +757,7 @@ class MainWindow(QMainWindow):
                 self._highlight_copies(conv, result.cycles)
             self.replay_message(len(conv.messages) - 1, step=None)
         self._update_controls()
-        emit(self.generationFinished)
+        self.generationFinished.emit()
 
     def _highlight_copies(self, conv: Conversation, cycles) -> None:
         copies = ["".join(c.drafted_text[:c.n_accepted]) for c in cycles if c.source == "lookup" and c.n_accepted]
@@ -776,7 +782,7 @@ class MainWindow(QMainWindow):
         self.replay_label.setText("")
         self.show_error(message)
         self._update_controls()
-        emit(self.generationFinished)
+        self.generationFinished.emit()
 
     # ------------------------------------------------------------------ replay
 

@@ -1,9 +1,12 @@
-"""A work-around for PySide6 6.12.0: ``SignalInstance.emit()`` returns ``True`` without a reference.
+"""A work-around for PySide6/shiboken6 6.12.0 on Python 3.11 and older.
 
-Each Python-side ``emit`` then takes one reference from ``True`` that it never gave, and
-after a few thousand emits (one per generated cycle here) the interpreter frees ``True``
-and aborts ("Fatal Python error: bool_dealloc"). ``emit`` below gives the reference
-back, only when a probe at import shows this build has the bug.
+That build returns ``None`` from every void method (``setText``, ``show``, ``update``…)
+and ``True`` from ``Signal.emit()`` without taking a reference, as if they were
+immortal, which they are only from Python 3.12 on. Each call then drops one reference
+the program never gave, and after some thousands of calls the interpreter frees
+``None`` or ``True`` and aborts ("Fatal Python error: none_dealloc"). When a probe
+at import shows the bug, ``None``, ``True`` and ``False`` get a reference count so
+large that no run can exhaust it: the immortality Python 3.12 gives them.
 """
 
 from __future__ import annotations
@@ -13,32 +16,27 @@ import sys
 
 from PySide6.QtCore import QObject, Signal
 
-_incref = ctypes.pythonapi.Py_IncRef
-_incref.argtypes = [ctypes.py_object]
-_incref.restype = None
+_MARGIN = 1 << 48
 
 
 class _Probe(QObject):
     fired = Signal()
 
 
-def _emit_steals_a_reference() -> bool:
+def _calls_drop_references() -> bool:
     probe = _Probe()
-    before = sys.getrefcount(True)
-    for _ in range(16):
+    none, true = sys.getrefcount(None), sys.getrefcount(True)
+    for _ in range(32):
+        probe.setObjectName("probe")  # a void method
         probe.fired.emit()
-    lost = before - sys.getrefcount(True)
-    for _ in range(max(lost, 0)):
-        _incref(True)  # repay what the probe itself took
-    return lost >= 16
+    return none - sys.getrefcount(None) >= 32 or true - sys.getrefcount(True) >= 32
 
 
-EMIT_STEALS = _emit_steals_a_reference()
+def _immortalise(obj) -> None:
+    ctypes.c_ssize_t.from_address(id(obj)).value += _MARGIN
 
 
-def emit(signal, *args):
-    """``signal.emit(*args)``, safe on PySide6 builds whose emit under-counts its result."""
-    result = signal.emit(*args)
-    if EMIT_STEALS:
-        _incref(result)
-    return result
+BROKEN_REFCOUNTS = sys.version_info < (3, 12) and _calls_drop_references()
+if BROKEN_REFCOUNTS:
+    for _singleton in (None, True, False):
+        _immortalise(_singleton)

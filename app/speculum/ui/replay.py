@@ -10,7 +10,6 @@ from __future__ import annotations
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QSlider, QToolButton, QWidget
 
-from .qtcompat import emit
 
 PLAY_INTERVAL_MS = 400
 
@@ -50,7 +49,7 @@ class ReplayBar(QWidget):
         self.slider.setRange(0, 2 * n_cycles)
         self.slider.setValue(2 * n_cycles if step is None else step)
         self.slider.blockSignals(False)
-        emit(self.stepChanged, self.slider.value())
+        self.stepChanged.emit(self.slider.value())
 
     @property
     def step(self) -> int:

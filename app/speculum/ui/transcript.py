@@ -8,7 +8,6 @@ from PySide6.QtCore import QUrl, Signal
 from PySide6.QtGui import QColor, QFontDatabase, QTextBlockFormat, QTextCharFormat, QTextCursor, QTextFormat
 from PySide6.QtWidgets import QTextBrowser
 
-from .qtcompat import emit
 
 CODE_BACKGROUND = QColor("#f2f4f7")
 FINISH_NOTES = {
@@ -33,7 +32,7 @@ class Transcript(QTextBrowser):
 
     def _anchor(self, url: QUrl) -> None:
         if url.scheme() == "replay":
-            emit(self.replayRequested, int(url.path() or url.host() or 0))
+            self.replayRequested.emit(int(url.path() or url.host() or 0))
 
     # -- building blocks --
 

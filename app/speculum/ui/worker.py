@@ -18,7 +18,6 @@ from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
 
 from ..errors import SpeculumError
 from .. import summarise
-from .qtcompat import emit
 
 FRAME_MS = 16
 
@@ -163,7 +162,7 @@ class EngineWorker(QObject):
         self.cancel_load.clear()
 
         def progress(stage: str, fraction: float) -> bool:
-            emit(self.loadProgress, stage, fraction)
+            self.loadProgress.emit(stage, fraction)
             return not self.cancel_load.is_set()
 
         try:
@@ -171,16 +170,16 @@ class EngineWorker(QObject):
                                   draft_gpu_layers=request.draft_gpu_layers)
             self.decoder = load_decoder(request.target, request.draft, options, progress)
         except SpeculumError as exc:
-            emit(self.loadFailed, "Loading was cancelled." if self.cancel_load.is_set() else str(exc))
+            self.loadFailed.emit("Loading was cancelled." if self.cancel_load.is_set() else str(exc))
             return
         except Exception as exc:  # anything else still reaches the window, not just the console
             traceback.print_exc()
-            emit(self.loadFailed, f"Loading the models failed: {exc}")
+            self.loadFailed.emit(f"Loading the models failed: {exc}")
             return
         self.target_path = request.target
         self.plain = PlainRate()
         d = self.decoder
-        emit(self.loaded, d.target.facts, d.draft.facts if d.draft is not None else None)
+        self.loaded.emit(d.target.facts, d.draft.facts if d.draft is not None else None)
 
     def set_plain_rate(self, tokens_per_s: float | None) -> None:
         self.plain = PlainRate(tokens_per_s)
@@ -199,7 +198,7 @@ class EngineWorker(QObject):
         # stop_event is cleared by the UI thread before sending: a Stop pressed while
         # this request waited in the queue must still count.
         if self.decoder is None:
-            emit(self.failed, "No model is loaded. Pick a target model and press Load.")
+            self.failed.emit("No model is loaded. Pick a target model and press Load.")
             return
         try:
             if request.document is not None:
@@ -207,15 +206,15 @@ class EngineWorker(QObject):
             else:
                 result = self._chat(request)
         except SpeculumError as exc:
-            emit(self.failed, str(exc))
+            self.failed.emit(str(exc))
             return
         except Exception as exc:
             traceback.print_exc()
-            emit(self.failed, f"The generation failed: {exc}")
+            self.failed.emit(f"The generation failed: {exc}")
             return
         if self.plain.tokens_per_s:
-            emit(self.plainRateMeasured, self.target_path, self.plain.tokens_per_s)
-        emit(self.finished, result)
+            self.plainRateMeasured.emit(self.target_path, self.plain.tokens_per_s)
+        self.finished.emit(result)
 
     def _tokens(self, messages: list[dict]) -> list[int]:
         target = self.decoder.target
@@ -234,7 +233,7 @@ class EngineWorker(QObject):
                                            stop=self.stop_event, want_probs=True):
             self.plain.observe(cycle)
             snap = snapshot_of(self.decoder.stats, cycle, self.plain.tokens_per_s, len(prompt))
-            emit(self.cycleReady, CycleEvent(cycle, snap, stage))
+            self.cycleReady.emit(CycleEvent(cycle, snap, stage))
             text.append(cycle.text)
             cycles.append(cycle)
             last = cycle
@@ -274,7 +273,7 @@ class EngineWorker(QObject):
             summaries = []
             for i, part in enumerate(texts, 1):
                 stage = f"Part {i} of {len(texts)}" + (f" (round {round_no})" if round_no > 1 else "")
-                emit(self.stageChanged, stage)
+                self.stageChanged.emit(stage)
                 messages = build_messages(document_message(part, summarise.part_request(i, len(texts))),
                                           request.system)
                 text, cycles, last, snap = self._run(request, messages, stage)
@@ -292,7 +291,7 @@ class EngineWorker(QObject):
             if len(self._tokens(combine)) + request.max_tokens <= target.n_ctx:
                 break
             texts = summarise.split_by_tokens(joined, count, budget)
-        emit(self.stageChanged, "Combining the part summaries")
+        self.stageChanged.emit("Combining the part summaries")
         text, cycles, last, snap = self._run(request, combine, "Combining")
         all_cycles.extend(cycles)
         return GenerationResult(request.conversation_id, text, all_cycles, snap,
@@ -324,7 +323,7 @@ class CycleBatcher(QObject):
         self._timer.stop()
         if self._pending:
             batch, self._pending = self._pending, []
-            emit(self.batchReady, batch)
+            self.batchReady.emit(batch)
 
 
 class Engine(QObject):
@@ -347,14 +346,14 @@ class Engine(QObject):
         self.busy = False
 
     def load(self, request: LoadRequest) -> None:
-        emit(self.loadRequested, request)
+        self.loadRequested.emit(request)
 
     def cancel_load(self) -> None:
         self.worker.cancel_load.set()
 
     def generate(self, request: GenerationRequest) -> None:
         self.worker.stop_event.clear()
-        emit(self.generateRequested, request)
+        self.generateRequested.emit(request)
 
     def stop(self) -> None:
         self.worker.stop_event.set()
