@@ -3,7 +3,8 @@
 A cost model measured live on the running machine, kept per model pair between runs:
 
 - ``verify_s[n]``: the target's pass time with n tokens in the batch (1..MAX_BATCH),
-- ``draft_s``: the draft model's time per proposed token,
+- ``draft_first_s`` / ``draft_step_s``: the draft model's time for its first token of a
+  cycle (it first catches up on the tokens the target just emitted) and for each next one,
 - acceptance per draft position, per drafter (lookup also per n-gram match length),
   as decaying Beta counts so estimates follow the text within a few cycles.
 
@@ -30,8 +31,12 @@ from .cycle import Cycle
 from .drafters import LOOKUP, MODEL, NONE
 from .policy import Choice
 
-MAX_K = 8
+MAX_K = 15  # lookup drafts are nearly free to make: long copies can pay
+MAX_K_MODEL = 8
 MAX_BATCH = 16
+# Batch sizes measured once per machine and pair: CPU kernels make some sizes cheaper
+# than smaller ones (4 rows at once with repacked weights), so no curve is assumed.
+CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16)
 DECAY = 0.85  # per observation: old evidence fades, a collapse shows within a few cycles
 CONFIDENCE_BINS = 10
 
@@ -66,7 +71,8 @@ class CostModel:
     """Seconds per target pass by batch size, and per draft-model token."""
 
     verify_s: dict[int, float] = field(default_factory=dict)
-    draft_s: float | None = None
+    draft_first_s: float | None = None
+    draft_step_s: float | None = None
     lookup_s: float = 2e-5
     gpu: bool = False
 
@@ -76,9 +82,16 @@ class CostModel:
         old = self.verify_s.get(n)
         self.verify_s[n] = seconds if old is None else 0.8 * old + 0.2 * min(seconds, 3 * old)
 
-    def observe_draft(self, per_token: float) -> None:
-        old = self.draft_s
-        self.draft_s = per_token if old is None else 0.8 * old + 0.2 * min(per_token, 3 * old)
+    def observe_draft(self, k: int, seconds: float, first_s: float) -> None:
+        self.draft_first_s = _ema(self.draft_first_s, first_s)
+        if k > 1:
+            self.draft_step_s = _ema(self.draft_step_s, (seconds - first_s) / (k - 1))
+
+    def draft(self, k: int) -> float:
+        """Seconds for the draft model to propose k tokens."""
+        first = self.draft_first_s if self.draft_first_s is not None else 0.6 * self.verify(1)
+        step = self.draft_step_s if self.draft_step_s is not None else 0.4 * self.verify(1)
+        return first + (k - 1) * step
 
     def verify(self, n: int) -> float:
         if n in self.verify_s:
@@ -102,13 +115,17 @@ class CostModel:
         return per * (1 + (0.05 if self.gpu else 0.5) * (n - 1))
 
     def to_json(self) -> dict:
-        return {"verify_s": {str(k): v for k, v in self.verify_s.items()}, "draft_s": self.draft_s,
-                "gpu": self.gpu}
+        return {"verify_s": {str(k): v for k, v in self.verify_s.items()}, "draft_first_s": self.draft_first_s,
+                "draft_step_s": self.draft_step_s, "gpu": self.gpu}
 
     @classmethod
     def from_json(cls, d: dict) -> "CostModel":
-        return cls({int(k): float(v) for k, v in d.get("verify_s", {}).items()}, d.get("draft_s"),
-                   gpu=bool(d.get("gpu", False)))
+        return cls({int(k): float(v) for k, v in d.get("verify_s", {}).items()}, d.get("draft_first_s"),
+                   d.get("draft_step_s"), gpu=bool(d.get("gpu", False)))
+
+
+def _ema(old: float | None, new: float) -> float:
+    return new if old is None else 0.8 * old + 0.2 * min(new, 3 * old)
 
 
 def chained(rates: Sequence[Rate]) -> list[float]:
@@ -141,7 +158,7 @@ class AutoPolicy:
         self.clock = clock
         gpu = getattr(getattr(decoder.target, "facts", None), "backend", "CPU") != "CPU"
         self.costs = CostModel(gpu=gpu)
-        self.model_rates = [Rate(prior=0.6) for _ in range(MAX_K)]
+        self.model_rates = [Rate(prior=0.6) for _ in range(MAX_K_MODEL)]
         # Lookup acceptance by n-gram match length (1..max) and position.
         self.lookup_rates = {n: [Rate(prior=0.3 + 0.15 * n) for _ in range(MAX_K)]
                              for n in range(1, decoder.lookup.max_ngram + 1)}
@@ -184,11 +201,10 @@ class AutoPolicy:
                     e = expected_tokens(rates[:k])
                     options.append((e / (c.verify(k + 1) + c.lookup_s), Choice(LOOKUP, k, min_match=n), e))
         if MODEL in self.allowed:
-            per = c.draft_s if c.draft_s is not None else 0.4 * c.verify(1)
             rates = chained(self.model_rates)
-            for k in range(1, min(MAX_K, MAX_BATCH - 1) + 1):
+            for k in range(1, min(MAX_K_MODEL, MAX_BATCH - 1) + 1):
                 e = expected_tokens(rates[:k])
-                options.append((e / (c.verify(k + 1) + k * per), Choice(MODEL, k, self.min_confidence), e))
+                options.append((e / (c.verify(k + 1) + c.draft(k)), Choice(MODEL, k, self.min_confidence), e))
         return options
 
     def choose(self, context: Sequence[int] = ()) -> Choice:
@@ -219,13 +235,13 @@ class AutoPolicy:
         if not cycle.drafted:
             return
         if cycle.source == MODEL:
-            self.costs.observe_draft(cycle.draft_s / len(cycle.drafted))
+            self.costs.observe_draft(len(cycle.drafted), cycle.draft_s, cycle.draft_first_s or cycle.draft_s)
             rates = self.model_rates
         else:
             self.costs.lookup_s = 0.8 * self.costs.lookup_s + 0.2 * cycle.draft_s
             match = max(1, min(cycle.match_length, len(self.lookup_rates)))
             rates = self.lookup_rates[match]
-        for i in range(min(len(cycle.drafted), cycle.n_accepted + 1, MAX_K)):
+        for i in range(min(len(cycle.drafted), cycle.n_accepted + 1, len(rates))):
             rates[i].observe(i < cycle.n_accepted)
         if cycle.source == MODEL and cycle.draft_confidence:
             self._tune_confidence(cycle)
@@ -236,8 +252,7 @@ class AutoPolicy:
         # Stop drafting where one more token is expected to cost more than it returns:
         # it returns a(c) tokens for (T_draft + dT_verify) seconds, vs plain speed.
         c = self.costs
-        per = c.draft_s if c.draft_s is not None else 0.4 * c.verify(1)
-        marginal = (per + c.verify(3) - c.verify(2)) / c.verify(1)
+        marginal = (c.draft(2) - c.draft(1) + c.verify(3) - c.verify(2)) / c.verify(1)
         self.min_confidence = 0.0
         for i, rate in enumerate(self.confidence_rates):
             if rate.value >= marginal:
@@ -252,7 +267,7 @@ class AutoPolicy:
         d = {"source": c.source if c.k else NONE, "k": c.k, "mode": "auto",
              "plain_tokens_per_s": round(plain, 2),
              "verify_cost": {n: round(self.costs.verify(n) / self.costs.verify(1), 3) for n in (2, 3, 5, 9)},
-             "draft_cost": round((self.costs.draft_s or 0.0) / self.costs.verify(1), 3),
+             "draft_cost": {k: round(self.costs.draft(k) / self.costs.verify(1), 3) for k in (1, 3)},
              "model_acceptance": [round(r.value, 3) for r in self.model_rates[:4]],
              "min_confidence": round(self.min_confidence, 2), **self.last_estimate}
         if c.source == LOOKUP:
@@ -297,7 +312,7 @@ class AutoPolicy:
 
     def prepare(self, sequence, last_token: int) -> None:
         """Measure pass time by batch size once per machine and pair, before the first cycle."""
-        if len(self.costs.verify_s) >= 4:
+        if all(n in self.costs.verify_s for n in CALIBRATION_SIZES[:6]):
             return
         model = sequence.model
 
@@ -310,15 +325,17 @@ class AutoPolicy:
             return seconds
 
         timed(sequence, [last_token])  # warm-up: the first pass after loading pages weights in
-        for n in (1, 2, 3, 5, 9):
+        for n in CALIBRATION_SIZES:
             if model.n_past + n > model.n_ctx:
                 break
             self.costs.verify_s[n] = min(timed(sequence, [last_token] * n) for _ in range(2))
         draft = self.decoder.model_drafter
         if getattr(draft, "sequence", None) is not None and MODEL in self.allowed:
-            if draft.model.n_past + 1 <= draft.model.n_ctx:
+            if draft.model.n_past + 2 <= draft.model.n_ctx:
                 timed(draft.sequence, [last_token])
-                self.costs.draft_s = min(timed(draft.sequence, [last_token]) for _ in range(3))
+                # A cycle's first draft token follows a catch-up on ~2 new tokens.
+                self.costs.draft_first_s = min(timed(draft.sequence, [last_token] * 2) for _ in range(2))
+                self.costs.draft_step_s = min(timed(draft.sequence, [last_token]) for _ in range(3))
 
 
 def default_store(decoder) -> Path | None:

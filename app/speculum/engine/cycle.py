@@ -27,6 +27,7 @@ class Cycle:
     draft_confidence: list[float] = field(default_factory=list)  # the drafter's own p of each draft
     match_length: int = 0  # lookup: length of the n-gram the draft was copied after
     draft_s: float = 0.0
+    draft_first_s: float = 0.0  # model drafts: catching up and proposing the first token
     verify_s: float = 0.0
     overhead_s: float = 0.0
     n_generated: int = 0  # tokens generated up to and including this cycle

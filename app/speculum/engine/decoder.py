@@ -32,7 +32,7 @@ class Decoder:
         self.target = target
         self.draft = draft
         self.sequence = CachedSequence(target)
-        self.model_drafter = ModelDrafter(draft) if draft is not None else None
+        self.model_drafter = ModelDrafter(draft, clock) if draft is not None else None
         self.lookup = PromptLookup(max_ngram=max_ngram)
         self.stats = Stats()
 
@@ -186,6 +186,7 @@ class Decoder:
                 draft_confidence=draft.confidence,
                 match_length=draft.match_length,
                 draft_s=t_drafted - start,
+                draft_first_s=draft.first_s,
                 verify_s=t_verified - t_drafted,
                 n_generated=generated,
                 finish=finish,

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -30,6 +31,7 @@ class Draft:
     q: np.ndarray | None = None
     confidence: list[float] = field(default_factory=list)  # the draft's own p of each token
     match_length: int = 0  # lookup: length of the n-gram that matched
+    first_s: float = 0.0  # model drafts: seconds to catch up and propose the first token
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -38,9 +40,10 @@ class Draft:
 class ModelDrafter:
     source = MODEL
 
-    def __init__(self, model: Backend):
+    def __init__(self, model: Backend, clock=time.perf_counter):
         self.model = model
         self.sequence = CachedSequence(model)
+        self.clock = clock
 
     def propose(self, context: Sequence[int], k: int, sampling: SamplingParams,
                 rng: np.random.Generator, min_confidence: float = 0.0) -> Draft:
@@ -56,8 +59,11 @@ class ModelDrafter:
         k = min(k, self.model.n_ctx - len(context))
         if k <= 0:
             return Draft(source=self.source)
-        seq.feed(context[have:-1])
-        logits = seq.decode([context[-1]])[0]
+        start = self.clock()
+        pending = list(context[have:])
+        logits = seq.decode(pending, rows=(len(pending) - 1,))[0] if len(pending) <= getattr(
+            self.model, "n_batch", len(pending)) else _feed_then_decode(seq, pending)
+        first_s = 0.0
         tokens: list[int] = []
         qs: list[np.ndarray] = []
         conf: list[float] = []
@@ -75,9 +81,11 @@ class ModelDrafter:
                 break
             tokens.append(tok)
             conf.append(c)
+            if i == 0:
+                first_s = self.clock() - start
             if i + 1 < k:
                 logits = seq.decode([tok])[0]
-        return Draft(tokens, self.source, np.stack(qs[: len(tokens)]) if qs else None, conf)
+        return Draft(tokens, self.source, np.stack(qs[: len(tokens)]) if qs else None, conf, first_s=first_s)
 
     def begin(self, context: Sequence[int]) -> None:
         """Nothing to prepare: ``propose`` syncs the KV cache to the context it is given."""
@@ -85,6 +93,11 @@ class ModelDrafter:
     def accept(self, context: Sequence[int]) -> None:
         """Drop drafted tokens the target rejected (the next propose syncs anyway)."""
         self.sequence.sync(context)
+
+
+def _feed_then_decode(seq: CachedSequence, pending: list[int]) -> np.ndarray:
+    seq.feed(pending[:-1])
+    return seq.decode(pending[-1:])[0]
 
 
 class PromptLookup:
