@@ -46,6 +46,7 @@ def main() -> int:
     os.environ["SPECULUM_DATA_DIR"] = os.path.join(scratch, "data")
     os.environ["SPECULUM_CONFIG_DIR"] = os.path.join(scratch, "config")
 
+    import shiboken6
     from PySide6.QtCore import QElapsedTimer, Qt, QTimer
     from PySide6.QtWidgets import QApplication
 
@@ -105,12 +106,15 @@ def main() -> int:
     window.engine.worker.cycleReady.connect(lambda _e: cycle_times.append(time.perf_counter()),
                                             Qt.DirectConnection)
 
+    done: list[int] = []
+    # Connected once: disconnecting a lambda makes PySide6 6.12 delete a shared receiver and crash at exit.
+    window.generationFinished.connect(lambda: done.append(1))
+
     def in_window(mode: str, prompt: str) -> tuple[float, int, float]:
         window.mode_combo.setCurrentIndex(window.mode_combo.findData(mode))
         window.new_conversation()
         cycle_times.clear()
-        done = []
-        window.generationFinished.connect(lambda: done.append(1))
+        done.clear()
         beat.start()
         start = time.perf_counter()
         window.send(prompt)
@@ -118,7 +122,6 @@ def main() -> int:
             app.processEvents()
             time.sleep(0.001)
         blocked = beat.stop()
-        window.generationFinished.disconnect()
         answer = window.current.messages[-1]
         if answer.role != "assistant":
             raise SystemExit(f"the window did not answer: {window.banner.text()}")
@@ -153,6 +156,7 @@ def main() -> int:
         })
     window.close()
     decoder.target.close()
+    shiboken6.delete(window)  # before the QApplication, which is a local of this function too
     if args.json:
         print(json.dumps({"model": Path(model).name, "platform": app.platformName(), "results": results}, indent=1))
     else:

@@ -287,3 +287,49 @@ def test_settings_file_is_json_with_the_chosen_values(qtbot, open_window):
     w.mode_combo.setCurrentIndex(w.mode_combo.findData("off"))
     saved = json.loads(Settings.path().read_text())
     assert saved["temperature"] == 0.7 and saved["mode"] == "off"
+
+
+def test_documents_open_by_drop_and_unsupported_files_say_why(qtbot, open_window, tmp_path):
+    from PySide6.QtCore import QMimeData, QPointF, QUrl
+    from PySide6.QtGui import QDropEvent
+
+    w = open_window()
+    note = tmp_path / "notes.md"
+    note.write_text("# Notes\n\nThe keepers wrote the weather in the log.", encoding="utf-8")
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(note))])
+    w.document.dropEvent(QDropEvent(QPointF(5, 5), Qt.CopyAction, mime, Qt.LeftButton, Qt.NoModifier))
+    assert w.document.text().startswith("# Notes") and w.document.name == "notes.md"
+    assert w.document.summarise_button.isEnabled()
+    odd = tmp_path / "notes.docx"
+    odd.write_text("x")
+    w.document.open_path(odd)
+    assert "Speculum reads" in w.banner.text() and "notes.docx" in w.banner.text()
+
+
+def test_a_pair_chosen_in_the_models_dialog_is_loaded(qtbot, open_window, smollm_path):
+    w = open_window()
+    assert w.models_button.isEnabled()  # the library dialog is part of this build
+    with qtbot.waitSignal(w.modelsLoaded, timeout=LOAD_MS):
+        w._on_pair_ready(str(smollm_path), "")
+    assert w.target_combo.currentData() == str(smollm_path) and w.draft_combo.currentData() == ""
+    assert "no draft model" in w.model_label.text()
+
+
+def test_run_app_opens_the_window_and_quits_cleanly(qtbot, data_dirs):
+    from PySide6.QtCore import QTimer
+    from PySide6.QtWidgets import QApplication
+
+    from speculum.ui.app import run_app
+
+    seen = []
+
+    def close_windows():
+        for widget in QApplication.topLevelWidgets():
+            if isinstance(widget, MainWindow) and widget.isVisible():
+                seen.append(widget.windowTitle())
+                widget.close()
+
+    QTimer.singleShot(300, close_windows)
+    assert run_app(None) == 0
+    assert seen and seen[0].startswith("Speculum")

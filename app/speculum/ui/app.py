@@ -6,6 +6,7 @@ import sys
 
 
 def run_app(args=None) -> int:
+    import shiboken6
     from PySide6.QtGui import QIcon
     from PySide6.QtWidgets import QApplication
 
@@ -20,4 +21,7 @@ def run_app(args=None) -> int:
         app.setWindowIcon(QIcon(str(icon)))
     window = MainWindow()
     window.show()
-    return app.exec()
+    code = app.exec()
+    # The window must go before the application object; as locals, their order is not defined.
+    shiboken6.delete(window)
+    return code

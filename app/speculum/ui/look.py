@@ -21,6 +21,11 @@ COLOURS = {
     PROPOSED: ("#5f6670", "#eceef1"),
 }
 
+# Short names for the legend; the tooltips say more.
+SHORT = {ACCEPTED: "accepted", REJECTED: "rejected", CORRECTION: "correction", BONUS: "bonus", PLAIN: "plain step"}
+
+MODE_NAMES = {"auto": "Auto", "draft": "Draft model", "lookup": "Prompt lookup", "off": "Off"}
+
 LABELS = {
     ACCEPTED: "accepted draft",
     REJECTED: "rejected draft",

@@ -133,6 +133,8 @@ class MainWindow(QMainWindow):
 
         # Left: conversations and settings.
         self.conversation_list = QListWidget(objectName="conversationList")
+        self.conversation_list.setTextElideMode(Qt.ElideRight)
+        self.conversation_list.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         self.new_button = QPushButton("New")
         self.rename_button = QPushButton("Rename")
         self.delete_button = QPushButton("Delete")
@@ -184,7 +186,8 @@ class MainWindow(QMainWindow):
         self.transcript = Transcript()
         self.document = DocumentPane()
         self.document.hide()
-        self.chat_split = QSplitter(Qt.Horizontal)
+        # The document sits under the transcript: side by side, both were too narrow to read.
+        self.chat_split = QSplitter(Qt.Vertical)
         self.chat_split.addWidget(self.transcript)
         self.chat_split.addWidget(self.document)
         self.chat_split.setChildrenCollapsible(False)
@@ -461,8 +464,8 @@ class MainWindow(QMainWindow):
         self.document.setVisible(on)
         if on:
             # A pane shown after the splitter was laid out starts at zero width.
-            total = sum(self.chat_split.sizes()) or self.chat_split.width()
-            self.chat_split.setSizes([total * 11 // 20, total * 9 // 20])
+            total = sum(self.chat_split.sizes()) or self.chat_split.height()
+            self.chat_split.setSizes([total * 9 // 20, total * 11 // 20])
 
     # ------------------------------------------------------------------ conversations
 
@@ -834,7 +837,8 @@ class MainWindow(QMainWindow):
         if step % 2:
             if not k:
                 return f"{head}: plain step, nothing drafted."
-            return f"{head}: {drafter} proposed {k} token{'s' * (k != 1)}; the target checks them in one pass."
+            return (f"{head}: {drafter} proposed {k} token{'s' * (k != 1)}; the target checks "
+                    f"{'them' if k != 1 else 'it'} in one pass.")
         if not k:
             return f"{head}: the target wrote {len(cycle.emitted)} token{'s' * (len(cycle.emitted) != 1)} by itself."
         rejected = k - cycle.n_accepted

@@ -198,7 +198,7 @@ class Legend(QTextEdit):
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         cursor = self.textCursor()
         for kind in (look.ACCEPTED, look.REJECTED, look.CORRECTION, look.BONUS, look.PLAIN):
-            cursor.insertText(f" {look.LABELS[kind]} ", _format(kind, look.LABELS[kind]))
+            cursor.insertText(f" {look.SHORT[kind]} ", _format(kind, look.LABELS[kind]))
             cursor.insertText("  ", QTextCharFormat())
         self.setFixedHeight(int(self.document().size().height()) + 6)
 

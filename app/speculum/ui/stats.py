@@ -85,9 +85,12 @@ class RateChart(QWidget):
             p.drawText(self.rect(), Qt.AlignCenter, "tokens/s appear while generating")
             return
         t_max = max(self.points[-1][0], 1e-6)
-        top = max(r for _, r in self.points) * 1.15 or 1.0
+        # The first cycles' rates swing wildly (a few tokens over milliseconds): scale to the rest.
+        settled = [r for t, r in self.points if t >= 0.1 * t_max] or [r for _, r in self.points]
+        top = max(settled) * 1.2 or 1.0
         p.setPen(look.MUTED)
-        p.drawText(QRectF(0, area.top() - 6, 30, 14), Qt.AlignRight | Qt.AlignVCenter, f"{top:.0f}")
+        p.drawText(QRectF(0, area.top() - 6, 30, 14), Qt.AlignRight | Qt.AlignVCenter,
+                   f"{top:.0f}" if top >= 10 else f"{top:.1f}")
         p.drawText(QRectF(0, area.bottom() - 8, 30, 14), Qt.AlignRight | Qt.AlignVCenter, "0")
         p.drawText(QRectF(area.right() - 60, area.bottom() + 1, 60, 14), Qt.AlignRight, f"{t_max:.1f} s")
 
@@ -101,6 +104,7 @@ class RateChart(QWidget):
         fill.lineTo(at(self.points[-1][0], 0))
         fill.lineTo(at(self.points[0][0], 0))
         fill.closeSubpath()
+        p.setClipRect(area.adjusted(-2, -2, 2, 2))  # early spikes run off the top
         p.fillPath(fill, look.CHART_FILL)
         p.setPen(QPen(look.CHART_LINE, 1.6))
         p.drawPath(line)

@@ -8,6 +8,8 @@ from PySide6.QtCore import QUrl, Signal
 from PySide6.QtGui import QColor, QFontDatabase, QTextBlockFormat, QTextCharFormat, QTextCursor, QTextFormat
 from PySide6.QtWidgets import QTextBrowser
 
+from .look import MODE_NAMES
+
 
 CODE_BACKGROUND = QColor("#f2f4f7")
 FINISH_NOTES = {
@@ -15,6 +17,22 @@ FINISH_NOTES = {
     "max_tokens": "reached max tokens",
     "context_full": "context full",
 }
+
+
+def _all_fixed_pitch(block) -> bool:
+    """A code block's first line merges into the block before it and loses the code-fence
+    property; its text is still all in the monospace font the Markdown reader gave it."""
+    it = block.begin()
+    found = False
+    while not it.atEnd():
+        frag = it.fragment()
+        if frag.text().strip():
+            fmt = frag.charFormat()
+            if not (fmt.fontFixedPitch() or "monospace" in (fmt.fontFamilies() or [])):
+                return False
+            found = True
+        it += 1
+    return found
 
 
 class Transcript(QTextBrowser):
@@ -73,7 +91,8 @@ class Transcript(QTextBrowser):
         block = self.document().findBlock(start)
         while block.isValid() and block.position() <= end:
             fmt = block.blockFormat()
-            if fmt.hasProperty(QTextFormat.BlockCodeFence) or fmt.hasProperty(QTextFormat.BlockCodeLanguage):
+            if (fmt.hasProperty(QTextFormat.BlockCodeFence) or fmt.hasProperty(QTextFormat.BlockCodeLanguage)
+                    or _all_fixed_pitch(block)):
                 fmt.setBackground(CODE_BACKGROUND)
                 fmt.setLeftMargin(6)
                 cursor = QTextCursor(block)
@@ -110,7 +129,7 @@ class Transcript(QTextBrowser):
                 self._header(cursor, "You")
                 self._plain(cursor, m.shown)
             else:
-                details = [m.mode] if m.mode else []
+                details = [MODE_NAMES.get(m.mode, m.mode)] if m.mode else []
                 if m.stats.get("tokens_per_s"):
                     details.append(f"{m.stats['tokens_per_s']:.1f} tok/s")
                 if m.finish in FINISH_NOTES:
