@@ -48,25 +48,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     fi
 fi
 
-mkdir -p "$CACHE"
-if [ ! -x "$VENV/bin/python" ]; then
-    echo "==> creating the build venv $VENV"
-    "$PY" -m venv "$VENV"
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
-fi
-pip_install() { "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$@"; }
-
-# pip's wheel cache does not know which backend a cached llama-cpp-python wheel was
-# built for: compile it ourselves, bypassing the cache, and remember the flags.
-STAMP="$VENV/.llama-cmake-args"
-if [ "$(cat "$STAMP" 2>/dev/null)" != "$CMAKE_ARGS" ]; then
-    echo "==> compiling llama-cpp-python ($CMAKE_ARGS); several minutes, longer for CUDA"
-    CMAKE_ARGS="$CMAKE_ARGS" pip_install --no-cache-dir --force-reinstall --no-deps \
-        -c "$REPO/packaging/constraints.txt" llama-cpp-python
-    echo "$CMAKE_ARGS" > "$STAMP"
-fi
-echo "==> installing Speculum's dependencies and PyInstaller"
-pip_install -c "$REPO/packaging/constraints.txt" "$REPO" pyinstaller pyinstaller-hooks-contrib
+source "$REPO/packaging/build-env.sh"
 
 echo "==> PyInstaller"
 cd "$REPO"

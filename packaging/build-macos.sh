@@ -28,25 +28,7 @@ export MACOSX_DEPLOYMENT_TARGET=13.0
 CMAKE_ARGS="-DGGML_METAL=on -DGGML_METAL_EMBED_LIBRARY=on -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF"
 CMAKE_ARGS="$CMAKE_ARGS -DCMAKE_OSX_ARCHITECTURES=arm64 -DCMAKE_OSX_DEPLOYMENT_TARGET=$MACOSX_DEPLOYMENT_TARGET"
 
-mkdir -p "$CACHE"
-if [ ! -x "$VENV/bin/python" ]; then
-    echo "==> creating the build venv $VENV"
-    "$PY" -m venv "$VENV"
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
-fi
-pip_install() { "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$@"; }
-
-# pip's wheel cache does not know which backend a cached llama-cpp-python wheel was
-# built for: compile it ourselves, bypassing the cache, and remember the flags.
-STAMP="$VENV/.llama-cmake-args"
-if [ "$(cat "$STAMP" 2>/dev/null)" != "$CMAKE_ARGS" ]; then
-    echo "==> compiling llama-cpp-python ($CMAKE_ARGS)"
-    CMAKE_ARGS="$CMAKE_ARGS" pip_install --no-cache-dir --force-reinstall --no-deps \
-        -c "$REPO/packaging/constraints.txt" llama-cpp-python
-    echo "$CMAKE_ARGS" > "$STAMP"
-fi
-echo "==> installing Speculum's dependencies and PyInstaller"
-pip_install -c "$REPO/packaging/constraints.txt" "$REPO" pyinstaller pyinstaller-hooks-contrib
+source "$REPO/packaging/build-env.sh"
 
 echo "==> PyInstaller"
 cd "$REPO"

@@ -242,13 +242,17 @@ def test_llama_hook_keeps_a_metal_shader_file_as_data_on_macos(monkeypatch, tmp_
 
 # --- build scripts --------------------------------------------------------------------------
 
-@pytest.mark.parametrize("script", ["build-linux.sh", "build-macos.sh", "linux/install-desktop-entry.sh"])
+@pytest.mark.parametrize("script", ["build-linux.sh", "build-macos.sh", "build-env.sh", "linux/install-desktop-entry.sh"])
 def test_shell_scripts_parse(script):
     subprocess.run(["bash", "-n", str(PACKAGING / script)], check=True)
 
 
 def _script(name):
-    return (PACKAGING / name).read_text()
+    """A build script's text, with the shared part it sources."""
+    text = (PACKAGING / name).read_text()
+    if 'packaging/build-env.sh"' in text:
+        text += (PACKAGING / "build-env.sh").read_text()
+    return text
 
 
 def test_every_build_compiles_llama_cpp_portably_and_bypasses_the_wheel_cache():
