@@ -97,15 +97,20 @@ class RateChart(QWidget):
         def at(t, r):
             return QPointF(area.left() + area.width() * t / t_max, area.bottom() - area.height() * r / top)
 
-        line = QPainterPath(at(*self.points[0]))
-        for t, r in self.points[1:]:
+        # One point per two pixels is all the eye can see; long generations stay cheap to draw.
+        step = max(1, len(self.points) // max(int(area.width() / 2), 1))
+        shown = self.points[::step] + ([self.points[-1]] if (len(self.points) - 1) % step else [])
+        line = QPainterPath(at(*shown[0]))
+        for t, r in shown[1:]:
             line.lineTo(at(t, r))
         fill = QPainterPath(line)
-        fill.lineTo(at(self.points[-1][0], 0))
-        fill.lineTo(at(self.points[0][0], 0))
+        fill.lineTo(at(shown[-1][0], 0))
+        fill.lineTo(at(shown[0][0], 0))
         fill.closeSubpath()
         p.setClipRect(area.adjusted(-2, -2, 2, 2))  # early spikes run off the top
+        p.setRenderHint(QPainter.Antialiasing, False)  # an antialiased translucent fill costs ms per frame
         p.fillPath(fill, look.CHART_FILL)
+        p.setRenderHint(QPainter.Antialiasing)
         p.setPen(QPen(look.CHART_LINE, 1.6))
         p.drawPath(line)
 

@@ -14,12 +14,14 @@ import time
 import traceback
 from dataclasses import dataclass, field
 
-from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
+from PySide6.QtCore import QElapsedTimer, QObject, QThread, QTimer, Signal, Slot
 
 from ..errors import SpeculumError
 from .. import summarise
 
-FRAME_MS = 16
+# Widgets are updated at most this often: 30 frames a second reads as live, and every
+# redraw takes CPU from llama.cpp's threads on a small machine.
+FRAME_MS = 33
 
 
 @dataclass
@@ -300,17 +302,26 @@ class EngineWorker(QObject):
 
 
 class CycleBatcher(QObject):
-    """Collects cycle events from the worker and releases them at most once per frame."""
+    """Collects cycle events from the worker and releases them at most once per frame.
+
+    The frame stretches when the widgets are slow to update (a long answer to re-render):
+    the UI thread spends at most about 1/UI_BUDGET of its time on updates, so it never
+    takes more than a few percent of the CPU that llama.cpp's threads need.
+    """
 
     batchReady = Signal(list)
+    UI_BUDGET = 30
+    MAX_FRAME_MS = 200
 
     def __init__(self, parent=None, interval_ms: int = FRAME_MS):
         super().__init__(parent)
         self._pending: list[CycleEvent] = []
+        self._frame_ms = interval_ms
         self._timer = QTimer(self)
         self._timer.setSingleShot(True)
         self._timer.setInterval(interval_ms)
         self._timer.timeout.connect(self.flush)
+        self._clock = QElapsedTimer()
 
     @Slot(object)
     def add(self, event: CycleEvent) -> None:
@@ -323,7 +334,10 @@ class CycleBatcher(QObject):
         self._timer.stop()
         if self._pending:
             batch, self._pending = self._pending, []
+            self._clock.start()
             self.batchReady.emit(batch)
+            cost_ms = self._clock.nsecsElapsed() / 1e6
+            self._timer.setInterval(int(min(self.MAX_FRAME_MS, max(self._frame_ms, cost_ms * self.UI_BUDGET))))
 
 
 class Engine(QObject):
