@@ -70,9 +70,10 @@ class RateChart(QWidget):
         self.points = list(points)
         self.update()
 
-    def add_points(self, points) -> None:
+    def add_points(self, points, redraw: bool = True) -> None:
         self.points.extend(points)
-        self.update()
+        if redraw:
+            self.update()
 
     def paintEvent(self, event):
         p = QPainter(self)

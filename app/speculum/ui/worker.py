@@ -19,9 +19,9 @@ from PySide6.QtCore import QElapsedTimer, QObject, QThread, QTimer, Signal, Slot
 from ..errors import SpeculumError
 from .. import summarise
 
-# Widgets are updated at most this often: 30 frames a second reads as live, and every
+# Widgets are updated at most this often: 20 frames a second reads as live, and every
 # redraw takes CPU from llama.cpp's threads on a small machine.
-FRAME_MS = 33
+FRAME_MS = 50
 
 
 @dataclass
