@@ -35,8 +35,9 @@ def test_generate_terminal_view_colours_and_stdin_prompt(smollm_path):
     assert proc.returncode == 0, proc.stderr
     assert "\x1b[32m" in proc.stdout  # accepted drafts in green
     assert "\x1b[9;31m" in proc.stdout  # rejected drafts struck through in red
-    last = proc.stdout.strip().splitlines()[-1]
-    assert "tokens" in last and "tok/s" in last and "acceptance" in last
+    summary = "\n".join(proc.stdout.strip().splitlines()[-2:])
+    assert "tokens" in summary and "tok/s" in summary and "acceptance" in summary
+    assert "passes: lookup" in summary  # what the policy chose
 
 
 def test_generate_with_a_document(smollm_path, tmp_path):

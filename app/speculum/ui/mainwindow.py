@@ -146,8 +146,9 @@ class MainWindow(QMainWindow):
                                           decimals=2, toolTip="0 = greedy: always the most likely token")
         self.top_p = QDoubleSpinBox(objectName="topP", minimum=0.05, maximum=1.0, singleStep=0.05, decimals=2)
         self.max_tokens = QSpinBox(objectName="maxTokens", minimum=1, maximum=32768, singleStep=64)
-        self.k_spin = QSpinBox(objectName="draftLength", minimum=1, maximum=16,
-                               toolTip="Tokens drafted per cycle in Draft model and Prompt lookup modes")
+        self.k_spin = QSpinBox(objectName="draftLength", minimum=0, maximum=15, specialValueText="Adaptive",
+                               toolTip="Tokens drafted per cycle in Draft model and Prompt lookup modes; "
+                                       "Adaptive lets Speculum pick k from what it measures")
         generation = QGroupBox("Generation")
         form = QFormLayout(generation)
         form.addRow("Temperature", self.temperature)

@@ -16,7 +16,7 @@ class Settings:
     target: str = ""
     draft: str = ""
     mode: str = "auto"
-    k: int = 4
+    k: int = 0  # 0: adaptive; otherwise forced modes draft exactly k
     temperature: float = 0.0
     top_p: float = 1.0
     max_tokens: int = 256

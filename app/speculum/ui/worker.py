@@ -38,7 +38,7 @@ class GenerationRequest:
     conversation_id: str
     messages: list[dict]  # the conversation so far, ending with the new user turn
     mode: str = "auto"
-    k: int = 4
+    k: int = 0  # 0: adaptive; otherwise forced modes draft exactly k
     temperature: float = 0.0
     top_p: float = 1.0
     max_tokens: int = 256
@@ -231,7 +231,8 @@ class EngineWorker(QObject):
         sampling = SamplingParams(temperature=request.temperature, top_p=request.top_p)
         text, cycles, last, snap = [], [], None, StatsSnapshot()
         for cycle in self.decoder.generate(prompt, max_tokens=max_tokens or request.max_tokens,
-                                           sampling=sampling, policy=request.mode, k=request.k,
+                                           sampling=sampling, policy=request.mode, k=request.k or 4,
+                                           fixed_k=request.k > 0,
                                            stop=self.stop_event, want_probs=True):
             self.plain.observe(cycle)
             snap = snapshot_of(self.decoder.stats, cycle, self.plain.tokens_per_s, len(prompt))
