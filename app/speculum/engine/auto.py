@@ -37,7 +37,7 @@ MAX_BATCH = 16
 # Batch sizes measured once per machine and pair: CPU kernels make some sizes cheaper
 # than smaller ones (4 rows at once with repacked weights), so no curve is assumed.
 CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16)
-DECAY = 0.85  # per observation: old evidence fades, a collapse shows within a few cycles
+DECAY = 0.8  # per observation: old evidence fades, a collapse shows within a few cycles
 CONFIDENCE_BINS = 10
 # Now and then the runner-up is tried even if the cost model says no: a load spike
 # during calibration must not lock speculation out for good. Rare enough to cost <1%.
@@ -164,8 +164,12 @@ class AutoPolicy:
         self.costs = CostModel(gpu=gpu)
         self.model_rates = [Rate(prior=0.6) for _ in range(MAX_K_MODEL)]
         # Lookup acceptance by n-gram match length (1..max) and position.
-        self.lookup_rates = {n: [Rate(prior=0.3 + 0.15 * n) for _ in range(MAX_K)]
-                             for n in range(1, decoder.lookup.max_ngram + 1)}
+        # Priors from the default bench suite: 1- and 2-token matches are right ~20% and
+        # ~35% of the time; the longest matches are where copying pays, so they start
+        # optimistic and are tried at once (a miss is learned within a few cycles).
+        n_max = decoder.lookup.max_ngram
+        self.lookup_rates = {n: [Rate(prior=0.7 if n == n_max else 0.05 + 0.15 * n) for _ in range(MAX_K)]
+                             for n in range(1, n_max + 1)}
         # Draft-model acceptance by its own confidence, to tune the early-stop threshold.
         self.confidence_rates = [Rate(prior=(i + 0.5) / CONFIDENCE_BINS) for i in range(CONFIDENCE_BINS)]
         self.min_confidence = 0.0
@@ -254,8 +258,13 @@ class AutoPolicy:
             self.costs.lookup_s = 0.8 * self.costs.lookup_s + 0.2 * cycle.draft_s
             match = max(1, min(cycle.match_length, len(self.lookup_rates)))
             rates = self.lookup_rates[match]
-        for i in range(min(len(cycle.drafted), cycle.n_accepted + 1, len(rates))):
-            rates[i].observe(i < cycle.n_accepted)
+        seen = min(len(cycle.drafted), cycle.n_accepted + 1, len(rates))
+        for i, rate in enumerate(rates):
+            if i < seen:
+                rate.observe(i < cycle.n_accepted)
+            else:  # unseen positions forget too, so an old low estimate cannot trap k short
+                rate.accepted *= DECAY
+                rate.rejected *= DECAY
         if cycle.source == MODEL and cycle.draft_confidence:
             self._tune_confidence(cycle)
 
