@@ -43,6 +43,7 @@ class TokenPieces:
 class Backend(Protocol):
     n_vocab: int
     n_ctx: int
+    n_batch: int  # most tokens one decode call takes
     n_past: int  # tokens in the KV cache
 
     def decode(self, tokens: Sequence[int], rows: Sequence[int] | None = None) -> np.ndarray: ...
@@ -81,7 +82,7 @@ class CachedSequence:
     def feed(self, tokens: Sequence[int], stop: threading.Event | None = None) -> None:
         """Decode tokens that need no logits (prompt prefill), checking ``stop`` between chunks."""
         if tokens:
-            step = getattr(self.model, "n_batch", len(tokens))
+            step = self.model.n_batch
             for start in range(0, len(tokens), step):
                 if stop is not None and stop.is_set():
                     return

@@ -99,9 +99,8 @@ class Decoder:
         have = seq.sync(context[:-1])
         stats.prompt_tokens = len(context) - 1 - have
         seq.feed(context[have:-1], stop)
-        prepare = getattr(policy, "prepare", None)
-        if prepare is not None and not (stop is not None and stop.is_set()):
-            prepare(seq, context[-1])
+        if not (stop is not None and stop.is_set()):
+            policy.prepare(seq, context[-1])
         stats.prompt_s = self.clock() - t0
         for drafter in (self.model_drafter, self.lookup):
             if drafter is not None:
@@ -123,8 +122,7 @@ class Decoder:
                 message = (f"The context of {target.n_ctx:,} tokens is full; the answer so far is kept. "
                            "Start a new conversation or raise the context size.")
             if finish:
-                if hasattr(policy, "finish"):
-                    policy.finish()
+                policy.finish()
                 tail = detok.flush()
                 yield Cycle(index, NONE, 0, [], [], 0, [], [], tail, n_generated=generated,
                             finish=finish, message=message, policy=policy.describe())
@@ -197,7 +195,6 @@ class Decoder:
             stats.add(cycle)
             yield cycle
             if finish:
-                if hasattr(policy, "finish"):
-                    policy.finish()
+                policy.finish()
                 return
             index += 1

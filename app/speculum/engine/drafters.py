@@ -61,8 +61,11 @@ class ModelDrafter:
             return Draft(source=self.source)
         start = self.clock()
         pending = list(context[have:])
-        logits = seq.decode(pending, rows=(len(pending) - 1,))[0] if len(pending) <= getattr(
-            self.model, "n_batch", len(pending)) else _feed_then_decode(seq, pending)
+        if len(pending) <= self.model.n_batch:
+            logits = seq.decode(pending, rows=(len(pending) - 1,))[0]
+        else:  # a long catch-up (a new chat turn): in chunks, logits from the last one
+            seq.feed(pending[:-1])
+            logits = seq.decode(pending[-1:])[0]
         first_s = 0.0
         tokens: list[int] = []
         qs: list[np.ndarray] = []
@@ -93,11 +96,6 @@ class ModelDrafter:
     def accept(self, context: Sequence[int]) -> None:
         """Drop drafted tokens the target rejected (the next propose syncs anyway)."""
         self.sequence.sync(context)
-
-
-def _feed_then_decode(seq: CachedSequence, pending: list[int]) -> np.ndarray:
-    seq.feed(pending[:-1])
-    return seq.decode(pending[-1:])[0]
 
 
 class PromptLookup:

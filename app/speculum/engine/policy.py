@@ -25,10 +25,11 @@ class Choice:
 
 
 class Policy(Protocol):
+    def prepare(self, sequence, last_token: int) -> None: ...  # before the first cycle
     def choose(self, context: Sequence[int]) -> Choice: ...
     def observe(self, cycle: Cycle) -> None: ...
     def describe(self) -> dict: ...
-    # Optional: ``prepare(sequence, last_token)`` before the first cycle, ``finish()`` after the last.
+    def finish(self) -> None: ...  # after the last cycle
 
 
 class FixedPolicy:
@@ -42,6 +43,9 @@ class FixedPolicy:
             "lookup": Choice(LOOKUP, k),
         }[mode]
 
+    def prepare(self, sequence, last_token: int) -> None:
+        pass
+
     def choose(self, context: Sequence[int] = ()) -> Choice:
         return self.choice
 
@@ -50,3 +54,6 @@ class FixedPolicy:
 
     def describe(self) -> dict:
         return {"source": self.choice.source, "k": self.choice.k}
+
+    def finish(self) -> None:
+        pass
