@@ -16,6 +16,7 @@ def run_app(args=None) -> int:
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("Speculum")
     app.setOrganizationName("Speculum")
+    app.setDesktopFileName("speculum")  # Wayland matches the window to resources/speculum.desktop
     icon = paths.resource("icons/speculum.svg")
     if icon.is_file():
         app.setWindowIcon(QIcon(str(icon)))
