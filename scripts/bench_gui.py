@@ -131,7 +131,9 @@ def main() -> int:
         tokens = decoder.target.tokenize(decoder.target.apply_chat_template(build_messages(prompt)))
         start = time.perf_counter()
         n = 0
-        for cycle in decoder.generate(tokens, max_tokens=args.max_tokens, policy=mode, k=4, want_probs=True):
+        # k = 4 fixed on both sides (the window setting k=4 means exactly 4): same work, window cost alone
+        for cycle in decoder.generate(tokens, max_tokens=args.max_tokens, policy=mode, k=4, fixed_k=True,
+                                      want_probs=True):
             n += len(cycle.emitted)
         return n / (time.perf_counter() - start), n
 
