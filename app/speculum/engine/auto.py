@@ -55,8 +55,13 @@ class Rate:
     weight: float = 2.0  # pseudo-observations the prior is worth
 
     def observe(self, ok: bool) -> None:
-        self.accepted = self.accepted * DECAY + ok
-        self.rejected = self.rejected * DECAY + (not ok)
+        self.forget()
+        self.accepted += ok
+        self.rejected += not ok
+
+    def forget(self) -> None:
+        self.accepted *= DECAY
+        self.rejected *= DECAY
 
     @property
     def value(self) -> float:
@@ -176,18 +181,18 @@ class AutoPolicy:
         self.last: Choice = Choice(NONE, 0)
         self.last_estimate: dict = {}
         self.cycles_since_explore = 0
+        self.mode = "auto"
         self._load()
 
     # -- construction ---------------------------------------------------------------------
 
     @classmethod
     def for_decoder(cls, decoder, mode: str = "auto") -> "AutoPolicy":
+        """auto: any drafter or none; draft / lookup: that drafter only, always drafting."""
         allowed = {"auto": (MODEL, LOOKUP), "draft": (MODEL,), "lookup": (LOOKUP,)}[mode]
-        policy = getattr(decoder, "_auto_policies", {}).get(mode)
-        if policy is None:
-            policy = cls(decoder, allowed, min_k=0 if mode == "auto" else 1, store=default_store(decoder),
-                         clock=decoder.clock)
-            decoder.__dict__.setdefault("_auto_policies", {})[mode] = policy
+        policy = cls(decoder, allowed, min_k=0 if mode == "auto" else 1, store=default_store(decoder),
+                     clock=decoder.clock)
+        policy.mode = mode
         return policy
 
     # -- choosing -------------------------------------------------------------------------
@@ -263,8 +268,7 @@ class AutoPolicy:
             if i < seen:
                 rate.observe(i < cycle.n_accepted)
             else:  # unseen positions forget too, so an old low estimate cannot trap k short
-                rate.accepted *= DECAY
-                rate.rejected *= DECAY
+                rate.forget()
         if cycle.source == MODEL and cycle.draft_confidence:
             self._tune_confidence(cycle)
 
@@ -275,7 +279,6 @@ class AutoPolicy:
         # it returns a(c) tokens for (T_draft + dT_verify) seconds, vs plain speed.
         c = self.costs
         marginal = (c.draft(2) - c.draft(1) + c.verify(3) - c.verify(2)) / c.verify(1)
-        self.min_confidence = 0.0
         for i, rate in enumerate(self.confidence_rates):
             if rate.value >= marginal:
                 self.min_confidence = i / CONFIDENCE_BINS
@@ -286,7 +289,7 @@ class AutoPolicy:
     def describe(self) -> dict:
         c = self.last
         plain = self.plain_tokens_per_s()
-        d = {"source": c.source if c.k else NONE, "k": c.k, "mode": "auto",
+        d = {"source": c.source if c.k else NONE, "k": c.k, "mode": self.mode,
              "plain_tokens_per_s": round(plain, 2),
              "verify_cost": {n: round(self.costs.verify(n) / self.costs.verify(1), 3) for n in (2, 3, 5, 9)},
              "draft_cost": {k: round(self.costs.draft(k) / self.costs.verify(1), 3) for k in (1, 3)},

@@ -35,6 +35,7 @@ class Decoder:
         self.model_drafter = ModelDrafter(draft, clock) if draft is not None else None
         self.lookup = PromptLookup(max_ngram=max_ngram)
         self.stats = Stats()
+        self.policies: dict[str, Policy] = {}
 
     def drafter(self, source: str) -> ModelDrafter | PromptLookup | None:
         return {MODEL: self.model_drafter, LOOKUP: self.lookup}.get(source)
@@ -45,8 +46,10 @@ class Decoder:
             return FixedPolicy(mode, k, has_draft_model=self.model_drafter is not None)
         if mode == "draft" and self.model_drafter is None:
             return FixedPolicy(mode, k, has_draft_model=False)  # raises the plain-words error
-        from .auto import AutoPolicy
-        return AutoPolicy.for_decoder(self, mode)
+        if mode not in self.policies:  # one per mode, learning across this decoder's generations
+            from .auto import AutoPolicy
+            self.policies[mode] = AutoPolicy.for_decoder(self, mode)
+        return self.policies[mode]
 
     def _propose(self, choice: Choice, context: list[int], k: int, sampling: SamplingParams,
                  rng: np.random.Generator) -> Draft:
