@@ -4,8 +4,10 @@ For each mode, the same prompt runs alternately in a plain ``Decoder.generate`` 
 in the real window (worker thread, per-frame batches, live speculation view, stats,
 Markdown transcript), so both see the same machine load. Speed is tokens over the wall
 time from the request to the last cycle; the prompt is already cached in both after the
-warm-up, so the comparison is of decoding alone. The UI thread runs a 5 ms timer
-throughout; any late tick is time the thread was blocked.
+warm-up, so the comparison is of decoding alone. The UI thread runs a 10 ms timer
+throughout; any late tick is time the thread was blocked. "UI CPU" is the CPU time the
+UI thread used over the same wall time: on a machine whose cores all run llama.cpp, that
+share is roughly what the window costs in speed.
 
     SPECULUM_MODELS_DIR=~/.cache/speculum-dev/models xvfb-run -a python scripts/bench_gui.py
     (add --model PATH, --modes off,lookup, --max-tokens N, --repeat N, --json)
@@ -19,7 +21,9 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 PROMPTS = {
@@ -29,7 +33,31 @@ PROMPTS = {
     "auto": ("Copy this text exactly, twice:\nThe quick brown fox jumps over the lazy dog. Pack my box with "
              "five dozen liquor jugs. How vexingly quick daft zebras jump. Sphinx of black quartz, judge my vow."),
 }
-TICK_MS = 5
+TICK_MS = 10  # fine enough for a 50 ms limit; a faster heartbeat would itself cost the UI thread CPU
+
+
+@dataclass
+class Run:
+    cycles: list
+    seconds: float  # from the request to the last cycle
+    blocked_ms: float = 0.0  # the UI thread's longest block (window runs)
+    ui_cpu_share: float = 0.0  # the UI thread's CPU time over the same wall time (window runs)
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(c.emitted) for c in self.cycles)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds
+
+    @property
+    def verify_ms(self) -> float:
+        return 1000 * sum(c.verify_s for c in self.cycles) / len(self.cycles)
+
+    @property
+    def outside_ms(self) -> float:
+        return 1000 * self.seconds / len(self.cycles) - self.verify_ms
 
 
 def main() -> int:
@@ -47,7 +75,7 @@ def main() -> int:
     os.environ["SPECULUM_CONFIG_DIR"] = os.path.join(scratch, "config")
 
     import shiboken6
-    from PySide6.QtCore import QElapsedTimer, Qt, QTimer
+    from PySide6.QtCore import QElapsedTimer, QEventLoop, Qt, QTimer
     from PySide6.QtWidgets import QApplication
 
     from speculum import paths
@@ -102,59 +130,67 @@ def main() -> int:
         time.sleep(0.005)
     decoder = load_decoder(model, args.draft, LoadOptions(n_ctx=2048))
 
-    cycle_times: list[float] = []
-    window.engine.worker.cycleReady.connect(lambda _e: cycle_times.append(time.perf_counter()),
-                                            Qt.DirectConnection)
+    # At each cycle, in the worker thread: the wall clock, the UI thread's CPU time so far, the cycle.
+    ui_clock = time.pthread_getcpuclockid(threading.get_ident())
+    seen: list[tuple[float, float, object]] = []
+    window.engine.worker.cycleReady.connect(
+        lambda e: seen.append((time.perf_counter(), time.clock_gettime(ui_clock), e.cycle)), Qt.DirectConnection)
 
     done: list[int] = []
     # Connected once: disconnecting a lambda makes PySide6 6.12 delete a shared receiver and crash at exit.
-    window.generationFinished.connect(lambda: done.append(1))
+    waiting = QEventLoop()
+    window.generationFinished.connect(lambda: (done.append(1), waiting.quit()))
 
-    def in_window(mode: str, prompt: str) -> tuple[float, int, float]:
+    def in_window(mode: str, prompt: str) -> Run:
         window.mode_combo.setCurrentIndex(window.mode_combo.findData(mode))
         window.new_conversation()
-        cycle_times.clear()
+        seen.clear()
         done.clear()
         beat.start()
-        start = time.perf_counter()
+        start, ui_start = time.perf_counter(), time.clock_gettime(ui_clock)
         window.send(prompt)
-        while not done:
-            app.processEvents()
-            time.sleep(0.001)
+        if not done:  # the real event loop, not a polling one: the UI thread idles as in the app
+            waiting.exec()
         blocked = beat.stop()
         answer = window.current.messages[-1]
         if answer.role != "assistant":
             raise SystemExit(f"the window did not answer: {window.banner.text()}")
-        return answer.stats["tokens"] / (cycle_times[-1] - start), answer.stats["tokens"], blocked
+        end, ui_end, _ = seen[-1]
+        return Run([c for *_, c in seen], end - start, blocked, (ui_end - ui_start) / (end - start))
 
-    def plain_loop(mode: str, prompt: str) -> tuple[float, int]:
+    def plain_loop(mode: str, prompt: str) -> Run:
         tokens = decoder.target.tokenize(decoder.target.apply_chat_template(build_messages(prompt)))
         start = time.perf_counter()
-        n = 0
         # k = 4 fixed on both sides (the window setting k=4 means exactly 4): same work, window cost alone
-        for cycle in decoder.generate(tokens, max_tokens=args.max_tokens, policy=mode, k=4, fixed_k=True,
-                                      want_probs=True):
-            n += len(cycle.emitted)
-        return n / (time.perf_counter() - start), n
+        cycles = list(decoder.generate(tokens, max_tokens=args.max_tokens, policy=mode, k=4, fixed_k=True,
+                                       want_probs=True))
+        return Run(cycles, time.perf_counter() - start)
 
     results = []
     for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
         prompt = PROMPTS.get(mode, PROMPTS["off"])
         plain_loop(mode, prompt)  # warm-up: caches the prompt, settles the policy's measurements
         in_window(mode, prompt)
-        ratios, plain_rates, window_rates, blocks = [], [], [], []
+        plain, windowed = [], []
         for _ in range(args.repeat):
-            p_rate, p_tokens = plain_loop(mode, prompt)
-            w_rate, w_tokens, blocked = in_window(mode, prompt)
-            ratios.append(w_rate / p_rate)
-            plain_rates.append(p_rate)
-            window_rates.append(w_rate)
-            blocks.append(blocked)
+            plain.append(plain_loop(mode, prompt))
+            windowed.append(in_window(mode, prompt))
+        med = lambda runs, field: statistics.median(getattr(r, field) for r in runs)  # noqa: E731
+        ratios = [w.tokens_per_s / p.tokens_per_s for p, w in zip(plain, windowed)]
         results.append({
-            "mode": mode, "tokens": w_tokens, "plain_tokens_per_s": round(statistics.median(plain_rates), 2),
-            "window_tokens_per_s": round(statistics.median(window_rates), 2),
+            "mode": mode, "tokens": windowed[-1].tokens,
+            "plain_tokens_per_s": round(med(plain, "tokens_per_s"), 2),
+            "window_tokens_per_s": round(med(windowed, "tokens_per_s"), 2),
             "ratio_median": round(statistics.median(ratios), 3), "ratios": [round(r, 3) for r in ratios],
-            "ui_blocked_max_ms": round(max(blocks), 1), "ui_blocked_per_run_ms": [round(b, 1) for b in blocks],
+            "ui_blocked_max_ms": round(max(w.blocked_ms for w in windowed), 1),
+            "ui_blocked_per_run_ms": [round(w.blocked_ms, 1) for w in windowed],
+            "ui_cpu_share": round(med(windowed, "ui_cpu_share"), 4),
+            # Where a cycle's time went: the target's pass, and everything outside llama.cpp.
+            "verify_ms_per_cycle": {"plain": round(med(plain, "verify_ms"), 2),
+                                    "window": round(med(windowed, "verify_ms"), 2)},
+            "outside_ms_per_cycle": {"plain": round(med(plain, "outside_ms"), 2),
+                                     "window": round(med(windowed, "outside_ms"), 2)},
+            "frame_ms": window.engine.batcher.interval_ms,
         })
     window.close()
     decoder.target.close()
@@ -164,10 +200,14 @@ def main() -> int:
     else:
         print(f"model {Path(model).name}, Qt platform {app.platformName()}, {args.repeat} runs per mode, "
               f"{args.max_tokens} max tokens")
-        print(f"{'mode':<8} {'plain tok/s':>11} {'window tok/s':>12} {'ratio':>6}  {'UI blocked max':>14}  ratios")
+        print(f"{'mode':<8} {'plain tok/s':>11} {'window tok/s':>12} {'ratio':>6}  {'UI blocked max':>14} "
+              f"{'UI CPU':>7} {'frame':>6}  {'verify ms/cycle':>15}  {'outside ms/cycle':>16}  ratios")
         for r in results:
+            v, o = r["verify_ms_per_cycle"], r["outside_ms_per_cycle"]
             print(f"{r['mode']:<8} {r['plain_tokens_per_s']:>11.1f} {r['window_tokens_per_s']:>12.1f} "
-                  f"{r['ratio_median']:>6.3f}  {r['ui_blocked_max_ms']:>11.1f} ms  {r['ratios']}")
+                  f"{r['ratio_median']:>6.3f}  {r['ui_blocked_max_ms']:>11.1f} ms {100 * r['ui_cpu_share']:>6.1f}% "
+                  f"{r['frame_ms']:>4} ms  {v['plain']:>6.2f} → {v['window']:<6.2f}  {o['plain']:>7.2f} → {o['window']:<6.2f}"
+                  f"  {r['ratios']}")
     return 0
 
 

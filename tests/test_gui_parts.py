@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import sys
+import threading
+import time
+from types import SimpleNamespace
 
 from PySide6.QtCore import QObject, Signal
 
@@ -11,7 +14,9 @@ from speculum.conversations import Conversation, ConversationStore, Message
 from speculum.engine.cycle import Cycle
 from speculum.ui import look
 from speculum.ui.speculation import SpeculationView, token_runs
-from speculum.ui.worker import replay_snapshots
+from speculum.ui.stats import StatsPanel
+from speculum.ui.transcript import Transcript, settled_length
+from speculum.ui.worker import CycleBatcher, replay_snapshots, ui_cpu_budget
 
 
 def words(text: str) -> int:
@@ -117,3 +122,107 @@ def test_replay_snapshots_follow_the_cycles():
     assert [s.tokens for s in snaps] == [2, 3]
     assert snaps[0].acceptance_rate == 0.5 and snaps[1].drafted == 2
     assert snaps[-1].speedup is not None and snaps[-1].speedup_source == "measured"
+
+
+ANSWER = ("Here is the plan.\n\nFirst, read the file:\n\n```python\nwith open(path) as f:\n\n    data = f.read()\n```\n\n"
+          "1. Parse it.\n2. Check it.\n\nDone, with `inline code` too.")
+
+
+def test_settled_markdown_ends_at_a_blank_line_outside_code():
+    assert settled_length("one\n\ntwo") == len("one\n\n")
+    assert settled_length("one\ntwo") == 0
+    # The blank line inside the fence does not settle anything; the one before the fence does.
+    head = "Intro\n\n"
+    assert settled_length(head + "```\ncode\n\nmore") == len(head)
+    assert settled_length(ANSWER) == len(ANSWER) - len("Done, with `inline code` too.")
+
+
+def test_live_answer_rendered_in_pieces_reads_as_rendered_whole(qtbot):
+    whole, pieces = Transcript(), Transcript()
+    qtbot.addWidget(whole)
+    qtbot.addWidget(pieces)
+    whole.begin_answer()
+    whole.update_answer(ANSWER)
+    pieces.begin_answer()
+    for end in range(1, len(ANSWER) + 1, 7):
+        pieces.update_answer(ANSWER[:end])
+    pieces.update_answer(ANSWER)
+    squash = lambda text: [line for line in text.splitlines() if line.strip()]  # noqa: E731
+    assert squash(pieces.answer_text()) == squash(whole.answer_text())
+    code_line = pieces.document().find("data = f.read()")
+    assert code_line.charFormat().fontFixedPitch() or "monospace" in (code_line.charFormat().fontFamilies() or [])
+    # A new answer that does not continue the old one replaces it entirely.
+    pieces.update_answer("Something else.")
+    assert pieces.answer_text() == "Something else."
+
+
+def test_batcher_wakes_the_ui_once_per_frame_and_stretches_costly_frames(qtbot):
+    batcher = CycleBatcher(interval_ms=20, cpu_budget=0.02)
+    batches = []
+    batcher.batchReady.connect(batches.append)
+    worker = threading.Thread(target=lambda: [batcher.put(i) for i in range(500)])
+    worker.start()
+    worker.join()
+    qtbot.waitUntil(lambda: sum(map(len, batches)) == 500, timeout=2000)
+    assert len(batches) <= 3 and [e for b in batches for e in b] == list(range(500))  # in order, none lost
+
+    def costly(_batch):  # a frame that keeps the UI thread busy for ~4 ms of CPU
+        end = time.thread_time() + 0.004
+        while time.thread_time() < end:
+            pass
+    batcher.batchReady.connect(costly)
+    for i in range(6):
+        batcher.put(i)
+        batcher.flush()
+    # 4 ms a frame within 2% of a core: frames stretch to the 250 ms cap (4 / 0.02 = 200 ms, at least).
+    assert batcher.interval_ms >= 190
+
+
+def test_ui_cpu_budget_is_tight_only_when_llama_fills_every_core():
+    facts = lambda backend, threads: SimpleNamespace(backend=backend, n_threads=threads)  # noqa: E731
+    assert ui_cpu_budget(facts("CPU", 2), cores=2) < 0.05
+    assert ui_cpu_budget(facts("CPU", 4), cores=8) > 0.1
+    assert ui_cpu_budget(facts("CUDA", 8), cores=8) > 0.1
+
+
+def test_stats_readout_keeps_its_height_and_copies_as_text(qtbot):
+    panel = StatsPanel()
+    qtbot.addWidget(panel)
+    panel.show()
+    height = panel.readout.sizeHint().height()
+    panel.readout.set_values({panel.POLICY: "prompt lookup, k = 4\n" + "a long estimate · " * 20})
+    assert panel.readout.sizeHint().height() == height
+    assert panel.value(panel.POLICY).startswith("prompt lookup, k = 4")
+    assert "Policy: prompt lookup, k = 4" in panel.readout.as_text()
+
+
+def test_live_widgets_repaint_without_the_window_behind_them(qtbot):
+    """A style-sheet background would make each live update repaint the whole window."""
+    from PySide6.QtCore import QEvent
+    from PySide6.QtWidgets import QVBoxLayout, QWidget
+
+    window = QWidget(objectName="back")
+    window.setStyleSheet("QWidget#back { background: #f7f8fa; } "
+                         "QTextEdit { background: white; border: 1px solid #d8dce2; border-radius: 6px; }")
+    view = SpeculationView()
+    QVBoxLayout(window).addWidget(view)
+    qtbot.addWidget(window)
+    window.resize(300, 200)
+    window.show()
+    qtbot.waitExposed(window)
+
+    class Paints(QObject):
+        count = 0
+
+        def eventFilter(self, obj, event):
+            if obj is window and event.type() == QEvent.Paint:
+                Paints.count += 1
+            return False
+
+    counter = Paints()
+    window.installEventFilter(counter)
+    for i in range(150):  # enough text to need the scroll bar
+        view.append_cycles([cycle(i, "lookup", [1, 2], 1, [1, 9])])
+        qtbot.wait(5)
+    # Once at most, when the scroll bar appears and the viewport narrows; not once per update.
+    assert view.verticalScrollBar().maximum() > 0 and Paints.count <= 1

@@ -82,9 +82,9 @@ def test_answer_fills_transcript_and_speculation_view(qtbot, open_window, smollm
     assert token is not None
     assert "Cycle" in token[2] and "draft position" in token[2] and "prompt lookup" in token[2] and "p = " in token[2]
     # The stats panel was filled live.
-    assert "%" in w.stats.acceptance.text()
-    assert w.stats.rate.text() != "—"
-    assert w.stats.policy.text().startswith("prompt lookup, k = ")
+    assert "%" in w.stats.value(w.stats.ACCEPTANCE)
+    assert w.stats.value(w.stats.RATE) != "—"
+    assert w.stats.value(w.stats.POLICY).startswith("prompt lookup, k = ")
     assert w.stats.bars.rates and len(w.stats.chart.points) > 1
 
 
@@ -124,7 +124,7 @@ def test_second_turn_reuses_the_cache(qtbot, open_window, smollm_path):
     # Turn two decodes only what is new: far fewer tokens than its whole prompt, which holds turn one.
     assert second.stats["prompt_total"] > first.stats["prompt_total"]
     assert second.stats["prompt_tokens"] < second.stats["prompt_total"] - first.stats["prompt_total"] + 8
-    assert "reused from the cache" in w.stats.prompt.text()
+    assert "reused from the cache" in w.stats.value(w.stats.PROMPT)
 
 
 def test_replay_steps_through_cycles(qtbot, open_window, smollm_path):

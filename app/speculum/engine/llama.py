@@ -97,6 +97,7 @@ class ModelFacts:
     n_ctx: int  # this context's size
     backend: str  # CPU, Metal, CUDA, ...
     n_gpu_layers: int
+    n_threads: int = 0  # CPU threads decoding
 
 
 LoadProgress = Callable[[float], bool]  # fraction loaded -> keep going?
@@ -188,6 +189,7 @@ class LlamaModel(TokenPieces):
             n_ctx=self.n_ctx,
             backend=gpu if (gpu and n_gpu_layers != 0) else "CPU",
             n_gpu_layers=mparams.n_gpu_layers,
+            n_threads=threads,
         )
         self.chat_template = self.meta("tokenizer.chat_template")
 

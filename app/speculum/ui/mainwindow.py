@@ -31,7 +31,9 @@ from .worker import Engine, GenerationRequest, LoadRequest, gpu_backend, replay_
 
 NO_DRAFT = "(no draft model)"
 TITLE_CHARS = 48
-SLOW_UPDATE_MS = 200  # the Markdown answer and the stats panel, while generating
+# While generating (the speculation view updates every frame, see worker.FRAME_MS):
+ANSWER_UPDATE_MS = 200  # the Markdown answer
+STATS_UPDATE_MS = 1000  # the stats panel's numbers, bars and chart: a meter, read once a second
 
 
 class Banner(QFrame):
@@ -218,6 +220,8 @@ class MainWindow(QMainWindow):
         self.replay_label = QLabel("Replay: finish a generation, then step through its cycles.")
         self.replay_label.setObjectName("caption")
         self.replay_label.setWordWrap(True)
+        # Room for two lines, always: a step's description wraps, and the pane must not squeeze it.
+        self.replay_label.setMinimumHeight(2 * self.replay_label.fontMetrics().lineSpacing() + 4)
         self.stats = StatsPanel()
         right = QWidget(objectName="speculationPane")
         lay = QVBoxLayout(right)
@@ -669,7 +673,8 @@ class MainWindow(QMainWindow):
         self.generating = True
         self._update_controls()
         self._live = {"conversation": conv, "kind": kind, "restore": restore, "text": [], "cycles": [],
-                      "stages": [], "started": time.monotonic(), "snapshot": None, "slow_clock": QElapsedTimer()}
+                      "stages": [], "started": time.monotonic(), "snapshot": None, "answer_clock": QElapsedTimer(),
+                      "stats_clock": QElapsedTimer()}
         self._replay = None
         self.replay_bar.setEnabled(False)
         self.replay_label.setText("Generating…")
@@ -708,19 +713,24 @@ class MainWindow(QMainWindow):
         live["snapshot"] = events[-1].snapshot
         self.stats.chart.add_points([(e.snapshot.seconds, e.snapshot.tokens_per_s) for e in events], redraw=False)
         # The speculation view is the live one, every frame. The Markdown answer and the stats
-        # redraw a few times a second: re-rendering them each frame cost ~7% of decoding speed.
+        # panel are re-rendered less often: each costs the UI thread more than a frame of tokens.
         self.speculation.append_cycles(cycles, stages)
-        if live["slow_clock"].isValid() and live["slow_clock"].elapsed() < SLOW_UPDATE_MS:
-            return
-        live["slow_clock"].start()
-        self._show_live_answer()
+        if self._due(live["answer_clock"], ANSWER_UPDATE_MS):
+            self._show_live_answer()
+        if self._due(live["stats_clock"], STATS_UPDATE_MS):
+            self._show_live_stats()
+
+    @staticmethod
+    def _due(clock: QElapsedTimer, interval_ms: int) -> bool:
+        if clock.isValid() and clock.elapsed() < interval_ms:
+            return False
+        clock.start()
+        return True
 
     def _show_live_answer(self) -> None:
         live = self._live
-        if live is None or live["snapshot"] is None:
+        if live is None:
             return
-        self.stats.show_snapshot(live["snapshot"])
-        self.stats.chart.update()
         stage = live["stages"][-1] if live["stages"] else ""
         if stage:
             # Long documents: the answer pane shows the part being summarised.
@@ -728,9 +738,17 @@ class MainWindow(QMainWindow):
         else:
             self.transcript.update_answer("".join(live["text"]))
 
+    def _show_live_stats(self) -> None:
+        live = self._live
+        if live is None or live["snapshot"] is None:
+            return
+        self.stats.show_snapshot(live["snapshot"])
+        self.stats.chart.update()
+
     def _on_finished(self, result) -> None:
         self.engine.batcher.flush()  # cycles still waiting for the next frame go first
         self._show_live_answer()
+        self._show_live_stats()
         live, self._live = self._live, None
         self.generating = False
         self.document.show_progress("")
@@ -815,7 +833,9 @@ class MainWindow(QMainWindow):
         cycles = [Cycle.from_json(d) for d in message.cycles]
         rate = self.settings.plain_tokens_per_s.get(self.settings.target)
         self._replay = {"cycles": cycles, "stages": [d.get("stage", "") for d in message.cycles],
-                        "snapshots": replay_snapshots(cycles, rate), "message": index}
+                        "snapshots": replay_snapshots(cycles, rate, message.stats.get("prompt_tokens", 0),
+                                                      message.stats.get("prompt_total", 0)),
+                        "message": index}
         self._replay_step = -1
         self.replay_bar.setEnabled(bool(cycles))
         self.replay_bar.start(len(cycles), step)

@@ -14,6 +14,8 @@ from PySide6.QtGui import QColor, QFont, QTextCharFormat, QTextCursor, QTextForm
 from PySide6.QtWidgets import QTextEdit, QToolTip
 
 from . import look
+from .opaque import OpaqueScrollArea
+from .textdoc import end_cursor
 
 KIND = QTextFormat.UserProperty + 1  # the token kind stored in each run's format
 
@@ -68,7 +70,7 @@ def token_runs(cycle, verified: bool = True) -> list[tuple[str, str, str]]:
     return runs
 
 
-class SpeculationView(QTextEdit):
+class SpeculationView(OpaqueScrollArea, QTextEdit):
     def __init__(self, parent=None):
         super().__init__(parent)
         self.setObjectName("speculationView")
@@ -76,7 +78,9 @@ class SpeculationView(QTextEdit):
         self.setUndoRedoEnabled(False)
         self.setLineWrapMode(QTextEdit.WidgetWidth)
         self.setPlaceholderText("Each cycle's drafted tokens appear here as the model writes.")
-        self._formats: dict[tuple[str, str], QTextCharFormat] = {}
+        # Kept at the end as text goes in: placing a new cursor there each frame costs a
+        # layout of the last paragraph. clear() moves it back to 0, still the end.
+        self._end = QTextCursor(self.document())
         self._pending_from: int | None = None  # where an unverified (replay) draft starts
         self._stage = ""
 
@@ -88,9 +92,7 @@ class SpeculationView(QTextEdit):
     # -- rendering --
 
     def _cursor(self) -> QTextCursor:
-        cursor = QTextCursor(self.document())
-        cursor.movePosition(QTextCursor.End)
-        return cursor
+        return self._end
 
     def _stage_line(self, cursor: QTextCursor, stage: str) -> None:
         if stage == self._stage:
@@ -132,7 +134,7 @@ class SpeculationView(QTextEdit):
 
     def _drop_pending(self) -> None:
         if self._pending_from is not None:
-            cursor = self._cursor()
+            cursor = end_cursor(self.document())
             cursor.setPosition(self._pending_from, QTextCursor.KeepAnchor)
             cursor.removeSelectedText()
             self._pending_from = None

@@ -5,11 +5,12 @@ Everything shown is computed by the worker (``StatsSnapshot``); these widgets on
 
 from __future__ import annotations
 
-from PySide6.QtCore import QPointF, QRectF, Qt
-from PySide6.QtGui import QPainter, QPainterPath, QPen
-from PySide6.QtWidgets import QFormLayout, QGroupBox, QLabel, QVBoxLayout, QWidget
+from PySide6.QtCore import QPointF, QRectF, QSize, Qt
+from PySide6.QtGui import QAction, QGuiApplication, QPainter, QPainterPath, QPen, QTextOption
+from PySide6.QtWidgets import QGroupBox, QLabel, QVBoxLayout, QWidget
 
 from . import look
+from .opaque import paints_own_background
 
 
 # The policy's estimates worth showing, when it gives them (auto mode).
@@ -20,6 +21,69 @@ ESTIMATES = (
 )
 
 
+BACKGROUND = Qt.white  # the stats group box's, from the style sheet
+
+
+class Readout(QWidget):
+    """Rows of a name and a value, painted in one pass.
+
+    The values change several times a second while generating; a QLabel per value would
+    re-lay out and repaint the window around it at every change. Each row has a fixed
+    number of lines, so the height never changes. Right-click copies the rows as text.
+    """
+
+    def __init__(self, rows: list[tuple[str, int]], parent=None):
+        super().__init__(parent)
+        self.rows = rows  # (name, lines)
+        self.values = {name: "—" for name, _ in rows}
+        paints_own_background(self)
+        self.setContextMenuPolicy(Qt.ActionsContextMenu)
+        copy = QAction("Copy stats", self)
+        copy.triggered.connect(lambda: QGuiApplication.clipboard().setText(self.as_text()))
+        self.addAction(copy)
+
+    def set_values(self, values: dict[str, str]) -> None:
+        if any(self.values.get(k) != v for k, v in values.items()):
+            self.values.update(values)
+            self.update()
+
+    def value(self, name: str) -> str:
+        return self.values[name]
+
+    def as_text(self) -> str:
+        return "\n".join(f"{name}: {self.values[name]}" for name, _ in self.rows)
+
+    def _line(self) -> int:
+        return self.fontMetrics().lineSpacing()
+
+    def _name_width(self) -> int:
+        return max(self.fontMetrics().horizontalAdvance(name) for name, _ in self.rows) + 12
+
+    def sizeHint(self) -> QSize:
+        return QSize(self._name_width() + 160, sum(lines for _, lines in self.rows) * (self._line() + 2))
+
+    def minimumSizeHint(self) -> QSize:
+        return QSize(self._name_width() + 80, self.sizeHint().height())
+
+    def paintEvent(self, event):
+        p = QPainter(self)
+        p.fillRect(self.rect(), BACKGROUND)
+        line, left = self._line(), self._name_width()
+        wrap = QTextOption()
+        wrap.setWrapMode(QTextOption.WrapAtWordBoundaryOrAnywhere)
+        y = 0
+        for name, lines in self.rows:
+            height = lines * line
+            p.setPen(look.MUTED)
+            p.drawText(QRectF(0, y, left, line), Qt.AlignLeft | Qt.AlignVCenter, name)
+            p.setPen(self.palette().text().color())
+            p.save()
+            p.setClipRect(QRectF(left, y, self.width() - left, height))  # a longer value is cut, not spilled
+            p.drawText(QRectF(left, y, self.width() - left, height), self.values[name], wrap)
+            p.restore()
+            y += height + 2
+
+
 class AcceptanceBars(QWidget):
     """One bar per draft position: how often a draft survived to that position."""
 
@@ -27,6 +91,7 @@ class AcceptanceBars(QWidget):
         super().__init__(parent)
         self.rates: list[float] = []
         self.setMinimumHeight(84)
+        paints_own_background(self)
         self.setToolTip("Acceptance per draft position: the share of drafts accepted at position 1, 2, …")
 
     def set_rates(self, rates: list[float]) -> None:
@@ -36,6 +101,7 @@ class AcceptanceBars(QWidget):
 
     def paintEvent(self, event):
         p = QPainter(self)
+        p.fillRect(self.rect(), BACKGROUND)
         p.setRenderHint(QPainter.Antialiasing)
         area = QRectF(self.rect()).adjusted(4, 4, -4, -18)
         if not self.rates:
@@ -65,6 +131,7 @@ class RateChart(QWidget):
         self.points: list[tuple[float, float]] = []  # (seconds, tokens/s)
         self.setMinimumHeight(84)
         self.setToolTip("Tokens per second over the generation")
+        paints_own_background(self)
 
     def set_points(self, points: list[tuple[float, float]]) -> None:
         self.points = list(points)
@@ -77,6 +144,7 @@ class RateChart(QWidget):
 
     def paintEvent(self, event):
         p = QPainter(self)
+        p.fillRect(self.rect(), BACKGROUND)
         p.setRenderHint(QPainter.Antialiasing)
         area = QRectF(self.rect()).adjusted(34, 6, -6, -16)
         p.setPen(QPen(look.GRID, 1))
@@ -117,30 +185,18 @@ class RateChart(QWidget):
 
 
 class StatsPanel(QGroupBox):
+    ACCEPTANCE, RATE, PER_PASS, SPEEDUP, POLICY, PROMPT = (
+        "Acceptance", "Tokens/s", "Tokens per target pass", "Speedup vs plain", "Policy", "Prompt processed")
+
     def __init__(self, parent=None):
         super().__init__("Speculation stats", parent)
         self.setObjectName("statsPanel")
-        form = QFormLayout()
-        form.setLabelAlignment(Qt.AlignLeft)
-        self.acceptance = QLabel("—")
-        self.rate = QLabel("—")
-        self.per_pass = QLabel("—")
-        self.speedup = QLabel("—")
-        self.policy = QLabel("—")
-        self.prompt = QLabel("—")
-        for label in (self.acceptance, self.rate, self.per_pass, self.speedup, self.policy, self.prompt):
-            label.setTextInteractionFlags(Qt.TextSelectableByMouse)
-            label.setWordWrap(True)
-        form.addRow("Acceptance", self.acceptance)
-        form.addRow("Tokens/s", self.rate)
-        form.addRow("Tokens per target pass", self.per_pass)
-        form.addRow("Speedup vs plain", self.speedup)
-        form.addRow("Policy", self.policy)
-        form.addRow("Prompt processed", self.prompt)
+        self.readout = Readout([(self.ACCEPTANCE, 1), (self.RATE, 1), (self.PER_PASS, 1), (self.SPEEDUP, 1),
+                                (self.POLICY, 3), (self.PROMPT, 2)])
         self.bars = AcceptanceBars()
         self.chart = RateChart()
         layout = QVBoxLayout(self)
-        layout.addLayout(form)
+        layout.addWidget(self.readout)
         caption = QLabel("Acceptance per draft position")
         caption.setObjectName("caption")
         layout.addWidget(caption)
@@ -150,30 +206,34 @@ class StatsPanel(QGroupBox):
         layout.addWidget(caption)
         layout.addWidget(self.chart)
 
+    def value(self, name: str) -> str:
+        return self.readout.value(name)
+
     def reset(self) -> None:
-        for label in (self.acceptance, self.rate, self.per_pass, self.speedup, self.policy, self.prompt):
-            label.setText("—")
+        self.readout.set_values({name: "—" for name, _ in self.readout.rows})
         self.bars.set_rates([])
         self.chart.set_points([])
 
     def show_snapshot(self, snap) -> None:
         """Display one StatsSnapshot (worker.py)."""
-        self.acceptance.setText(f"{snap.acceptance_rate:.0%} of {snap.drafted} drafted" if snap.drafted
-                                else "nothing drafted")
-        self.rate.setText(f"{snap.tokens_per_s:.1f}  ({snap.tokens} tokens in {snap.seconds:.1f} s)")
-        self.per_pass.setText(f"{snap.tokens_per_pass:.2f}")
-        if snap.speedup is not None:
-            self.speedup.setText(f"{snap.speedup:.2f}×  ({snap.speedup_source})")
-        else:
-            self.speedup.setText("— (no plain step measured yet)")
         policy = snap.policy or {}
         drafter = look.DRAFTERS.get(policy.get("source", ""), policy.get("source", "—"))
-        text = f"{drafter}, k = {policy.get('k', 0)}" if policy else "—"
         estimates = [label.format(policy[key]) for key, label in ESTIMATES if isinstance(policy.get(key), (int, float))]
-        self.policy.setText(text + ("\n" + " · ".join(estimates) if estimates else ""))
+        prompt = "—"
         if snap.prompt_total:
-            self.prompt.setText(f"{snap.prompt_tokens:,} of {snap.prompt_total:,} tokens"
-                                + (f" ({snap.prompt_reused:,} reused from the cache)" if snap.prompt_reused else ""))
+            prompt = (f"{snap.prompt_tokens:,} of {snap.prompt_total:,} tokens"
+                      + (f" ({snap.prompt_reused:,} reused from the cache)" if snap.prompt_reused else ""))
+        self.readout.set_values({
+            self.ACCEPTANCE: (f"{snap.acceptance_rate:.0%} of {snap.drafted} drafted" if snap.drafted
+                              else "nothing drafted"),
+            self.RATE: f"{snap.tokens_per_s:.1f}  ({snap.tokens} tokens in {snap.seconds:.1f} s)",
+            self.PER_PASS: f"{snap.tokens_per_pass:.2f}",
+            self.SPEEDUP: (f"{snap.speedup:.2f}×  ({snap.speedup_source})" if snap.speedup is not None
+                           else "— (no plain step measured yet)"),
+            self.POLICY: ((f"{drafter}, k = {policy.get('k', 0)}" if policy else "—")
+                          + ("\n" + " · ".join(estimates) if estimates else "")),
+            self.PROMPT: prompt,
+        })
         self.bars.set_rates(snap.acceptance_by_position)
 
     def show_history(self, snapshots) -> None:

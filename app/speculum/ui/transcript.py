@@ -9,6 +9,8 @@ from PySide6.QtGui import QColor, QFontDatabase, QTextBlockFormat, QTextCharForm
 from PySide6.QtWidgets import QTextBrowser
 
 from .look import MODE_NAMES
+from .opaque import OpaqueScrollArea
+from .textdoc import end_cursor
 
 
 CODE_BACKGROUND = QColor("#f2f4f7")
@@ -35,7 +37,21 @@ def _all_fixed_pitch(block) -> bool:
     return found
 
 
-class Transcript(QTextBrowser):
+def settled_length(markdown: str) -> int:
+    """How much of a growing Markdown text is final: up to its last blank line outside a code fence."""
+    end = pos = 0
+    in_fence = False
+    for line in markdown.splitlines(keepends=True):
+        pos += len(line)
+        stripped = line.strip()
+        if stripped.startswith(("```", "~~~")):
+            in_fence = not in_fence
+        elif not stripped and not in_fence and line.endswith("\n"):
+            end = pos
+    return end
+
+
+class Transcript(OpaqueScrollArea, QTextBrowser):
     replayRequested = Signal(int)  # index of an assistant message in the conversation
 
     def __init__(self, parent=None):
@@ -47,6 +63,8 @@ class Transcript(QTextBrowser):
         self.setPlaceholderText("Write a message below, or open a document and press Summarise.")
         self._answer_from: int | None = None
         self._answer_header = ""
+        self._settled_text = ""  # the live answer's head already rendered, ending at _settled_at
+        self._settled_at = 0
 
     def _anchor(self, url: QUrl) -> None:
         if url.scheme() == "replay":
@@ -55,9 +73,7 @@ class Transcript(QTextBrowser):
     # -- building blocks --
 
     def _cursor(self) -> QTextCursor:
-        cursor = QTextCursor(self.document())
-        cursor.movePosition(QTextCursor.End)
-        return cursor
+        return end_cursor(self.document())
 
     def _new_block(self, cursor: QTextCursor, top_margin: float = 14) -> None:
         fmt = QTextBlockFormat()
@@ -154,17 +170,28 @@ class Transcript(QTextBrowser):
         cursor = self._cursor()
         self._header(cursor, "Assistant", header)
         self._answer_from = cursor.position()
+        self._settled_text, self._settled_at = "", self._answer_from
         self._follow()
 
     def update_answer(self, text: str) -> None:
+        """Show the answer so far. Only what changed since the last call is rendered: the head up
+        to the last blank line outside a code fence stays as it was (later tokens cannot change
+        how it reads), so a long answer costs no more per update than a short one."""
         if self._answer_from is None:
             self.begin_answer()
         bar = self.verticalScrollBar()
         at_bottom = bar.value() >= bar.maximum() - 4
+        if not text.startswith(self._settled_text):  # a new answer, or a rewritten one
+            self._settled_text, self._settled_at = "", self._answer_from
         cursor = self._cursor()
-        cursor.setPosition(self._answer_from, QTextCursor.KeepAnchor)
+        cursor.setPosition(self._settled_at, QTextCursor.KeepAnchor)
         cursor.removeSelectedText()
-        self._markdown(cursor, text)
+        settled = settled_length(text)
+        if settled > len(self._settled_text):
+            self._markdown(cursor, text[len(self._settled_text):settled])
+            self._settled_text, self._settled_at = text[:settled], cursor.position()
+        if text[settled:] or not settled:
+            self._markdown(cursor, text[settled:])
         if at_bottom:
             self._follow()
 

@@ -9,12 +9,15 @@ at most once per frame.
 
 from __future__ import annotations
 
+import os
+import statistics
 import threading
 import time
 import traceback
+from collections import deque
 from dataclasses import dataclass, field
 
-from PySide6.QtCore import QElapsedTimer, QObject, QThread, QTimer, Signal, Slot
+from PySide6.QtCore import QObject, Qt, QThread, QTimer, Signal, Slot
 
 from ..errors import SpeculumError
 from .. import summarise
@@ -111,15 +114,16 @@ def snapshot_of(stats, cycle, plain_tokens_per_s: float | None, prompt_total: in
     )
 
 
-def replay_snapshots(cycles: list, plain_tokens_per_s: float | None = None) -> list[StatsSnapshot]:
-    """The stats as they stood after each stored cycle, for replay."""
+def replay_snapshots(cycles: list, plain_tokens_per_s: float | None = None,
+                     prompt_tokens: int = 0, prompt_total: int = 0) -> list[StatsSnapshot]:
+    """The stats as they stood after each stored cycle, for replay (the prompt's counts as stored)."""
     from ..engine.stats import Stats
 
-    stats = Stats()
+    stats = Stats(prompt_tokens=prompt_tokens)
     out = []
     for cycle in cycles:
         stats.add(cycle)
-        out.append(snapshot_of(stats, cycle, plain_tokens_per_s))
+        out.append(snapshot_of(stats, cycle, plain_tokens_per_s, prompt_total))
     return out
 
 
@@ -303,42 +307,73 @@ class EngineWorker(QObject):
 
 
 class CycleBatcher(QObject):
-    """Collects cycle events from the worker and releases them at most once per frame.
+    """Hands cycle events from the worker to the widgets, at most once per frame.
 
-    The frame stretches when the widgets are slow to update (a long answer to re-render):
-    the UI thread spends at most about 1/UI_BUDGET of its time on updates, so it never
-    takes more than a few percent of the CPU that llama.cpp's threads need.
+    ``put`` runs in the worker thread and only appends under a lock; the UI thread is woken
+    once per frame, not once per cycle. The frame stretches to keep the UI thread's CPU time
+    (everything it did since the last frame: this batch's updates and the repaints they
+    caused) within ``cpu_budget`` of one core: when llama.cpp's threads fill every core,
+    each millisecond the UI takes is a millisecond of decoding lost.
     """
 
     batchReady = Signal(list)
-    UI_BUDGET = 30
-    MAX_FRAME_MS = 200
+    _wake = Signal()
+    MAX_FRAME_MS = 250  # still reads as live; one frame's work stays far under the 50 ms block limit
 
-    def __init__(self, parent=None, interval_ms: int = FRAME_MS):
+    def __init__(self, parent=None, interval_ms: int = FRAME_MS, cpu_budget: float = 0.25):
         super().__init__(parent)
+        self._lock = threading.Lock()
         self._pending: list[CycleEvent] = []
+        self._woken = False
         self._frame_ms = interval_ms
+        self.cpu_budget = cpu_budget
+        self._costs_ms: deque[float] = deque(maxlen=9)  # UI CPU of the last frames
+        self._last_cpu: float | None = None
         self._timer = QTimer(self)
         self._timer.setSingleShot(True)
         self._timer.setInterval(interval_ms)
         self._timer.timeout.connect(self.flush)
-        self._clock = QElapsedTimer()
+        self._wake.connect(self._arm, Qt.QueuedConnection)
 
-    @Slot(object)
-    def add(self, event: CycleEvent) -> None:
-        self._pending.append(event)
+    def put(self, event: CycleEvent) -> None:
+        """Any thread: queue an event for the next frame."""
+        with self._lock:
+            self._pending.append(event)
+            if self._woken:
+                return
+            self._woken = True
+        self._wake.emit()
+
+    @Slot()
+    def _arm(self) -> None:
         if not self._timer.isActive():
             self._timer.start()
 
+    @property
+    def interval_ms(self) -> int:
+        return self._timer.interval()
+
     @Slot()
     def flush(self) -> None:
+        """Hand over everything pending now (also when a generation ends)."""
         self._timer.stop()
-        if self._pending:
+        with self._lock:
             batch, self._pending = self._pending, []
-            self._clock.start()
-            self.batchReady.emit(batch)
-            cost_ms = self._clock.nsecsElapsed() / 1e6
-            self._timer.setInterval(int(min(self.MAX_FRAME_MS, max(self._frame_ms, cost_ms * self.UI_BUDGET))))
+            self._woken = False
+        if not batch:
+            return
+        now = time.thread_time()
+        if self._last_cpu is not None:
+            self._costs_ms.append((now - self._last_cpu) * 1000)
+        self.batchReady.emit(batch)
+        self._last_cpu = now
+        # The median: one frame that re-rendered a long answer must not slow the next ten.
+        wanted = statistics.median(self._costs_ms) / max(self.cpu_budget, 1e-3) if self._costs_ms else 0
+        self._timer.setInterval(int(min(self.MAX_FRAME_MS, max(self._frame_ms, wanted))))
+
+    def begin(self) -> None:
+        """A generation starts: what the UI did in between is not a frame's cost."""
+        self._last_cpu = None
 
 
 class Engine(QObject):
@@ -356,9 +391,14 @@ class Engine(QObject):
         self.loadRequested.connect(self.worker.load)
         self.generateRequested.connect(self.worker.generate)
         self.batcher = CycleBatcher(self)
-        self.worker.cycleReady.connect(self.batcher.add)
+        self.worker.cycleReady.connect(self.batcher.put, Qt.DirectConnection)
+        self.worker.loaded.connect(self._on_loaded)
         self.thread.start()
         self.busy = False
+
+    @Slot(object, object)
+    def _on_loaded(self, target, _draft) -> None:
+        self.batcher.cpu_budget = ui_cpu_budget(target)
 
     def load(self, request: LoadRequest) -> None:
         self.loadRequested.emit(request)
@@ -368,6 +408,7 @@ class Engine(QObject):
 
     def generate(self, request: GenerationRequest) -> None:
         self.worker.stop_event.clear()
+        self.batcher.begin()
         self.generateRequested.emit(request)
 
     def stop(self) -> None:
@@ -381,6 +422,20 @@ class Engine(QObject):
         while not self.thread.wait(100) and time.monotonic() < deadline:
             self.worker.stop_event.set()
         self.worker.close_models()
+
+
+def ui_cpu_budget(target_facts, cores: int | None = None) -> float:
+    """The share of one core the UI thread may spend on live updates while generating.
+
+    When llama.cpp decodes on the CPU with a thread on every core, the UI's time comes
+    straight out of decoding (the other threads wait for the preempted one), so the window
+    keeps to 2%; with a GPU or a spare core the UI runs beside it for free.
+    """
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if target_facts.backend == "CPU" and target_facts.n_threads >= cores:
+        return 0.02
+    return 0.25
 
 
 def gpu_backend() -> str | None:
