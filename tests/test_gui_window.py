@@ -146,12 +146,21 @@ def test_replay_steps_through_cycles(qtbot, open_window, smollm_path):
     assert look.PROPOSED not in kinds
     assert f"Cycle {drafted + 1} of {len(cycles)}" in w.replay_label.text()
     assert "accepted" in w.replay_label.text()
+    # The transcript rewinds too: the answer as it stood after half the cycles, no further.
+    half = len(cycles) // 2
+    bar.set_step(2 * half)
+    answer = w.current.messages[-1].content
+    so_far = "".join(c["text"] for c in cycles[:half])
+    assert "replaying" in w.transcript.toPlainText()
+    assert w.transcript.answer_text().split() == so_far.split() != answer.split()
 
     bar.set_step(0)
     bar.play.click()
     qtbot.waitUntil(lambda: bar.step == 2 * len(cycles) and not bar.play.isChecked(), timeout=60_000)
     live_kinds = [k for _, k, _ in w.speculation.runs()]
     assert look.ACCEPTED in live_kinds and look.PROPOSED not in live_kinds
+    # At the last step the whole conversation is back, with its Replay link.
+    assert "replaying" not in w.transcript.toPlainText() and "Replay" in w.transcript.toPlainText()
     # The stats panel follows the replay.
     assert w.stats.chart.points
 

@@ -36,6 +36,15 @@ ANSWER_UPDATE_MS = 200  # the Markdown answer
 STATS_UPDATE_MS = 1000  # the stats panel's numbers, bars and chart: a meter, read once a second
 
 
+def answer_so_far(cycles, stages) -> str:
+    """The answer as it stood after ``cycles``: while a long document is summarised in parts,
+    the part being written under its stage name."""
+    stage = stages[-1] if stages else ""
+    if not stage:
+        return "".join(c.text for c in cycles)
+    return f"*{stage}…*\n\n" + "".join(c.text for c, s in zip(cycles, stages) if s == stage)
+
+
 class Banner(QFrame):
     """A message across the top of the chat: errors the user can act on, never a console-only traceback."""
 
@@ -672,7 +681,7 @@ class MainWindow(QMainWindow):
         self.banner.hide()
         self.generating = True
         self._update_controls()
-        self._live = {"conversation": conv, "kind": kind, "restore": restore, "text": [], "cycles": [],
+        self._live = {"conversation": conv, "kind": kind, "restore": restore, "cycles": [],
                       "stages": [], "started": time.monotonic(), "snapshot": None, "answer_clock": QElapsedTimer(),
                       "stats_clock": QElapsedTimer()}
         self._replay = None
@@ -705,11 +714,6 @@ class MainWindow(QMainWindow):
         stages = [e.stage for e in events]
         live["cycles"].extend(cycles)
         live["stages"].extend(stages)
-        live["text"].extend(c.text for c in cycles)
-        for e in events:
-            if e.stage:
-                live.setdefault("stage_text", {})
-                live["stage_text"][e.stage] = live["stage_text"].get(e.stage, "") + e.cycle.text
         live["snapshot"] = events[-1].snapshot
         self.stats.chart.add_points([(e.snapshot.seconds, e.snapshot.tokens_per_s) for e in events], redraw=False)
         # The speculation view is the live one, every frame. The Markdown answer and the stats
@@ -728,15 +732,8 @@ class MainWindow(QMainWindow):
         return True
 
     def _show_live_answer(self) -> None:
-        live = self._live
-        if live is None:
-            return
-        stage = live["stages"][-1] if live["stages"] else ""
-        if stage:
-            # Long documents: the answer pane shows the part being summarised.
-            self.transcript.update_answer(f"*{stage}…*\n\n" + live["stage_text"][stage])
-        else:
-            self.transcript.update_answer("".join(live["text"]))
+        if self._live is not None:
+            self.transcript.update_answer(answer_so_far(self._live["cycles"], self._live["stages"]))
 
     def _show_live_stats(self) -> None:
         live = self._live
@@ -858,8 +855,26 @@ class MainWindow(QMainWindow):
             if step % 2:
                 self.speculation.show_proposed(cycles[done], stages[done])
         self._replay_step = step
+        self._show_replay_answer(done)
         self.stats.show_history(snaps[:done])
         self.replay_label.setText(self._describe_step(cycles, step))
+
+    def _show_replay_answer(self, done: int) -> None:
+        """The transcript as it stood after ``done`` cycles: the conversation up to the replayed
+        answer, then that answer so far. At the last step, the whole conversation again."""
+        replay, conv = self._replay, self.current
+        if conv is None:
+            return
+        if done >= len(replay["cycles"]):
+            if replay.get("rewound"):
+                self.transcript.show_messages(conv.messages)
+                replay["rewound"] = False
+            return
+        if not replay.get("rewound"):
+            self.transcript.show_messages(conv.messages[:replay["message"]])
+            self.transcript.begin_answer("replaying…")
+            replay["rewound"] = True
+        self.transcript.update_answer(answer_so_far(replay["cycles"][:done], replay["stages"][:done]))
 
     @staticmethod
     def _describe_step(cycles, step: int) -> str:
@@ -895,7 +910,7 @@ class MainWindow(QMainWindow):
             # Closing mid-generation: keep the partial answer, as Stop would.
             self.engine.stop()
             conv = live["conversation"]
-            conv.messages.append(Message("assistant", "".join(live["text"]),
+            conv.messages.append(Message("assistant", "".join(c.text for c in live["cycles"]),
                                          cycles=[c.to_json() for c in live["cycles"]],
                                          mode=self.mode_combo.currentData(), finish="stopped",
                                          note="Stopped when the window closed; the answer so far is kept."))
