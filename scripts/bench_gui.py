@@ -42,6 +42,7 @@ class Run:
     seconds: float  # from the request to the last cycle
     blocked_ms: float = 0.0  # the UI thread's longest block (window runs)
     ui_cpu_share: float = 0.0  # the UI thread's CPU time over the same wall time (window runs)
+    first_s: float = 0.0  # from the request to the first cycle
 
     @property
     def tokens(self) -> int:
@@ -156,15 +157,20 @@ def main() -> int:
         if answer.role != "assistant":
             raise SystemExit(f"the window did not answer: {window.banner.text()}")
         end, ui_end, _ = seen[-1]
-        return Run([c for *_, c in seen], end - start, blocked, (ui_end - ui_start) / (end - start))
+        return Run([c for *_, c in seen], end - start, blocked, (ui_end - ui_start) / (end - start),
+                   seen[0][0] - start)
 
     def plain_loop(mode: str, prompt: str) -> Run:
         tokens = decoder.target.tokenize(decoder.target.apply_chat_template(build_messages(prompt)))
         start = time.perf_counter()
+        first = None
+        cycles = []
         # k = 4 fixed on both sides (the window setting k=4 means exactly 4): same work, window cost alone
-        cycles = list(decoder.generate(tokens, max_tokens=args.max_tokens, policy=mode, k=4, fixed_k=True,
-                                       want_probs=True))
-        return Run(cycles, time.perf_counter() - start)
+        for cycle in decoder.generate(tokens, max_tokens=args.max_tokens, policy=mode, k=4, fixed_k=True,
+                                      want_probs=True):
+            first = first or time.perf_counter()
+            cycles.append(cycle)
+        return Run(cycles, time.perf_counter() - start, first_s=first - start)
 
     results = []
     for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
@@ -191,6 +197,8 @@ def main() -> int:
             "outside_ms_per_cycle": {"plain": round(med(plain, "outside_ms"), 2),
                                      "window": round(med(windowed, "outside_ms"), 2)},
             "frame_ms": window.engine.batcher.interval_ms,
+            "first_cycle_ms": {"plain": [round(1000 * p.first_s, 1) for p in plain],
+                               "window": [round(1000 * w.first_s, 1) for w in windowed]},
         })
     window.close()
     decoder.target.close()
