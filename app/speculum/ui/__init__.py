@@ -13,7 +13,6 @@
     modelchoices.py what the pair picker offers
     look.py         colours and token labels
     opaque.py       widgets that repaint alone (not the window behind them) while generating
-    textdoc.py      cursors on growing QTextDocuments
     qtcompat.py     a work-around for PySide6 6.12.0 reference counts on Python < 3.12
 """
 

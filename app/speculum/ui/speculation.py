@@ -15,7 +15,6 @@ from PySide6.QtWidgets import QTextEdit, QToolTip
 
 from . import look
 from .opaque import OpaqueScrollArea
-from .textdoc import end_cursor
 
 KIND = QTextFormat.UserProperty + 1  # the token kind stored in each run's format
 
@@ -78,9 +77,6 @@ class SpeculationView(OpaqueScrollArea, QTextEdit):
         self.setUndoRedoEnabled(False)
         self.setLineWrapMode(QTextEdit.WidgetWidth)
         self.setPlaceholderText("Each cycle's drafted tokens appear here as the model writes.")
-        # Kept at the end as text goes in: placing a new cursor there each frame costs a
-        # layout of the last paragraph. clear() moves it back to 0, still the end.
-        self._end = QTextCursor(self.document())
         self._pending_from: int | None = None  # where an unverified (replay) draft starts
         self._stage = ""
 
@@ -92,7 +88,9 @@ class SpeculationView(OpaqueScrollArea, QTextEdit):
     # -- rendering --
 
     def _cursor(self) -> QTextCursor:
-        return self._end
+        cursor = QTextCursor(self.document())
+        cursor.movePosition(QTextCursor.End)
+        return cursor
 
     def _stage_line(self, cursor: QTextCursor, stage: str) -> None:
         if stage == self._stage:
@@ -134,7 +132,7 @@ class SpeculationView(OpaqueScrollArea, QTextEdit):
 
     def _drop_pending(self) -> None:
         if self._pending_from is not None:
-            cursor = end_cursor(self.document())
+            cursor = self._cursor()
             cursor.setPosition(self._pending_from, QTextCursor.KeepAnchor)
             cursor.removeSelectedText()
             self._pending_from = None

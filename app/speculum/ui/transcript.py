@@ -10,7 +10,6 @@ from PySide6.QtWidgets import QTextBrowser
 
 from .look import MODE_NAMES
 from .opaque import OpaqueScrollArea
-from .textdoc import end_cursor
 
 
 CODE_BACKGROUND = QColor("#f2f4f7")
@@ -73,7 +72,9 @@ class Transcript(OpaqueScrollArea, QTextBrowser):
     # -- building blocks --
 
     def _cursor(self) -> QTextCursor:
-        return end_cursor(self.document())
+        cursor = QTextCursor(self.document())
+        cursor.movePosition(QTextCursor.End)
+        return cursor
 
     def _new_block(self, cursor: QTextCursor, top_margin: float = 14) -> None:
         fmt = QTextBlockFormat()
