@@ -70,12 +70,16 @@ def gpu_backend() -> str | None:
     return "GPU"
 
 
-def default_threads() -> int:
+def usable_cores() -> int:
+    """The CPU cores this process may run on."""
     try:
-        n = len(os.sched_getaffinity(0))
+        return len(os.sched_getaffinity(0))
     except AttributeError:
-        n = os.cpu_count() or 1
-    return max(1, min(n, 16))
+        return os.cpu_count() or 1
+
+
+def default_threads() -> int:
+    return max(1, min(usable_cores(), 16))
 
 
 def llama_cpp_version() -> str:
@@ -330,4 +334,4 @@ class LlamaModel(TokenPieces):
 
 
 __all__ = ["LlamaModel", "ModelFacts", "gpu_backend", "system_info",
-           "default_threads", "llama_cpp_version"]
+           "default_threads", "usable_cores", "llama_cpp_version"]

@@ -9,7 +9,6 @@ at most once per frame.
 
 from __future__ import annotations
 
-import os
 import statistics
 import threading
 import time
@@ -432,7 +431,9 @@ def ui_cpu_budget(target_facts, cores: int | None = None) -> float:
     keeps to 2%; with a GPU or a spare core the UI runs beside it for free.
     """
     if cores is None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        from ..engine.llama import usable_cores
+
+        cores = usable_cores()
     if target_facts.backend == "CPU" and target_facts.n_threads >= cores:
         return 0.02
     return 0.25
