@@ -32,6 +32,8 @@ class Readout(QWidget):
     number of lines, so the height never changes. Right-click copies the rows as text.
     """
 
+    ROW_GAP = 2  # pixels between rows
+
     def __init__(self, rows: list[tuple[str, int]], parent=None):
         super().__init__(parent)
         self.rows = rows  # (name, lines)
@@ -60,7 +62,7 @@ class Readout(QWidget):
         return max(self.fontMetrics().horizontalAdvance(name) for name, _ in self.rows) + 12
 
     def sizeHint(self) -> QSize:
-        return QSize(self._name_width() + 160, sum(lines for _, lines in self.rows) * (self._line() + 2))
+        return QSize(self._name_width() + 160, sum(lines * self._line() + self.ROW_GAP for _, lines in self.rows))
 
     def minimumSizeHint(self) -> QSize:
         return QSize(self._name_width() + 80, self.sizeHint().height())
@@ -81,7 +83,7 @@ class Readout(QWidget):
             p.setClipRect(QRectF(left, y, self.width() - left, height))  # a longer value is cut, not spilled
             p.drawText(QRectF(left, y, self.width() - left, height), self.values[name], wrap)
             p.restore()
-            y += height + 2
+            y += height + self.ROW_GAP
 
 
 class AcceptanceBars(QWidget):
