@@ -5,8 +5,6 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 
 def speculum(*args, stdin=None, timeout=300):
     return subprocess.run([sys.executable, "-m", "speculum.cli", *map(str, args)], input=stdin,

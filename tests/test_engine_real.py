@@ -5,7 +5,6 @@ import threading
 import numpy as np
 import pytest
 
-from speculum.engine.decoder import Decoder
 from speculum.engine.llama import LlamaModel
 from speculum.engine.session import LoadOptions, load_decoder
 from speculum.errors import SpeculumError

@@ -7,7 +7,6 @@ and running the Linux bundle is done by packaging/build-linux.sh (see packaging/
 
 import ast
 import configparser
-import os
 import re
 import struct
 import subprocess

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import sys
-import threading
-from pathlib import Path
 
 from . import __version__, paths
 from .errors import SpeculumError

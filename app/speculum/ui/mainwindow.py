@@ -7,13 +7,11 @@ end, or an error message shown in the window's banner.
 
 from __future__ import annotations
 
-import time
-
 from PySide6.QtCore import QByteArray, QElapsedTimer, Qt, Signal
 from PySide6.QtGui import QAction, QKeySequence, QShortcut
 from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFormLayout, QFrame, QGroupBox, QHBoxLayout,
                                QLabel, QListWidget, QListWidgetItem, QMainWindow, QMessageBox,
-                               QProgressBar, QPushButton, QSizePolicy, QSpinBox, QSplitter, QToolBar,
+                               QProgressBar, QPushButton, QSpinBox, QSplitter, QToolBar,
                                QToolButton, QVBoxLayout, QWidget)
 
 from .. import paths, summarise
@@ -296,8 +294,7 @@ class MainWindow(QMainWindow):
         self.document_toggle.toggled.connect(self._show_document)
         self.transcript.replayRequested.connect(self.replay_message)
         self.replay_bar.stepChanged.connect(self._render_replay_step)
-        for widget in (self.mode_combo,):
-            widget.currentIndexChanged.connect(self._save_settings)
+        self.mode_combo.currentIndexChanged.connect(self._save_settings)
         for spin in (self.temperature, self.top_p, self.max_tokens, self.k_spin, self.n_ctx,
                      self.target_layers, self.draft_layers):
             spin.valueChanged.connect(self._save_settings)
@@ -682,7 +679,7 @@ class MainWindow(QMainWindow):
         self.generating = True
         self._update_controls()
         self._live = {"conversation": conv, "kind": kind, "restore": restore, "cycles": [],
-                      "stages": [], "started": time.monotonic(), "snapshot": None, "answer_clock": QElapsedTimer(),
+                      "stages": [], "snapshot": None, "answer_clock": QElapsedTimer(),
                       "stats_clock": QElapsedTimer()}
         self._replay = None
         self.replay_bar.setEnabled(False)
