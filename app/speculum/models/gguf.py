@@ -147,11 +147,14 @@ class _Cursor:
     def unpack(self, fmt: str) -> Any:
         return struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
 
-    def string(self) -> str:
+    def string_bytes(self) -> bytes:
         n = self.unpack("<Q")
         if n > 1 << 26:
             raise ValueError("implausible string length")
-        return self.take(n).decode("utf-8", errors="replace")
+        return self.take(n)
+
+    def string(self) -> str:
+        return self.string_bytes().decode("utf-8", errors="replace")
 
 
 def _value(cur: _Cursor, vtype: int, keep: bool) -> tuple[Any, int]:
@@ -171,6 +174,10 @@ def _value(cur: _Cursor, vtype: int, keep: bool) -> tuple[Any, int]:
             fmt = _SCALAR[etype]
             raw = cur.take(struct.calcsize(fmt) * count)
             return list(struct.unpack(f"<{count}{fmt[1]}", raw)), count
+        if etype == _STRING and not keep:  # a vocabulary nobody asked for: step over, don't decode
+            for _ in range(count):
+                cur.string_bytes()
+            return None, count
         items = []
         for _ in range(count):
             item, _n = _value(cur, etype, keep)
