@@ -12,7 +12,6 @@ from __future__ import annotations
 import collections
 import ctypes
 import os
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -20,7 +19,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..errors import ContextFullError, SpeculumError
-from ..models.gguf import check_gguf_file
+from ..models.gguf import GGUFHeader, check_gguf_file
 from .backend import TokenPieces
 
 import llama_cpp as lc  # noqa: E402  (after our imports: its own logger is replaced below)
@@ -119,10 +118,10 @@ class LlamaModel(TokenPieces):
         n_batch: int = 512,
         flash_attn: bool | None = None,
         progress: LoadProgress | None = None,
+        header: GGUFHeader | None = None,  # already read and checked by the caller
     ):
         self.path = Path(path)
-        header = check_gguf_file(self.path)
-        self._lock = threading.Lock()
+        header = header or check_gguf_file(self.path)
         gpu = gpu_backend()
         if n_gpu_layers is None:
             n_gpu_layers = -1 if gpu else 0  # every layer on the GPU when there is one

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import SpeculumError
-from ..models.compat import check_files
-from ..models.gguf import check_gguf_file
+from ..models.compat import check_headers
+from ..models.gguf import VOCAB_KEYS, check_gguf_file
 from .decoder import Decoder
 
 
@@ -31,22 +31,24 @@ def load_decoder(target: str | os.PathLike, draft: str | os.PathLike | None = No
     from .llama import LlamaModel
 
     options = options or LoadOptions()
-    check_gguf_file(target)
+    # Each header is read once: for the checks here, the pair's vocabularies, and LlamaModel's facts.
+    target_header = check_gguf_file(target, VOCAB_KEYS if draft is not None else ())
+    draft_header = None
     if draft is not None:
-        check_gguf_file(draft)
-        verdict = check_files(target, draft)
+        draft_header = check_gguf_file(draft, VOCAB_KEYS)
+        verdict = check_headers(target_header, draft_header)
         if not verdict:
             raise SpeculumError(verdict.reason)
 
     def stage(name: str):
         return (lambda f: progress(name, f)) if progress else None
 
-    t = LlamaModel(target, n_ctx=options.n_ctx, n_gpu_layers=options.target_gpu_layers,
+    t = LlamaModel(target, header=target_header, n_ctx=options.n_ctx, n_gpu_layers=options.target_gpu_layers,
                    n_threads=options.n_threads, flash_attn=options.flash_attn, progress=stage("target"))
     d = None
     if draft is not None:
         try:
-            d = LlamaModel(draft, n_ctx=options.n_ctx, n_gpu_layers=options.draft_gpu_layers,
+            d = LlamaModel(draft, header=draft_header, n_ctx=options.n_ctx, n_gpu_layers=options.draft_gpu_layers,
                            n_threads=options.n_threads, flash_attn=options.flash_attn, progress=stage("draft"))
         except BaseException:
             t.close()

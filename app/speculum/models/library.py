@@ -23,12 +23,12 @@ from .. import paths
 from ..errors import SpeculumError
 from . import bundled, catalog
 from .catalog import SHARD_RE, CatalogModel, CatalogPair, shard_names
-from .compat import Compatibility, check_files
+from .compat import Compatibility, check_headers
 from .download import (
     STAGING, CancelToken, DiskUsage, DownloadProgress, FileRequest, Progress, download,
     library_path, read_stamp, stamp_path, staged_bytes,
 )
-from .gguf import check_gguf_file
+from .gguf import VOCAB_KEYS, check_gguf_file
 from .remote import HubRef, check_sources
 
 LIBRARY_FILE = "library.json"
@@ -222,13 +222,14 @@ class Library:
                  catalog_id: str | None = None) -> LibraryPair:
         """Record two local GGUF files as a pair, after checking they can work together."""
         target_m, draft_m = self.model_at(target), self.model_at(draft)
+        headers = []
         for model in (target_m, draft_m):
             missing = [f.name for f in model.files if not f.is_file()]
             if missing:
                 raise SpeculumError(f"{model.path} is split into shards and these are missing beside it: "
                                     f"{', '.join(missing)}.")
-            check_gguf_file(model.path)
-        verdict = check_files(target_m.path, draft_m.path)
+            headers.append(check_gguf_file(model.path, VOCAB_KEYS))
+        verdict = check_headers(*headers)
         if not verdict.ok:
             raise IncompatiblePair(verdict)
         name = name or f"{target_m.name} + {draft_m.name}"
