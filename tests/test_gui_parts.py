@@ -11,6 +11,7 @@ from PySide6.QtCore import QObject, Signal
 
 from speculum import summarise
 from speculum.conversations import Conversation, ConversationStore, Message
+from speculum.documents import html_to_text
 from speculum.engine.cycle import Cycle
 from speculum.ui import look
 from speculum.ui.speculation import SpeculationView, token_runs
@@ -37,6 +38,11 @@ def test_split_prefers_paragraph_boundaries():
     text = "one two three.\n\nfour five six.\n\nseven eight nine."
     assert summarise.split_by_tokens(text, words, budget=6) == ["one two three.\n\nfour five six.\n\n",
                                                                "seven eight nine."]
+
+
+def test_html_entities_are_decoded_once():
+    text = html_to_text("<p>Write &amp;lt;b&amp;gt; for bold; 3 &lt; 4 &amp; 5</p><script>x()</script>")
+    assert text == "Write &lt;b&gt; for bold; 3 < 4 & 5"
 
 
 def test_copied_spans_are_found_in_order_and_merged():

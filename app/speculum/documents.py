@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import html
 import re
 from html.parser import HTMLParser
 from pathlib import Path
@@ -41,7 +40,7 @@ class _TextOfHtml(HTMLParser):
 def html_to_text(source: str) -> str:
     parser = _TextOfHtml()
     parser.feed(source)
-    text = html.unescape("".join(parser.parts))
+    text = "".join(parser.parts)  # the parser already turned &amp; and friends into characters
     return re.sub(r"\n\s*\n+", "\n\n", text).strip()
 
 
