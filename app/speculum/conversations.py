@@ -8,8 +8,6 @@ the previous version or the new one, never half a file.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -18,20 +16,6 @@ from pathlib import Path
 from . import paths
 
 DEFAULT_TITLE = "New conversation"
-
-
-def write_json_atomic(path: Path, obj) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            json.dump(obj, out, ensure_ascii=False, separators=(",", ":"))
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 @dataclass
@@ -96,7 +80,7 @@ class ConversationStore:
 
     def save(self, conversation: Conversation) -> None:
         conversation.updated = time.time()
-        write_json_atomic(self._path(conversation.id), conversation.to_json())
+        paths.write_json_atomic(self._path(conversation.id), conversation.to_json())
 
     def delete(self, conversation_id: str) -> None:
         self._path(conversation_id).unlink(missing_ok=True)

@@ -6,8 +6,10 @@ installs never touch the user's real library.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import platformdirs
@@ -49,3 +51,19 @@ def resources_dir() -> Path:
 
 def resource(name: str) -> Path:
     return resources_dir() / name
+
+
+def write_json_atomic(path: Path, obj, indent: int | None = None) -> None:
+    """Write ``obj`` as JSON so that a crash or kill leaves the old file or the new one, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            json.dump(obj, out, ensure_ascii=False, indent=indent,
+                      separators=None if indent is not None else (",", ":"))
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import platform
 import time
 from dataclasses import dataclass, field
@@ -325,12 +324,9 @@ class AutoPolicy:
         d = {"costs": self.costs.to_json(), "model": [r.value for r in self.model_rates],
              "lookup": {n: [r.value for r in rs] for n, rs in self.lookup_rates.items()}}
         try:
-            self.store.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.store.with_suffix(".tmp")
-            tmp.write_text(json.dumps(d))
-            os.replace(tmp, self.store)
+            paths.write_json_atomic(self.store, d)
         except OSError:
-            pass
+            pass  # a memory that cannot be written only costs a re-measurement next time
 
     def finish(self) -> None:
         self.save()

@@ -103,10 +103,7 @@ class Library:
         return state
 
     def _save(self, state: dict) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(state, indent=1), encoding="utf-8")
-        os.replace(tmp, self.state_path)
+        paths.write_json_atomic(self.state_path, state, indent=1)
 
     def _rel(self, path: Path) -> str:
         path = Path(path).absolute()

@@ -6,7 +6,6 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from .. import paths
-from ..conversations import write_json_atomic
 
 MODES = [("Auto", "auto"), ("Draft model", "draft"), ("Prompt lookup", "lookup"), ("Off", "off")]
 
@@ -44,4 +43,4 @@ class Settings:
             return cls()
 
     def save(self) -> None:
-        write_json_atomic(self.path(), asdict(self))
+        paths.write_json_atomic(self.path(), asdict(self))
