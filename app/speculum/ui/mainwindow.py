@@ -670,9 +670,7 @@ class MainWindow(QMainWindow):
             self._fill_list()
         self._save(conv)
         self.document_toggle.setChecked(True)
-        request = self._request(conv, document=text)
-        request.messages = []
-        self._begin(conv, request, kind="summary")
+        self._begin(conv, self._request(conv, document=text), kind="summary")
 
     def _begin(self, conv: Conversation, request: GenerationRequest, kind: str, restore: str = "") -> None:
         self.banner.hide()
@@ -740,9 +738,9 @@ class MainWindow(QMainWindow):
         self.stats.chart.update()
 
     def _on_finished(self, result) -> None:
-        self.engine.batcher.flush()  # cycles still waiting for the next frame go first
-        self._show_live_answer()
-        self._show_live_stats()
+        # Cycles still waiting for the next frame go first: live["stages"] must be complete.
+        # The answer itself is drawn below, whole, with the conversation.
+        self.engine.batcher.flush()
         live, self._live = self._live, None
         self.generating = False
         self.document.show_progress("")

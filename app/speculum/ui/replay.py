@@ -8,7 +8,7 @@ empty answer; step 2·n shows all n cycles verified.
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QSlider, QToolButton, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QSlider, QToolButton, QWidget
 
 
 PLAY_INTERVAL_MS = 400
@@ -20,15 +20,12 @@ class ReplayBar(QWidget):
     def __init__(self, parent=None):
         super().__init__(parent)
         self.setObjectName("replayBar")
-        self.n_cycles = 0
         self.back = QToolButton(text="◀", toolTip="Previous step")
         self.play = QToolButton(text="▶ Play", toolTip="Play the cycles as they happened")
         self.play.setCheckable(True)
         self.forward = QToolButton(text="▶|", toolTip="Next step")
         self.slider = QSlider(Qt.Horizontal)
         self.slider.setPageStep(2)
-        self.label = QLabel()
-        self.label.setObjectName("replayLabel")
         layout = QHBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         for w in (self.back, self.play, self.forward):
@@ -44,7 +41,6 @@ class ReplayBar(QWidget):
 
     def start(self, n_cycles: int, step: int | None = None) -> None:
         self.pause()
-        self.n_cycles = n_cycles
         self.slider.blockSignals(True)
         self.slider.setRange(0, 2 * n_cycles)
         self.slider.setValue(2 * n_cycles if step is None else step)

@@ -61,7 +61,6 @@ class Transcript(OpaqueScrollArea, QTextBrowser):
         self.anchorClicked.connect(self._anchor)
         self.setPlaceholderText("Write a message below, or open a document and press Summarise.")
         self._answer_from: int | None = None
-        self._answer_header = ""
         self._settled_text = ""  # the live answer's head already rendered, ending at _settled_at
         self._settled_at = 0
 

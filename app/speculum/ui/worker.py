@@ -45,7 +45,6 @@ class GenerationRequest:
     top_p: float = 1.0
     max_tokens: int = 256
     document: str | None = None  # set: summarise this document (in parts when long)
-    system: str | None = None
 
 
 @dataclass
@@ -245,30 +244,32 @@ class EngineWorker(QObject):
             last = cycle
         return "".join(text), cycles, last, snap
 
+    @staticmethod
+    def _result(request: GenerationRequest, text: str, cycles: list, last, snap: StatsSnapshot,
+                part_summaries: list[str] | None = None) -> GenerationResult:
+        """The result of a generation that ran to its end (EOG, max tokens, stop, context full)."""
+        return GenerationResult(request.conversation_id, text, cycles, snap, last.finish if last else None,
+                                last.message if last else "", request.mode, part_summaries or [])
+
     def _chat(self, request: GenerationRequest) -> GenerationResult:
-        messages = ([{"role": "system", "content": request.system}] if request.system else []) + request.messages
-        text, cycles, last, snap = self._run(request, messages)
-        return GenerationResult(request.conversation_id, text, cycles, snap,
-                                last.finish if last else None, last.message if last else "", request.mode)
+        text, cycles, last, snap = self._run(request, request.messages)
+        return self._result(request, text, cycles, last, snap)
 
     def _summarise(self, request: GenerationRequest) -> GenerationResult:
         from ..engine.prompts import build_messages, document_message
 
         target = self.decoder.target
         count = lambda s: len(target.tokenize(s))  # noqa: E731
-        instruction = request.messages[-1]["content"] if request.messages else None
-        whole = build_messages(instruction, request.system, request.document)
+        whole = build_messages(None, document=request.document)  # the default summary request
         # Room for the document: the context, less the answer and the prompt around the document.
-        overhead = len(self._tokens(build_messages(summarise.part_request(99, 99), request.system, "")))
+        overhead = len(self._tokens(build_messages(summarise.part_request(99, 99), document="")))
         budget = target.n_ctx - request.max_tokens - overhead - 16
         if budget < 64:
             raise SpeculumError(f"The context of {target.n_ctx:,} tokens leaves no room for a document "
                                 f"next to an answer of {request.max_tokens} tokens. Raise the context "
                                 "size or lower max tokens.")
         if len(self._tokens(whole)) + request.max_tokens <= target.n_ctx:
-            text, cycles, last, snap = self._run(request, whole)
-            return GenerationResult(request.conversation_id, text, cycles, snap,
-                                    last.finish if last else None, last.message if last else "", request.mode)
+            return self._result(request, *self._run(request, whole))
 
         # Too long: summarise in parts, then combine (in rounds, if even the summaries are long).
         texts = summarise.split_by_tokens(request.document, count, budget)
@@ -280,8 +281,7 @@ class EngineWorker(QObject):
             for i, part in enumerate(texts, 1):
                 stage = f"Part {i} of {len(texts)}" + (f" (round {round_no})" if round_no > 1 else "")
                 self.stageChanged.emit(stage)
-                messages = build_messages(document_message(part, summarise.part_request(i, len(texts))),
-                                          request.system)
+                messages = build_messages(document_message(part, summarise.part_request(i, len(texts))))
                 text, cycles, last, snap = self._run(request, messages, stage)
                 all_cycles.extend(cycles)
                 summaries.append(text)
@@ -293,16 +293,13 @@ class EngineWorker(QObject):
             if round_no == 1:
                 summaries_of_first_round = summaries
             joined = summarise.joined_summaries(summaries)
-            combine = build_messages(summarise.combine_request(len(summaries)), request.system, joined)
+            combine = build_messages(summarise.combine_request(len(summaries)), document=joined)
             if len(self._tokens(combine)) + request.max_tokens <= target.n_ctx:
                 break
             texts = summarise.split_by_tokens(joined, count, budget)
         self.stageChanged.emit("Combining the part summaries")
         text, cycles, last, snap = self._run(request, combine, "Combining")
-        all_cycles.extend(cycles)
-        return GenerationResult(request.conversation_id, text, all_cycles, snap,
-                                last.finish if last else None, last.message if last else "",
-                                request.mode, summaries_of_first_round)
+        return self._result(request, text, all_cycles + cycles, last, snap, summaries_of_first_round)
 
 
 class CycleBatcher(QObject):
@@ -393,7 +390,6 @@ class Engine(QObject):
         self.worker.cycleReady.connect(self.batcher.put, Qt.DirectConnection)
         self.worker.loaded.connect(self._on_loaded)
         self.thread.start()
-        self.busy = False
 
     @Slot(object, object)
     def _on_loaded(self, target, _draft) -> None:
