@@ -107,6 +107,8 @@ def test_stop_keeps_the_partial_answer(qtbot, open_window, smollm_path):
         qtbot.keyClick(w.input, Qt.Key_Return)
         qtbot.waitUntil(lambda: len(w.speculation.runs()) >= 8, timeout=GENERATE_MS)
         assert w.stop_button.isEnabled()
+        w.document.editor.setPlainText("A document pasted while the answer is being written.")
+        assert not w.document.summarise_button.isEnabled()  # one generation at a time
         qtbot.keyClick(w.input, Qt.Key_Escape)
     answer = w.current.messages[-1]
     assert answer.finish == "stopped"

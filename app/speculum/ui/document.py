@@ -72,7 +72,6 @@ class DocumentPane(QWidget):
         self.editor.setExtraSelections([])
         words = len(self.text().split())
         self.caption.setText(f"{words:,} words" if words else "")
-        self.summarise_button.setEnabled(bool(words))
 
     def open_path(self, path: str | Path) -> bool:
         try:

@@ -290,6 +290,7 @@ class MainWindow(QMainWindow):
         self.conversation_list.currentItemChanged.connect(self._on_conversation_picked)
         self.conversation_list.itemChanged.connect(self._on_title_edited)
         self.document.summariseRequested.connect(self.summarise)
+        self.document.editor.textChanged.connect(self._update_controls)  # Summarise needs text, and no generation
         self.document.error.connect(self.show_error)
         self.document_toggle.toggled.connect(self._show_document)
         self.transcript.replayRequested.connect(self.replay_message)
