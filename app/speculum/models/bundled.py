@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from typing import Callable
 
 from .. import paths
 from ..errors import SpeculumError
+from .stamps import read_stamp, write_stamp
 
 CHUNK = 8 << 20
 
@@ -83,19 +83,10 @@ DEMO_PAIR = (QWEN_TARGET, QWEN_DRAFT)
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
 
 
-def _stamp(path: Path) -> Path:
-    return path.with_name(path.name + ".verified")
-
-
 def _is_verified(model: BundledModel, path: Path) -> bool:
     """A file we assembled and hashed before, untouched since (same size and mtime)."""
-    try:
-        st = path.stat()
-        stamp = json.loads(_stamp(path).read_text())
-    except (OSError, ValueError):
-        return False
-    return (st.st_size == model.size and stamp.get("sha256") == model.sha256
-            and stamp.get("mtime_ns") == st.st_mtime_ns)
+    stamp = read_stamp(path)
+    return stamp is not None and stamp.get("sha256") == model.sha256 and path.stat().st_size == model.size
 
 
 def installed_path(model: BundledModel, dest_dir: Path | None = None) -> Path | None:
@@ -147,6 +138,5 @@ def assemble(model: BundledModel, dest_dir: Path | None = None,
         raise SpeculumError(f"Could not write {dest}: {exc.strerror or exc}.") from None
     finally:
         tmp.unlink(missing_ok=True)
-    st = dest.stat()
-    _stamp(dest).write_text(json.dumps({"sha256": model.sha256, "mtime_ns": st.st_mtime_ns}))
+    write_stamp(dest, model.sha256)
     return dest

@@ -33,13 +33,13 @@ from huggingface_hub.utils import hf_raise_for_status, http_stream_backoff
 from .. import paths
 from ..errors import SpeculumError
 from .remote import HubRef, RemoteFile, hub_error, offline, request_headers, resolve
+from .stamps import read_stamp, write_stamp
 
 MiB = 1 << 20
 DISK_MARGIN = 256 * MiB  # never fill the disk to the last byte
 PROGRESS_STEP = 1 * MiB
 MAX_STALLED_RETRIES = 5  # reconnects in a row that bring no new byte
 STAGING = ".partial"
-STAMP_SUFFIX = ".verified"  # same stamp as bundled.py writes, so both recognise a checked file
 
 
 class DownloadCancelled(SpeculumError):
@@ -109,28 +109,6 @@ def repo_folder(repo: str) -> str:
 def library_path(ref: HubRef, root: Path) -> Path:
     """Where a Hub file lives in the library: one folder per repo, shards side by side."""
     return root / repo_folder(ref.repo) / ref.filename
-
-
-def stamp_path(path: Path) -> Path:
-    return path.with_name(path.name + STAMP_SUFFIX)
-
-
-def read_stamp(path: Path) -> dict | None:
-    """The verification stamp of a library file, if the file is unchanged since it was checked."""
-    try:
-        st = path.stat()
-        stamp = json.loads(stamp_path(path).read_text())
-    except (OSError, ValueError):
-        return None
-    if stamp.get("mtime_ns") != st.st_mtime_ns or stamp.get("size", st.st_size) != st.st_size:
-        return None
-    return stamp
-
-
-def write_stamp(file: Path, sha256: str, **extra) -> None:
-    st = file.stat()
-    stamp_path(file).write_text(json.dumps({"sha256": sha256, "mtime_ns": st.st_mtime_ns,
-                                            "size": st.st_size, **extra}))
 
 
 def _free_space(where: Path, disk_usage: DiskUsage) -> int:
@@ -363,8 +341,6 @@ def download(requests: Sequence[FileRequest], root: Path | None = None, *, progr
             s.meta.unlink(missing_ok=True)
         _prune(staging)
         raise DownloadCancelled("Download cancelled; nothing was added to the library.") from None
-    except KeyboardInterrupt:
-        raise
     except SpeculumError:
         raise
     except httpx2.HTTPError as exc:  # huggingface_hub's errors are HTTPErrors (and OSErrors): before OSError
@@ -373,7 +349,6 @@ def download(requests: Sequence[FileRequest], root: Path | None = None, *, progr
         raise _disk_error(exc, staging) from None
 
     # Everything is verified: move it into the library. Same disk, so each rename is atomic.
-    landed = []
     try:
         for s in staged:
             dest = library_path(s.remote.ref, root)
@@ -382,7 +357,6 @@ def download(requests: Sequence[FileRequest], root: Path | None = None, *, progr
             write_stamp(dest, s.sha256 or "", repo=s.remote.ref.repo, path=s.remote.ref.path,
                         commit=s.remote.commit)
             s.meta.unlink(missing_ok=True)
-            landed.append(dest)
     except OSError as exc:
         raise _disk_error(exc, root) from None
     _prune(staging)

@@ -26,10 +26,11 @@ from .catalog import SHARD_RE, CatalogModel, CatalogPair, shard_names
 from .compat import Compatibility, check_headers
 from .download import (
     STAGING, CancelToken, DiskUsage, DownloadProgress, FileRequest, Progress, download,
-    library_path, read_stamp, stamp_path, staged_bytes,
+    library_path, staged_bytes,
 )
 from .gguf import VOCAB_KEYS, check_gguf_file
 from .remote import HubRef, check_sources
+from .stamps import read_stamp, stamp_path
 
 LIBRARY_FILE = "library.json"
 _LOCK = threading.Lock()  # the dialog's worker thread and the GUI thread both write the state
@@ -196,7 +197,7 @@ class Library:
 
     def singles(self) -> list[LocalModel]:
         """Models that are not part of any pair."""
-        used = {p.target.path for p in self.pairs()} | {p.draft.path for p in self.pairs()}
+        used = {m.path for p in self.pairs() for m in (p.target, p.draft)}
         return [m for m in self.models() if m.path not in used]
 
     def installed(self, pair: CatalogPair) -> LibraryPair | None:

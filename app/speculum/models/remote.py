@@ -169,12 +169,10 @@ def resolve(ref: HubRef) -> RemoteFile:
 
 
 class RangeReader:
-    """``read_at(offset, size)`` over HTTP range requests, counting what it fetched."""
+    """``read_at(offset, size)`` over HTTP range requests."""
 
     def __init__(self, remote: RemoteFile):
         self.remote = remote
-        self.bytes_fetched = 0
-        self.requests = 0
 
     def read_at(self, offset: int, size: int) -> bytes:
         if offset >= self.remote.size or size <= 0:
@@ -182,7 +180,6 @@ class RangeReader:
         end = min(offset + size, self.remote.size) - 1
         headers = {**request_headers(self.remote.url), "Range": f"bytes={offset}-{end}",
                    "Accept-Encoding": "identity"}
-        self.requests += 1
         try:
             with http_stream_backoff("GET", self.remote.url, headers=headers,
                                      timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT, max_retries=2) as resp:
@@ -200,19 +197,14 @@ class RangeReader:
             raise
         except Exception as exc:  # noqa: BLE001
             raise hub_error(exc, self.remote.ref) from None
-        data = bytes(out[:want])
-        self.bytes_fetched += len(data)
-        return data
+        return bytes(out[:want])
 
 
 def read_remote_header(ref: HubRef, keep_arrays: Iterable[str] = VOCAB_KEYS) -> GGUFHeader:
     """The GGUF header of a Hub file, fetched with range requests (a few MB of a many-GB file)."""
     remote = resolve(ref)
     reader = RangeReader(remote)
-    header = read_header(reader.read_at, source=str(ref), keep_arrays=keep_arrays)
-    header.bytes_read = reader.bytes_fetched
-    return header
-
+    return read_header(reader.read_at, source=str(ref), keep_arrays=keep_arrays)  # counts bytes_read
 
 
 def parse_source(text: str | os.PathLike) -> HubRef | Path:
