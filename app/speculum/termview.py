@@ -3,7 +3,6 @@ through in red, the target's own tokens plain, then one summary line."""
 
 from __future__ import annotations
 
-import codecs
 import sys
 from typing import TextIO
 
@@ -21,10 +20,10 @@ class TerminalView:
         self.model = model
         self.out = out
         self.color = out.isatty() if color is None else color
-        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._detok = model.detokenizer()
 
     def _text(self, token: int) -> str:
-        return self._utf8.decode(b"" if self.model.is_eog(token) else self.model.token_bytes(token))
+        return "" if self.model.is_eog(token) else self._detok.feed(token)
 
     def show(self, cycle: Cycle) -> None:
         if not self.color:
@@ -41,7 +40,7 @@ class TerminalView:
                         parts.append(f"{RED_STRUCK}{rejected}{RESET}")
                     parts.append(text)
             if cycle.finish:
-                parts.append(self._utf8.decode(b"", final=True))
+                parts.append(self._detok.flush())
             self.out.write("".join(parts))
         self.out.flush()
 

@@ -87,8 +87,7 @@ class CostModel:
     # A pass the OS preempted can take 10x longer; clipping keeps one hiccup from
     # steering several cycles, while a real slowdown still shows within a few passes.
     def observe_verify(self, n: int, seconds: float) -> None:
-        old = self.verify_s.get(n)
-        self.verify_s[n] = seconds if old is None else 0.8 * old + 0.2 * min(seconds, 3 * old)
+        self.verify_s[n] = _ema(self.verify_s.get(n), seconds)
 
     def observe_draft(self, k: int, seconds: float, first_s: float) -> None:
         self.draft_first_s = _ema(self.draft_first_s, first_s)
@@ -309,9 +308,8 @@ class AutoPolicy:
         try:
             d = json.loads(self.store.read_text())
             self.costs = CostModel.from_json(d["costs"])
-            for rates, saved in ((self.model_rates, d.get("model", [])),):
-                for r, v in zip(rates, saved):
-                    r.prior = float(v)
+            for r, v in zip(self.model_rates, d.get("model", [])):
+                r.prior = float(v)
             for n, saved in d.get("lookup", {}).items():
                 for r, v in zip(self.lookup_rates.get(int(n), []), saved):
                     r.prior = float(v)
