@@ -18,7 +18,7 @@ from .backend import Backend, CachedSequence
 from .cycle import CONTEXT_FULL, EOG, MAX_TOKENS, STOPPED, Cycle
 from .drafters import LOOKUP, MODEL, NONE, Draft, ModelDrafter, PromptLookup
 from .policy import Choice, FixedPolicy, Policy
-from .sampling import SamplingParams, softmax_at
+from .sampling import RowProbs, SamplingParams
 from .stats import Stats
 from .verify import verify
 
@@ -147,10 +147,11 @@ class Decoder:
             p_drafted = verdict.p_drafted
             p_emitted: list[float] = []
             if want_probs:
-                rows = len(emitted)
-                p_emitted = softmax_at(logits[:rows], np.asarray(emitted)).tolist()
-                if not p_drafted and draft.tokens:
-                    p_drafted = softmax_at(logits[:len(draft.tokens)], np.asarray(draft.tokens)).tolist()
+                look_up_drafts = not p_drafted and draft.tokens
+                probs = RowProbs(logits[:max(len(emitted), len(draft.tokens) if look_up_drafts else 0)])
+                p_emitted = probs.at(emitted)
+                if look_up_drafts:
+                    p_drafted = probs.at(draft.tokens)
 
             for i, tok in enumerate(emitted):
                 if target.is_eog(tok):

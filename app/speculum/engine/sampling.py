@@ -8,6 +8,7 @@ go through ``distribution`` below.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
@@ -91,9 +92,16 @@ def sample(p: np.ndarray, rng: np.random.Generator) -> int:
     return b * _BLOCK + i
 
 
-def softmax_at(logits: np.ndarray, tokens: np.ndarray) -> np.ndarray:
-    """p(token) per row under temperature 1, for display: rows (m, V), tokens (m,)."""
-    x = np.asarray(logits, dtype=np.float32)
-    top = x.max(axis=1, keepdims=True)
-    z = np.exp(x - top).sum(axis=1)
-    return np.exp(x[np.arange(len(tokens)), tokens] - top[:, 0]) / z
+class RowProbs:
+    """p(token) per row under temperature 1, for display. Each row's normaliser is computed
+    once, however many token lists are looked up in it (emitted and drafted share rows)."""
+
+    def __init__(self, logits: np.ndarray):
+        self.x = np.asarray(logits, dtype=np.float32)
+        self.top = self.x.max(axis=1)
+        self.z = np.exp(self.x - self.top[:, None]).sum(axis=1)
+
+    def at(self, tokens: Sequence[int]) -> list[float]:
+        """p(tokens[i]) in row i, for the first len(tokens) rows."""
+        rows = np.arange(len(tokens))
+        return (np.exp(self.x[rows, np.asarray(tokens)] - self.top[rows]) / self.z[rows]).tolist()
