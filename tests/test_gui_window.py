@@ -194,6 +194,23 @@ def test_conversation_survives_closing_and_reopening(qtbot, open_window, smollm_
     assert again.target_combo.currentData() == str(smollm_path)
 
 
+def test_closing_mid_generation_keeps_the_partial_answer(qtbot, open_window, smollm_path):
+    w = open_window(smollm_path, mode="lookup", max_tokens=1024)
+    w.input.setPlainText("Write a long story about a lighthouse keeper and the sea.")
+    qtbot.keyClick(w.input, Qt.Key_Return)
+    qtbot.waitUntil(lambda: w.stats.value(w.stats.RATE) != "—", timeout=GENERATE_MS)
+    conv_id = w.current.id
+    w.close()
+
+    again = open_window()
+    assert again.current.id == conv_id
+    kept = again.current.messages[-1]
+    assert kept.role == "assistant" and kept.finish == "stopped" and kept.content.strip()
+    # Saved like any answer: its numbers and its cycles, so replay works after the restart.
+    assert kept.stats["tokens"] > 0 and kept.cycles
+    assert again.replay_bar.isEnabled() and again.replay_bar.slider.maximum() == 2 * len(kept.cycles)
+
+
 def test_summarise_highlights_copied_spans(qtbot, open_window, smollm_path):
     w = open_window(smollm_path, mode="lookup", max_tokens=40, n_ctx=2048)
     document = "\n\n".join(paths.resource("samples/lighthouse.md").read_text(encoding="utf-8").split("\n\n")[:3])

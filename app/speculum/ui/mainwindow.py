@@ -43,6 +43,23 @@ def answer_so_far(cycles, stages) -> str:
     return f"*{stage}…*\n\n" + "".join(c.text for c, s in zip(cycles, stages) if s == stage)
 
 
+def cycle_records(cycles, stages) -> list[dict]:
+    """The cycles stored with an answer, each tagged with its stage of a long document."""
+    records = [cycle.to_json() for cycle in cycles]
+    for record, stage in zip(records, stages):
+        if stage:
+            record["stage"] = stage
+    return records
+
+
+def answer_stats(snap) -> dict:
+    """The numbers stored with an answer (shown in its header, used by replay)."""
+    return {"tokens_per_s": round(snap.tokens_per_s, 3), "tokens": snap.tokens,
+            "acceptance_rate": round(snap.acceptance_rate, 4), "tokens_per_pass": round(snap.tokens_per_pass, 4),
+            "prompt_tokens": snap.prompt_tokens, "prompt_total": snap.prompt_total,
+            "seconds": round(snap.seconds, 4)}
+
+
 class Banner(QFrame):
     """A message across the top of the chat: errors the user can act on, never a console-only traceback."""
 
@@ -750,14 +767,7 @@ class MainWindow(QMainWindow):
         if conv is None:
             self._update_controls()
             return
-        stages = live["stages"] if live else []
-        records = []
-        for i, cycle in enumerate(result.cycles):
-            record = cycle.to_json()
-            if i < len(stages) and stages[i]:
-                record["stage"] = stages[i]
-            records.append(record)
-        snap = result.snapshot
+        records = cycle_records(result.cycles, live["stages"] if live else [])
         note = result.note
         if result.finish == "stopped" and not note:
             note = "Stopped; the answer so far is kept."
@@ -773,12 +783,8 @@ class MainWindow(QMainWindow):
             if result.finish == "stopped":
                 display = "**Part summaries so far**\n\n" + text
         conv.messages.append(Message("assistant", text, display=display, cycles=records,
-                                     stats={"tokens_per_s": round(snap.tokens_per_s, 3), "tokens": snap.tokens,
-                                            "acceptance_rate": round(snap.acceptance_rate, 4),
-                                            "tokens_per_pass": round(snap.tokens_per_pass, 4),
-                                            "prompt_tokens": snap.prompt_tokens, "prompt_total": snap.prompt_total,
-                                            "seconds": round(snap.seconds, 4)},
-                                     mode=result.mode, finish=result.finish, note=note))
+                                     stats=answer_stats(result.snapshot), mode=result.mode,
+                                     finish=result.finish, note=note))
         self._save(conv)
         self._save_settings()
         if conv is self.current:
@@ -907,7 +913,8 @@ class MainWindow(QMainWindow):
             self.engine.stop()
             conv = live["conversation"]
             conv.messages.append(Message("assistant", "".join(c.text for c in live["cycles"]),
-                                         cycles=[c.to_json() for c in live["cycles"]],
+                                         cycles=cycle_records(live["cycles"], live["stages"]),
+                                         stats=answer_stats(live["snapshot"]) if live["snapshot"] else {},
                                          mode=self.mode_combo.currentData(), finish="stopped",
                                          note="Stopped when the window closed; the answer so far is kept."))
             self._save(conv)
