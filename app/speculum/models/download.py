@@ -225,9 +225,14 @@ class _Stop(Exception):
 
 def _transfer(staged: _Staged, index: int, tracker: _Tracker, cancel: CancelToken | None) -> None:
     remote = staged.remote
-    sha256 = hashlib.sha256()
-    git = hashlib.sha1(f"blob {remote.size}\0".encode()) if remote.git_sha1 else None
-    hashers = [h for h in (sha256, git) if h is not None]
+
+    def fresh_hashers():
+        """sha256, and git's blob sha1 when the Hub gave only that; both over the whole file."""
+        sha256 = hashlib.sha256()
+        git = hashlib.sha1(f"blob {remote.size}\0".encode()) if remote.git_sha1 else None
+        return sha256, git, [h for h in (sha256, git) if h is not None]
+
+    sha256, git, hashers = fresh_hashers()
     staged.part.parent.mkdir(parents=True, exist_ok=True)
     _write_meta(staged)
     if staged.have:
@@ -252,9 +257,7 @@ def _transfer(staged: _Staged, index: int, tracker: _Tracker, cancel: CancelToke
                         out.truncate()
                         tracker.done -= have
                         have = 0
-                        sha256 = hashlib.sha256()
-                        git = hashlib.sha1(f"blob {remote.size}\0".encode()) if remote.git_sha1 else None
-                        hashers = [h for h in (sha256, git) if h is not None]
+                        sha256, git, hashers = fresh_hashers()
                     for chunk in resp.iter_bytes():
                         if cancel and cancel.requested:
                             raise _Stop()

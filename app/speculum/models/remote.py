@@ -24,11 +24,11 @@ from huggingface_hub.errors import (
 from huggingface_hub.utils import build_hf_headers, hf_raise_for_status, http_stream_backoff
 
 from ..errors import SpeculumError
+from .catalog import SHA256_RE
 from .compat import Compatibility, check_headers
 from .gguf import VOCAB_KEYS, GGUFHeader, read_file_header, read_header
 
 _TRUE = {"1", "on", "yes", "true"}
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _SHA1 = re.compile(r"^[0-9a-f]{40}$")
 LIBRARY_NAME = "speculum"
 
@@ -85,7 +85,7 @@ class RemoteFile:
     @property
     def sha256(self) -> str | None:
         """The Hub's LFS hash of the content: large files are LFS and their ETag is it."""
-        return self.etag if _SHA256.match(self.etag) else None
+        return self.etag if SHA256_RE.match(self.etag) else None
 
     @property
     def git_sha1(self) -> str | None:
