@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import paths
+from ..models.commands import human_bytes
 
 
 @dataclass(frozen=True)
@@ -16,7 +17,7 @@ class ModelChoice:
 
 def _size(path: Path) -> str:
     try:
-        return f"{path.stat().st_size / 1e6:,.0f} MB"
+        return human_bytes(path.stat().st_size)  # as the models dialog shows sizes
     except OSError:
         return "missing"
 
