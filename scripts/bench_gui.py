@@ -88,7 +88,7 @@ def main() -> int:
     model = args.model or str(paths.models_dir() / "SmolLM2-135M-Instruct.Q4_1.gguf")
     app = QApplication.instance() or QApplication(sys.argv[:1])
 
-    # The UI thread's heartbeat: the largest gap between 5 ms ticks is the longest block.
+    # The UI thread's heartbeat: the largest gap between ticks (TICK_MS apart) is the longest block.
     class Heartbeat:
         def __init__(self):
             self.clock = QElapsedTimer()
