@@ -35,3 +35,24 @@ fi
 pip_install() {
     "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$@"
 }
+
+# llama.cpp as Speculum needs it: the RPC backend (workers on other machines), and never the
+# AMX kernels, which crash on the first batched decode on CPUs that have AMX (llama.cpp issue
+# 20824). GGML_NATIVE (the default here) turns on every instruction set of this CPU, AMX
+# included, so the AMX instructions are also switched off in the compiler flags.
+LLAMA_CMAKE_ARGS="-DGGML_RPC=on -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DLLAVA_BUILD=OFF"
+NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+if echo 'int main(void){return 0;}' | "${CC:-cc}" $NO_AMX -x c - -o /dev/null 2>/dev/null; then
+    LLAMA_CMAKE_ARGS="$LLAMA_CMAKE_ARGS -DCMAKE_C_FLAGS=\"$NO_AMX\" -DCMAKE_CXX_FLAGS=\"$NO_AMX\""
+fi
+# pip's wheel cache does not know the flags a cached llama-cpp-python wheel was built with
+# (an older one may hold AMX kernels): compile it here, bypassing the cache, once per flag set.
+install_llama_cpp() {
+    local stamp="$VENV/.llama-cmake-args"
+    if [ "$(cat "$stamp" 2>/dev/null)" != "$LLAMA_CMAKE_ARGS" ]; then
+        echo "==> compiling llama.cpp (llama-cpp-python) without AMX kernels, with RPC: about 6 minutes on 2 cores"
+        CMAKE_ARGS="$LLAMA_CMAKE_ARGS" pip_install --no-cache-dir --force-reinstall --no-deps "llama-cpp-python>=0.3.36,<0.4"
+        echo "$LLAMA_CMAKE_ARGS" > "$stamp"
+    fi
+}
+install_llama_cpp
