@@ -67,3 +67,47 @@ def write_json_atomic(path: Path, obj, indent: int | None = None) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+# --- saved files from another version, a crash or a hand edit ---------------------------------
+
+# What was set aside since this process started, in plain words; the window says so once.
+set_aside_notices: list[str] = []
+
+
+def set_aside(path: Path, why: str, keep_original: bool = False) -> None:
+    """Keep a damaged saved file as ``<name>.bad`` beside it, and note it for the user.
+
+    ``keep_original``: the valid part of the file is still in use, so copy rather than move.
+    """
+    import shutil
+
+    bad = path.with_name(path.name + ".bad")
+    try:
+        if keep_original:
+            shutil.copyfile(path, bad)
+        else:
+            os.replace(path, bad)
+    except OSError:
+        pass
+    set_aside_notices.append(f"{path.name}: {why}; kept as {bad.name}")
+
+
+def read_json_object(path: Path) -> dict | None:
+    """A saved JSON object; None when the file is missing, or damaged or of another shape (set aside)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        set_aside(path, f"could not be read ({exc.__class__.__name__})")
+        return None
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        set_aside(path, "not valid JSON")
+        return None
+    if not isinstance(obj, dict):
+        set_aside(path, f"a JSON {type(obj).__name__}, not an object")
+        return None
+    return obj
