@@ -20,7 +20,9 @@ START=$(date +%s)
 
 # GGML_NATIVE=OFF: a native build uses every instruction this CPU has (AVX-512 here)
 # and dies with SIGILL on users' machines. LLAVA_BUILD=OFF: no multimodal library.
-CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF"
+# No AMX kernels (they crash on the first batched decode: llama.cpp issue 20824); RPC for
+# `speculum rpc-worker` and targets spread over several machines.
+CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DGGML_RPC=on"
 case "$VARIANT" in
     cpu) ;;
     cuda)
@@ -68,7 +70,9 @@ fi
 
 echo "==> checking the bundle starts (outside the venv)"
 env -i PATH=/usr/bin:/bin HOME="$HOME" "$BUNDLE/speculum" --version
-env -i PATH=/usr/bin:/bin HOME="$HOME" "$BUNDLE/speculum" doctor | grep -E "Compute backend|llama.cpp \(|Qt"
+env -i PATH=/usr/bin:/bin HOME="$HOME" "$BUNDLE/speculum" doctor | grep -E "Compute backend|llama.cpp \(|Qt|AMX"
+env -i PATH=/usr/bin:/bin HOME="$HOME" "$BUNDLE/speculum" doctor | grep -q "AMX kernels *none" \
+    || { echo "The bundle's llama.cpp has AMX kernels: it would crash on CPUs with AMX." >&2; exit 1; }
 if [ -n "${SPECULUM_SELFTEST_MODEL:-}" ]; then
     env -i PATH=/usr/bin:/bin HOME="$HOME" "$BUNDLE/speculum" --self-test "$SPECULUM_SELFTEST_MODEL"
 fi

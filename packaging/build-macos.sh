@@ -25,7 +25,7 @@ START=$(date +%s)
 # Metal with the shader library embedded in libggml-metal (no .metal file to find at
 # run time inside the .app); GGML_NATIVE=OFF so an M3 build runs on an M1.
 export MACOSX_DEPLOYMENT_TARGET=13.0
-CMAKE_ARGS="-DGGML_METAL=on -DGGML_METAL_EMBED_LIBRARY=on -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF"
+CMAKE_ARGS="-DGGML_METAL=on -DGGML_METAL_EMBED_LIBRARY=on -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF -DGGML_RPC=on"
 CMAKE_ARGS="$CMAKE_ARGS -DCMAKE_OSX_ARCHITECTURES=arm64 -DCMAKE_OSX_DEPLOYMENT_TARGET=$MACOSX_DEPLOYMENT_TARGET"
 
 source "$REPO/packaging/build-env.sh"

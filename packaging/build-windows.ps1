@@ -32,8 +32,9 @@ function Invoke-Native([string]$What, [scriptblock]$Command) {
 
 # GGML_NATIVE=OFF: a native build uses every instruction the build machine has (AVX-512
 # on many) and crashes on users' CPUs; the result needs AVX2 (2013 on).
-# LLAVA_BUILD=OFF: no multimodal library, Speculum never loads it.
-$CmakeArgs = "-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF"
+# LLAVA_BUILD=OFF: no multimodal library, Speculum never loads it. No AMX kernels (they
+# crash on the first batched decode: llama.cpp issue 20824); RPC for `speculum rpc-worker`.
+$CmakeArgs = "-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DGGML_RPC=on"
 if ($Variant -eq "cuda") {
     if (-not $env:CUDA_PATH) { throw "The cuda variant needs the CUDA Toolkit (CUDA_PATH is not set)." }
     $CmakeArgs += " -DGGML_CUDA=on"
@@ -86,6 +87,9 @@ try {
     Write-Host "==> checking the bundle starts"
     Invoke-Native "speculum-cli --version" { & $Cli --version }
     Invoke-Native "speculum-cli doctor" { & $Cli doctor }
+    if ((& $Cli doctor | Out-String) -notmatch "AMX kernels\s+none") {
+        throw "The bundle's llama.cpp has AMX kernels: it would crash on CPUs with AMX."
+    }
     if ($Variant -eq "cuda") {
         # Needs an NVIDIA GPU and driver on the build machine; without one, ggml-cuda reports no device.
         $Doctor = & $Cli doctor | Out-String

@@ -7,10 +7,19 @@ exactness of the algorithm is proven apart from llama.cpp's numerics.
 from __future__ import annotations
 
 import codecs
+import os
 import threading
 from typing import Protocol, Sequence
 
 import numpy as np
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
 
 
 class Detokenizer:

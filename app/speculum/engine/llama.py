@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -20,7 +21,7 @@ import numpy as np
 
 from ..errors import ContextFullError, SpeculumError
 from ..models.gguf import GGUFHeader, check_gguf_file
-from .backend import TokenPieces
+from .backend import TokenPieces, usable_cores
 
 import llama_cpp as lc  # noqa: E402  (after our imports: its own logger is replaced below)
 
@@ -58,23 +59,52 @@ def system_info() -> str:
     return lc.llama_print_system_info().decode("utf-8", errors="replace")
 
 
+def has_amx_kernels() -> bool:
+    """Whether this llama.cpp was compiled with its AMX kernels, which crash on the first
+    batched decode on CPUs that have AMX (llama.cpp issue 20824)."""
+    return "AMX_INT8 = 1" in system_info()
+
+
+# ggml's device types (ggml-backend.h): GPU and integrated GPU are what offloading means.
+_DEVICE_TYPE_GPU, _DEVICE_TYPE_IGPU = 1, 2
+
+
+def _ggml() -> ctypes.CDLL:
+    """ggml's own library, shipped beside libllama: the device registry lives there."""
+    lib_dir = Path(lc.__file__).parent / "lib"
+    names = {"win32": ("ggml.dll",), "darwin": ("libggml.dylib",)}.get(sys.platform, ("libggml.so",))
+    lib = ctypes.CDLL(str(next((lib_dir / n for n in names if (lib_dir / n).exists()), lib_dir / names[0])))
+    lib.ggml_backend_dev_count.restype = ctypes.c_size_t
+    lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+    lib.ggml_backend_dev_get.restype = ctypes.c_void_p
+    lib.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_dev_type.restype = ctypes.c_int
+    lib.ggml_backend_dev_backend_reg.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_dev_backend_reg.restype = ctypes.c_void_p
+    lib.ggml_backend_reg_name.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_reg_name.restype = ctypes.c_char_p
+    return lib
+
+
 def gpu_backend() -> str | None:
-    """The GPU backend this llama.cpp was built with ('Metal', 'CUDA', ...), or None."""
+    """The GPU backend this llama.cpp offloads to ('Metal', 'CUDA', ...), or None.
+
+    Asked of ggml's device list: ``llama_supports_gpu_offload()`` is also true for a build
+    with the RPC backend and no GPU at all.
+    """
     if not lc.llama_supports_gpu_offload():
         return None
-    info = system_info()
-    for name in ("CUDA", "Metal", "HIP", "ROCm", "Vulkan", "SYCL", "OpenCL"):
-        if name.lower() in info.lower():
-            return name
-    return "GPU"
-
-
-def usable_cores() -> int:
-    """The CPU cores this process may run on."""
     try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
+        ggml = _ggml()
+    except (OSError, AttributeError):  # an unusual build: fall back to what system info names
+        info = system_info().lower()
+        return next((n for n in ("CUDA", "Metal", "HIP", "Vulkan", "SYCL", "OpenCL") if n.lower() in info), None)
+    for i in range(ggml.ggml_backend_dev_count()):
+        device = ggml.ggml_backend_dev_get(i)
+        if ggml.ggml_backend_dev_type(device) in (_DEVICE_TYPE_GPU, _DEVICE_TYPE_IGPU):
+            name = ggml.ggml_backend_reg_name(ggml.ggml_backend_dev_backend_reg(device))
+            return (name or b"GPU").decode("utf-8", errors="replace")
+    return None
 
 
 def default_threads() -> int:
@@ -119,6 +149,7 @@ class LlamaModel(TokenPieces):
         flash_attn: bool | None = None,
         progress: LoadProgress | None = None,
         header: GGUFHeader | None = None,  # already read and checked by the caller
+        extra_buffer_types: bool = True,  # repacked weights: faster batches, but the code that crashes most
     ):
         self.path = Path(path)
         header = header or check_gguf_file(self.path)
@@ -127,6 +158,7 @@ class LlamaModel(TokenPieces):
             n_gpu_layers = -1 if gpu else 0  # every layer on the GPU when there is one
         mparams = lc.llama_model_default_params()
         mparams.n_gpu_layers = 0 if gpu is None else (10**6 if n_gpu_layers < 0 else n_gpu_layers)
+        mparams.use_extra_bufts = extra_buffer_types
         self._progress_cb = None
         if progress is not None:
             def on_progress(fraction: float, _user: ctypes.c_void_p) -> bool:
@@ -332,5 +364,5 @@ class LlamaModel(TokenPieces):
         self.close()
 
 
-__all__ = ["LlamaModel", "ModelFacts", "gpu_backend", "system_info",
+__all__ = ["LlamaModel", "ModelFacts", "gpu_backend", "has_amx_kernels", "system_info",
            "default_threads", "usable_cores", "llama_cpp_version"]
