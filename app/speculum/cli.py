@@ -34,11 +34,17 @@ def _add_sampling_options(p: argparse.ArgumentParser) -> None:
 
 
 def _load(args):
+    """The pair, loaded in this process with the engine profile this machine remembers."""
+    from .engine import profiles
     from .engine.session import LoadOptions, load_decoder
 
+    profile, why = profiles.remembered()
+    if profile is not profiles.STANDARD:
+        print(f"speculum: engine profile {profiles.describe(profile, why)}", file=sys.stderr)
+    args.profile = profile.name
     options = LoadOptions(n_ctx=args.ctx, n_threads=args.threads, target_gpu_layers=args.gpu_layers,
                           draft_gpu_layers=getattr(args, "draft_gpu_layers", None))
-    return load_decoder(args.target, getattr(args, "draft", None), options)
+    return load_decoder(args.target, getattr(args, "draft", None), profile.apply(options))
 
 
 def cmd_generate(args) -> int:
@@ -69,7 +75,7 @@ def cmd_generate(args) -> int:
         pass
     stats = decoder.stats
     if args.json:
-        print(json.dumps({"type": "summary", **stats.summary(), "mode": args.mode,
+        print(json.dumps({"type": "summary", **stats.summary(), "mode": args.mode, "profile": args.profile,
                           "finish": last.finish if last else None, "message": last.message if last else "",
                           "text": "".join(text), "policy": last.policy if last else {}},
                          ensure_ascii=False))
@@ -88,14 +94,15 @@ def cmd_bench(args) -> int:
     results = run_bench(decoder, prompts, modes, max_tokens=args.max_tokens, repeat=args.repeat,
                         k=args.k, fixed_k=args.fixed_k, progress=sys.stderr)
     if args.json:
-        print(json.dumps({"results": results}, indent=1))
+        print(json.dumps({"results": results, "profile": args.profile}, indent=1))
     else:
         print_table(results, sys.stdout)
     return 0
 
 
 def cmd_doctor(args) -> int:
-    from .engine import llama
+    from . import qtcheck
+    from .engine import llama, profiles
 
     try:
         from PySide6 import __version__ as qt_version
@@ -114,15 +121,28 @@ def cmd_doctor(args) -> int:
         ("Models folder", str(paths.models_dir())),
         ("Data folder", str(paths.data_dir())),
         ("Settings folder", str(paths.config_dir())),
+        ("AMX kernels", "compiled in: batched decoding may crash on CPUs with AMX (llama.cpp issue 20824); "
+                        "reinstall with scripts/setup-env.sh" if llama.has_amx_kernels() else "none (as it should be)"),
+        ("Engine profile", profiles.describe(*profiles.remembered())),
+        ("Window libraries", qtcheck.report()),
         ("llama.cpp features", llama.system_info().strip()),
     ]
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
+    if llama.has_amx_kernels():
+        print("speculum: warning: this llama.cpp has AMX kernels, which crash on CPUs with AMX; "
+              "bash scripts/setup-env.sh builds one without them.", file=sys.stderr)
     return 0
 
 
 def cmd_gui(args) -> int:
+    from . import qtcheck
+
+    problem = qtcheck.problem()
+    if problem:
+        print(f"speculum: {problem}", file=sys.stderr)
+        return 2
     from .ui.app import run_app
 
     return run_app(args)

@@ -9,7 +9,10 @@ further rounds when even they do not fit).
 from __future__ import annotations
 
 import re
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
+
+from .engine.prompts import build_messages, document_message
+from .errors import SpeculumError
 
 CountTokens = Callable[[str], int]
 
@@ -107,3 +110,82 @@ def copied_spans(document: str, copies: Sequence[str], min_chars: int = 4) -> li
         else:
             merged.append((start, end))
     return merged
+
+
+# (messages) -> the cycles of one generation answering them.
+Generate = Callable[[list], Iterable]
+
+
+class DocumentSummary:
+    """A summary of ``document``, in parts when it is longer than the context.
+
+    Iterating yields ``(stage, cycle)`` for every target pass of every generation: stage is
+    "" for a one-part answer, "Part 2 of 5" (", round 2" in later rounds) or "Combining".
+    Afterwards ``text`` is the answer, ``part_summaries`` the first round's part summaries,
+    and ``stopped_at`` the stage a Stop ended (then ``text`` holds the part summaries so far).
+    """
+
+    def __init__(self, target, document: str, max_tokens: int, generate: Generate):
+        self.target = target
+        self.document = document
+        self.max_tokens = max_tokens
+        self.generate = generate
+        self.text = ""
+        self.part_summaries: list[str] = []
+        self.stopped_at = ""
+
+    def _fits(self, messages: list[dict]) -> bool:
+        return self._count_messages(messages) + self.max_tokens <= self.target.n_ctx
+
+    def _count_messages(self, messages: list[dict]) -> int:
+        return len(self.target.tokenize(self.target.apply_chat_template(messages)))
+
+    def _answer(self, messages: list[dict], stage: str) -> Iterator[tuple[str, object]]:
+        """Yield the cycles of one answer; its text lands in ``self._last_text``."""
+        pieces = []
+        self._last_finish = None
+        for cycle in self.generate(messages):
+            pieces.append(cycle.text)
+            self._last_finish = cycle.finish
+            yield stage, cycle
+        self._last_text = "".join(pieces)
+
+    def __iter__(self) -> Iterator[tuple[str, object]]:
+        whole = build_messages(None, document=self.document)  # the default summary request
+        # Room for the document: the context, less the answer and the prompt around the document.
+        overhead = self._count_messages(build_messages(part_request(99, 99), document=""))
+        budget = self.target.n_ctx - self.max_tokens - overhead - 16
+        if budget < 64:
+            raise SpeculumError(f"The context of {self.target.n_ctx:,} tokens leaves no room for a document "
+                                f"next to an answer of {self.max_tokens} tokens. Raise the context "
+                                "size or lower max tokens.")
+        if self._fits(whole):
+            yield from self._answer(whole, "")
+            self.text = self._last_text
+            return
+
+        # Too long: summarise in parts, then combine (in rounds, if even the summaries are long).
+        count = lambda s: len(self.target.tokenize(s))  # noqa: E731
+        texts = split_by_tokens(self.document, count, budget)
+        round_no = 0
+        while True:
+            round_no += 1
+            summaries = []
+            for i, part in enumerate(texts, 1):
+                stage = f"Part {i} of {len(texts)}" + (f" (round {round_no})" if round_no > 1 else "")
+                messages = build_messages(document_message(part, part_request(i, len(texts))))
+                yield from self._answer(messages, stage)
+                summaries.append(self._last_text)
+                if self._last_finish == "stopped":
+                    self.part_summaries = self.part_summaries or summaries
+                    self.text = joined_summaries(summaries)
+                    self.stopped_at = stage
+                    return
+            if round_no == 1:
+                self.part_summaries = summaries
+            combine = build_messages(combine_request(len(summaries)), document=joined_summaries(summaries))
+            if self._fits(combine):
+                break
+            texts = split_by_tokens(joined_summaries(summaries), count, budget)
+        yield from self._answer(combine, "Combining")
+        self.text = self._last_text

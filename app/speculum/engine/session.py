@@ -19,6 +19,7 @@ class LoadOptions:
     target_gpu_layers: int | None = None  # None: all layers on the GPU when there is one
     draft_gpu_layers: int | None = None
     flash_attn: bool | None = None
+    extra_buffer_types: bool = True  # off in the safe engine profile
 
 
 def load_decoder(target: str | os.PathLike, draft: str | os.PathLike | None = None,
@@ -44,12 +45,14 @@ def load_decoder(target: str | os.PathLike, draft: str | os.PathLike | None = No
         return (lambda f: progress(name, f)) if progress else None
 
     t = LlamaModel(target, header=target_header, n_ctx=options.n_ctx, n_gpu_layers=options.target_gpu_layers,
-                   n_threads=options.n_threads, flash_attn=options.flash_attn, progress=stage("target"))
+                   n_threads=options.n_threads, flash_attn=options.flash_attn, progress=stage("target"),
+                   extra_buffer_types=options.extra_buffer_types)
     d = None
     if draft is not None:
         try:
             d = LlamaModel(draft, header=draft_header, n_ctx=options.n_ctx, n_gpu_layers=options.draft_gpu_layers,
-                           n_threads=options.n_threads, flash_attn=options.flash_attn, progress=stage("draft"))
+                           n_threads=options.n_threads, flash_attn=options.flash_attn, progress=stage("draft"),
+                              extra_buffer_types=options.extra_buffer_types)
         except BaseException:
             t.close()
             raise

@@ -25,7 +25,8 @@ from .settings import MODES, Settings
 from .speculation import Legend, SpeculationView
 from .stats import StatsPanel
 from .transcript import Transcript
-from .worker import Engine, GenerationRequest, LoadRequest, gpu_backend, replay_snapshots
+from ..engine import profiles
+from .worker import Engine, GenerationRequest, LoadRequest, replay_snapshots
 
 NO_DRAFT = "(no draft model)"
 TITLE_CHARS = 48
@@ -71,18 +72,40 @@ class Banner(QFrame):
         self.label.setTextInteractionFlags(Qt.TextSelectableByMouse)
         close = QToolButton(text="✕", toolTip="Dismiss")
         close.clicked.connect(self.hide)
+        self.actions_row = QHBoxLayout()
         layout = QHBoxLayout(self)
         layout.setContentsMargins(10, 6, 6, 6)
         layout.addWidget(self.label, 1)
+        layout.addLayout(self.actions_row)
         layout.addWidget(close, 0, Qt.AlignTop)
         self.hide()
 
-    def show_message(self, text: str, kind: str = "error") -> None:
+    def show_message(self, text: str, kind: str = "error", actions=()) -> None:
+        """Show ``text``; ``actions`` are (label, callback) buttons that also dismiss the banner."""
         self.setProperty("kind", kind)
         self.style().unpolish(self)
         self.style().polish(self)
         self.label.setText(text)
+        while self.actions_row.count():
+            self.actions_row.takeAt(0).widget().deleteLater()
+        for label, callback in actions:
+            button = QPushButton(label, objectName="bannerAction")
+            button.clicked.connect(self.hide)
+            button.clicked.connect(callback)
+            self.actions_row.addWidget(button, 0, Qt.AlignTop)
         self.show()
+
+    def action_labels(self) -> list[str]:
+        return [self.actions_row.itemAt(i).widget().text() for i in range(self.actions_row.count())]
+
+    def trigger(self, label: str) -> None:
+        """Press the action button called ``label`` (tests, keyboard users)."""
+        for i in range(self.actions_row.count()):
+            button = self.actions_row.itemAt(i).widget()
+            if button.text() == label:
+                button.click()
+                return
+        raise KeyError(label)
 
     def text(self) -> str:
         return self.label.text() if self.isVisible() else ""
@@ -92,6 +115,7 @@ class MainWindow(QMainWindow):
     generationFinished = Signal()  # the window has rendered and saved a finished answer (or shown why not)
     modelsLoaded = Signal()
     loadFailed = Signal(str)  # after the window showed the message
+    engineDied = Signal()  # after the window kept what it could and offered Reload
 
     def __init__(self, settings: Settings | None = None, store: ConversationStore | None = None,
                  autoload: bool = True):
@@ -99,7 +123,7 @@ class MainWindow(QMainWindow):
         self.settings = settings or Settings.load()
         self.store = store or ConversationStore()
         self.engine = Engine(self)
-        self.gpu = gpu_backend()
+        self.gpu: str | None = None  # the engine process reports its backend once it has started
         self.loaded = False
         self.loading = False
         self.generating = False
@@ -190,15 +214,12 @@ class MainWindow(QMainWindow):
         form.addRow("Context", self.n_ctx)
         form.addRow("Target GPU layers", self.target_layers)
         form.addRow("Draft GPU layers", self.draft_layers)
-        note = QLabel(f"GPU: {self.gpu}. Changes apply at the next Load." if self.gpu
-                      else "This llama.cpp build runs on the CPU only.")
-        note.setObjectName("caption")
-        note.setWordWrap(True)
-        form.addRow(note)
+        self.hardware_note = QLabel("Starting the engine…")
+        self.hardware_note.setObjectName("caption")
+        self.hardware_note.setWordWrap(True)
+        form.addRow(self.hardware_note)
         for spin in (self.target_layers, self.draft_layers):
-            spin.setEnabled(bool(self.gpu))
-            spin.setToolTip("Layers on the GPU: All, or a number (0 = CPU only)" if self.gpu
-                            else "No GPU backend in this llama.cpp build")
+            spin.setEnabled(False)
         left = QWidget(objectName="sidebar")
         lay = QVBoxLayout(left)
         title = QLabel("Conversations")
@@ -285,6 +306,8 @@ class MainWindow(QMainWindow):
 
     def _connect(self) -> None:
         w = self.engine.worker
+        w.ready.connect(self._on_engine_ready)
+        w.died.connect(self._on_engine_died)
         w.loadProgress.connect(self._on_load_progress)
         w.loaded.connect(self._on_loaded)
         w.loadFailed.connect(self._on_load_failed)
@@ -393,7 +416,8 @@ class MainWindow(QMainWindow):
         if load:
             self.load_pair()
 
-    def load_pair(self) -> None:
+    def load_pair(self, profile: profiles.Profile | None = None, why: str = "") -> None:
+        """Load the chosen pair; ``profile`` (with ``why``) when the user picked a safer one after a crash."""
         target = self.target_combo.currentData()
         if not target:
             self.show_error("Pick a target model first (or use Models… to get one).")
@@ -416,7 +440,7 @@ class MainWindow(QMainWindow):
         self.load_progress.show()
         self.cancel_button.show()
         self.model_label.setText("Loading models…")
-        self.engine.load(request)
+        self.engine.load(request, profile, why)
 
     def cancel_load(self) -> None:
         self.engine.cancel_load()
@@ -435,7 +459,7 @@ class MainWindow(QMainWindow):
         self.model_label.setText(f"{pair}  ·  context {target.n_ctx:,} tokens")
         self._show_backend(target)
         rate = self.settings.plain_tokens_per_s.get(target.path)
-        self.engine.worker.set_plain_rate(rate)
+        self.engine.set_plain_rate(rate)
         self._update_controls()
         self.modelsLoaded.emit()
 
@@ -452,6 +476,47 @@ class MainWindow(QMainWindow):
         self.load_progress.hide()
         self.cancel_button.hide()
         self.cancel_button.setEnabled(True)
+
+    def _on_engine_ready(self, gpu: str | None) -> None:
+        self.gpu = gpu
+        self.hardware_note.setText(f"GPU: {gpu}. Changes apply at the next Load." if gpu
+                                   else "This llama.cpp build runs on the CPU only.")
+        for spin in (self.target_layers, self.draft_layers):
+            spin.setEnabled(bool(gpu))
+            spin.setToolTip("Layers on the GPU: All, or a number (0 = CPU only)" if gpu
+                            else "No GPU backend in this llama.cpp build")
+        if not self.loaded:
+            self._show_backend(None)
+
+    def _on_engine_died(self, death) -> None:
+        """The engine process crashed: keep the window, the conversation and the answer so far."""
+        if self._live is not None:
+            self.engine.batcher.flush()
+            self._keep_partial_answer(f"The engine stopped ({death.how}); the answer so far is kept.")
+            self.generating = False
+            self.document.show_progress("")
+            self.statusBar().clearMessage()
+            self.replay_label.setText("")
+            if self.current is not None:
+                self.transcript.show_messages(self.current.messages)
+        self.loading = False
+        self.loaded = False
+        self._end_load()
+        self.model_label.setText("No model loaded: the engine stopped")
+        self._show_backend(None)
+        actions = [("Reload", self.load_pair)]
+        safer = profiles.safer_than(death.profile, bool(self.gpu)) if death.during_load else None
+        if safer is not None:
+            why = f"the {death.profile.name} profile crashed ({death.how}) while {death.activity}"
+            actions.insert(0, (f"Reload with the {safer.name} profile",
+                               lambda: self.load_pair(profile=safer, why=why)))
+        message = death.message()
+        if safer is not None:
+            message += (f" This happened {'during the load' if death.activity.startswith('loading') else 'at the first decode'}"
+                        f": the {safer.name} profile ({safer.description}) may avoid it.")
+        self.show_error(message, actions)
+        self._update_controls()
+        self.engineDied.emit()
 
     def _show_backend(self, facts) -> None:
         if facts is None:
@@ -903,22 +968,24 @@ class MainWindow(QMainWindow):
 
     # ------------------------------------------------------------------ errors and closing
 
-    def show_error(self, message: str) -> None:
-        self.banner.show_message(message)
+    def show_error(self, message: str, actions=()) -> None:
+        self.banner.show_message(message, actions=actions)
+
+    def _keep_partial_answer(self, note: str) -> None:
+        """Store the answer being written as it stands after the last cycle received."""
+        live, self._live = self._live, None
+        conv = live["conversation"]
+        conv.messages.append(Message("assistant", "".join(c.text for c in live["cycles"]),
+                                     cycles=cycle_records(live["cycles"], live["stages"]),
+                                     stats=answer_stats(live["snapshot"]) if live["snapshot"] else {},
+                                     mode=self.mode_combo.currentData(), finish="stopped", note=note))
+        self._save(conv)
 
     def closeEvent(self, event) -> None:
-        live = self._live
-        if live is not None:
+        if self._live is not None:
             # Closing mid-generation: keep the partial answer, as Stop would.
             self.engine.stop()
-            conv = live["conversation"]
-            conv.messages.append(Message("assistant", "".join(c.text for c in live["cycles"]),
-                                         cycles=cycle_records(live["cycles"], live["stages"]),
-                                         stats=answer_stats(live["snapshot"]) if live["snapshot"] else {},
-                                         mode=self.mode_combo.currentData(), finish="stopped",
-                                         note="Stopped when the window closed; the answer so far is kept."))
-            self._save(conv)
-            self._live = None
+            self._keep_partial_answer("Stopped when the window closed; the answer so far is kept.")
         self.settings.geometry = bytes(self.saveGeometry().toHex()).decode()
         self._save_settings()
         self.engine.shutdown()

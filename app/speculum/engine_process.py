@@ -1,0 +1,176 @@
+"""The engine in a child process, so that a native crash ends the engine, not the window.
+
+llama.cpp can abort the whole process: an AMX kernel, a Metal or CUDA out-of-memory abort,
+a GPU driver fault, a ``GGML_ASSERT`` on an unusual model. The window therefore never
+loads it: ``EngineProcess`` spawns a fresh Python running ``_engine_main``, sends it
+commands down a pipe and reads ``EngineRunner`` reports back on a thread of its own. Stop
+and load-cancel are shared events the child polls between target passes. When the pipe
+breaks, ``on_exit`` gets the exit code, and ``describe_exit`` names the signal.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import threading
+from typing import Callable
+
+# Test-only fault injection, read by the engine process alone: "load", "first_decode" or
+# "mid_generation" makes it crash there with a real segmentation fault.
+CRASH_SWITCH = "SPECULUM_TEST_CRASH"
+MID_GENERATION_CYCLE = 4  # the cycle at which "mid_generation" crashes (earlier ones reach the window)
+
+# Windows reports a crash as an NTSTATUS exit code, not a signal.
+_WINDOWS_CRASHES = {
+    0xC0000005: "access violation",
+    0xC000001D: "illegal instruction",
+    0xC0000409: "stack buffer overrun (abort)",
+    0xC00000FD: "stack overflow",
+    0xC0000017: "out of memory",
+    0x40000015: "abort",
+}
+
+
+def describe_exit(code: int | None) -> str:
+    """How the engine process ended, in words: 'signal SIGSEGV (Segmentation fault)'."""
+    if code is None:
+        return "no exit status"
+    if code < 0:
+        try:
+            sig = signal.Signals(-code)
+        except ValueError:
+            return f"signal {-code}"
+        words = signal.strsignal(sig) if hasattr(signal, "strsignal") else ""
+        return f"signal {sig.name}" + (f" ({words})" if words else "")
+    if (code & 0xFFFFFFFF) in _WINDOWS_CRASHES:
+        return f"{_WINDOWS_CRASHES[code & 0xFFFFFFFF]} (exit code 0x{code & 0xFFFFFFFF:08X})"
+    return f"exit code {code}"
+
+
+def _crash() -> None:
+    """A real native crash, as llama.cpp's would be: a read of address 0."""
+    import ctypes
+
+    ctypes.string_at(0)
+
+
+def _engine_main(conn, stop, cancel_load) -> None:
+    """The engine process: run commands until told to quit or the window's end of the pipe closes."""
+    from .engine import llama, profiles
+    from .engine.session import LoadOptions
+    from .runner import EngineRunner
+
+    crash_at = os.environ.get(CRASH_SWITCH, "")
+    conn.send(("ready", llama.gpu_backend()))
+
+    def report(*event) -> None:
+        if crash_at == "load" and event[0] == "load_progress" and event[2] > 0:
+            _crash()
+        conn.send(event)
+
+    runner = EngineRunner(report, stop, cancel_load)
+    fresh = False  # no cycle decoded since the last load
+    to_remember = None  # (profile, why): a profile chosen after a crash, remembered once it decodes
+
+    def on_cycle(cycle) -> None:
+        nonlocal fresh, to_remember
+        if crash_at == "first_decode" and fresh:
+            _crash()
+        if crash_at == "mid_generation" and cycle.index == MID_GENERATION_CYCLE:
+            _crash()
+        fresh = False
+        if to_remember is not None:
+            profiles.remember(*to_remember)
+            to_remember = None
+
+    while True:
+        try:
+            command, *args = conn.recv()
+        except (EOFError, OSError):
+            break
+        try:
+            if command == "load":
+                request, profile_name, why = args
+                if profile_name:  # chosen after a crash: remembered once it loads and decodes
+                    profile = profiles.by_name(profile_name)
+                    to_remember = (profile, why) if why else None
+                else:
+                    profile, why = profiles.remembered()
+                conn.send(("profile", profile.name, why))
+                options = profile.apply(LoadOptions(n_ctx=request.n_ctx, target_gpu_layers=request.target_gpu_layers,
+                                                    draft_gpu_layers=request.draft_gpu_layers))
+                fresh = runner.load(request, options)
+            elif command == "generate":
+                runner.generate(args[0], on_cycle)
+            elif command == "plain_rate":
+                runner.set_plain_rate(args[0])
+            elif command == "quit":
+                break
+        except Exception as exc:  # a Python error still reaches the window as words
+            import traceback
+
+            traceback.print_exc()
+            conn.send(("load_failed" if command == "load" else "failed",
+                       f"The engine failed: {exc.__class__.__name__}: {exc}"))
+    runner.close_models()
+
+
+class EngineProcess:
+    """One engine process: commands in, reports out (``on_event(kind, *payload)`` on a reader thread).
+
+    ``on_exit(code)`` runs on the reader thread when the process ends without being asked to.
+    """
+
+    def __init__(self, on_event: Callable[..., None], on_exit: Callable[[int | None], None]):
+        ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no threads or Qt state copied
+        self.stop = ctx.Event()
+        self.cancel_load = ctx.Event()
+        self._conn, child_conn = ctx.Pipe()
+        self._on_event = on_event
+        self._on_exit = on_exit
+        self._ending = False
+        self._send_lock = threading.Lock()
+        self.process = ctx.Process(target=_engine_main, args=(child_conn, self.stop, self.cancel_load),
+                                   name="speculum-engine", daemon=True)
+        self.process.start()
+        child_conn.close()  # the child holds its own end: its death closes the pipe for our reader
+        self._reader = threading.Thread(target=self._read, name="speculum-engine-reader", daemon=True)
+        self._reader.start()
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
+    def send(self, *command) -> bool:
+        """Queue a command; False when the process is gone (its exit is being reported)."""
+        try:
+            with self._send_lock:
+                self._conn.send(command)
+            return True
+        except (OSError, ValueError):
+            return False
+
+    def _read(self) -> None:
+        while True:
+            try:
+                event = self._conn.recv()
+            except (EOFError, OSError):
+                break
+            self._on_event(*event)
+        self._conn.close()
+        self.process.join(10)
+        if not self._ending:
+            self._on_exit(self.process.exitcode)
+
+    def end(self, timeout: float = 5.0) -> None:
+        """Ask the process to quit (stopping what it runs); kill it if it does not within ``timeout``.
+        Its memory, the models included, goes back to the operating system."""
+        self._ending = True
+        self.stop.set()
+        self.cancel_load.set()
+        self.send("quit")
+        self.process.join(timeout)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(timeout)

@@ -1,0 +1,232 @@
+"""What the engine process does with the window's requests, without Qt.
+
+``EngineRunner`` owns the loaded models and runs one request at a time: a chat answer, or a
+document summary (in parts when the document is longer than the context). It reports through
+a plain callback, so the same code runs in the engine process and, for tests, in-process.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+from . import summarise
+from .engine.session import LoadOptions, load_decoder
+from .engine.sampling import SamplingParams
+from .engine.stats import Stats
+from .errors import SpeculumError
+
+
+@dataclass
+class LoadRequest:
+    target: str
+    draft: str | None = None
+    n_ctx: int = 4096
+    target_gpu_layers: int | None = None  # None: all on the GPU when there is one
+    draft_gpu_layers: int | None = None
+
+
+@dataclass
+class GenerationRequest:
+    conversation_id: str
+    messages: list[dict]  # the conversation so far, ending with the new user turn
+    mode: str = "auto"
+    k: int = 0  # 0: adaptive; otherwise forced modes draft exactly k
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_tokens: int = 256
+    document: str | None = None  # set: summarise this document (in parts when long)
+
+
+@dataclass
+class StatsSnapshot:
+    """What the stats panel shows after a cycle; computed here so widgets only display."""
+    acceptance_rate: float = 0.0
+    acceptance_by_position: list[float] = field(default_factory=list)
+    tokens_per_s: float = 0.0
+    tokens_per_pass: float = 0.0
+    tokens: int = 0
+    seconds: float = 0.0
+    drafted: int = 0
+    speedup: float | None = None  # against plain decoding on this machine
+    speedup_source: str = ""  # "policy estimate" or "measured"
+    policy: dict = field(default_factory=dict)
+    prompt_tokens: int = 0  # decoded this time (the rest came from the KV cache)
+    prompt_total: int = 0
+    prompt_reused: int = 0  # prompt tokens found in the KV cache of the conversation so far
+
+
+@dataclass
+class CycleEvent:
+    cycle: object  # speculum.engine.cycle.Cycle
+    snapshot: StatsSnapshot
+    stage: str = ""  # "Part 2 of 5", "Combining" for a long document; "" otherwise
+
+
+@dataclass
+class GenerationResult:
+    conversation_id: str
+    text: str
+    cycles: list  # Cycle objects of the final answer (all stages for a long document)
+    snapshot: StatsSnapshot
+    finish: str | None
+    note: str
+    mode: str
+    part_summaries: list[str] = field(default_factory=list)
+
+
+def snapshot_of(stats, cycle, plain_tokens_per_s: float | None, prompt_total: int = 0) -> StatsSnapshot:
+    """Stats after ``cycle``; the speedup comes from the policy's estimate when it gives one."""
+    policy = dict(cycle.policy or {})
+    speedup, source = None, ""
+    if policy.get("expected_speedup"):
+        speedup, source = float(policy["expected_speedup"]), "policy estimate"
+    else:
+        plain = policy.get("plain_tokens_per_s") or plain_tokens_per_s
+        if plain and stats.tokens_per_s:
+            speedup, source = stats.tokens_per_s / plain, "measured"
+    return StatsSnapshot(
+        acceptance_rate=stats.acceptance_rate,
+        acceptance_by_position=stats.acceptance_by_position,
+        tokens_per_s=stats.tokens_per_s,
+        tokens_per_pass=stats.tokens_per_pass,
+        tokens=stats.tokens,
+        seconds=stats.seconds,
+        drafted=stats.drafted,
+        speedup=speedup,
+        speedup_source=source,
+        policy=policy,
+        prompt_tokens=stats.prompt_tokens,
+        prompt_total=prompt_total,
+        # The prompt's last token is decoded with the first cycle, so it is neither.
+        prompt_reused=max(prompt_total - 1 - stats.prompt_tokens, 0) if prompt_total else 0,
+    )
+
+
+def replay_snapshots(cycles: list, plain_tokens_per_s: float | None = None,
+                     prompt_tokens: int = 0, prompt_total: int = 0) -> list[StatsSnapshot]:
+    """The stats as they stood after each stored cycle, for replay (the prompt's counts as stored)."""
+    stats = Stats(prompt_tokens=prompt_tokens)
+    out = []
+    for cycle in cycles:
+        stats.add(cycle)
+        out.append(snapshot_of(stats, cycle, plain_tokens_per_s, prompt_total))
+    return out
+
+
+class PlainRate:
+    """Plain decoding speed of the loaded target, measured from plain steps on this machine."""
+
+    def __init__(self, tokens_per_s: float | None = None):
+        self.tokens_per_s = tokens_per_s
+
+    def observe(self, cycle) -> None:
+        if cycle.source == "none" and len(cycle.emitted) == 1 and cycle.seconds > 0:
+            rate = 1.0 / cycle.seconds
+            # A running mean that forgets slowly: one slow step must not swing it.
+            self.tokens_per_s = rate if self.tokens_per_s is None else 0.9 * self.tokens_per_s + 0.1 * rate
+
+
+# Events the runner reports: (kind, *payload). The engine process sends them down its pipe.
+Report = Callable[..., None]
+
+
+class EngineRunner:
+    """The loaded models and the requests run on them, one at a time."""
+
+    def __init__(self, report: Report, stop=None, cancel_load=None):
+        self.report = report
+        # Anything with is_set(): threading.Event in-process, multiprocessing.Event across processes.
+        self.stop = stop if stop is not None else threading.Event()
+        self.cancel_load = cancel_load if cancel_load is not None else threading.Event()
+        self.decoder = None
+        self.target_path = ""
+        self.plain = PlainRate()
+
+    # -- loading --
+
+    def load(self, request: LoadRequest, options: LoadOptions) -> bool:
+        self.close_models()
+
+        def progress(stage: str, fraction: float) -> bool:
+            self.report("load_progress", stage, fraction)
+            return not self.cancel_load.is_set()
+
+        try:
+            self.decoder = load_decoder(request.target, request.draft, options, progress)
+        except SpeculumError as exc:
+            self.report("load_failed", "Loading was cancelled." if self.cancel_load.is_set() else str(exc))
+            return False
+        self.target_path = request.target
+        self.plain = PlainRate()
+        d = self.decoder
+        self.report("loaded", d.target.facts, d.draft.facts if d.draft is not None else None)
+        return True
+
+    def set_plain_rate(self, tokens_per_s: float | None) -> None:
+        self.plain = PlainRate(tokens_per_s)
+
+    def close_models(self) -> None:
+        if self.decoder is not None:
+            self.decoder.target.close()
+            if self.decoder.draft is not None:
+                self.decoder.draft.close()
+            self.decoder = None
+
+    # -- generating --
+
+    def generate(self, request: GenerationRequest, on_cycle: Callable[[object], None] | None = None) -> None:
+        """Run ``request``, reporting each cycle, then "finished" or "failed".
+
+        ``on_cycle`` sees each Cycle first (the engine process's fault injection for tests).
+        """
+        if self.decoder is None:
+            self.report("failed", "No model is loaded. Pick a target model and press Load.")
+            return
+        try:
+            if request.document is None:
+                steps = (("", cycle) for cycle in self._cycles(request, request.messages))
+                result = self._follow(request, steps, on_cycle)
+            else:
+                summary = summarise.DocumentSummary(self.decoder.target, request.document, request.max_tokens,
+                                                    lambda messages: self._cycles(request, messages))
+                result = self._follow(request, summary, on_cycle)
+                result.text, result.part_summaries = summary.text, summary.part_summaries
+                if summary.stopped_at:
+                    result.finish = "stopped"
+                    result.note = (f"Stopped during {summary.stopped_at.lower()}; the part summaries "
+                                   "so far are kept.")
+        except SpeculumError as exc:
+            self.report("failed", str(exc))
+            return
+        if self.plain.tokens_per_s:
+            self.report("plain_rate", self.target_path, self.plain.tokens_per_s)
+        self.report("finished", result)
+
+    def _cycles(self, request: GenerationRequest, messages: list[dict]):
+        target = self.decoder.target
+        prompt = target.tokenize(target.apply_chat_template(messages))
+        self._prompt_total = len(prompt)
+        sampling = SamplingParams(temperature=request.temperature, top_p=request.top_p)
+        return self.decoder.generate(prompt, max_tokens=request.max_tokens, sampling=sampling,
+                                     policy=request.mode, k=request.k or 4, fixed_k=request.k > 0,
+                                     stop=self.stop, want_probs=True)
+
+    def _follow(self, request: GenerationRequest, steps, on_cycle) -> GenerationResult:
+        """Report each (stage, cycle) as it comes; the result of the whole run."""
+        text, cycles, last, snap, stage_now = [], [], None, StatsSnapshot(), ""
+        for stage, cycle in steps:
+            if on_cycle is not None:
+                on_cycle(cycle)
+            if stage != stage_now:
+                stage_now = stage
+                self.report("stage", "Combining the part summaries" if stage == "Combining" else stage)
+            self.plain.observe(cycle)
+            snap = snapshot_of(self.decoder.stats, cycle, self.plain.tokens_per_s, self._prompt_total)
+            self.report("cycle", CycleEvent(cycle, snap, stage))
+            text.append(cycle.text)
+            cycles.append(cycle)
+            last = cycle
+        return GenerationResult(request.conversation_id, "".join(text), cycles, snap,
+                                last.finish if last else None, last.message if last else "", request.mode)

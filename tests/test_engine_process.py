@@ -1,0 +1,152 @@
+"""The engine in its own process: a native crash there leaves the window, the conversation
+and the answer so far, and Reload brings the engine back.
+
+Crashes are real segmentation faults, injected into the engine process alone through its
+test-only switch (``engine_process.CRASH_SWITCH``) at named points.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+
+import pytest
+from PySide6.QtCore import Qt
+
+from speculum import paths
+from speculum.engine import profiles
+from speculum.engine_process import CRASH_SWITCH, MID_GENERATION_CYCLE, EngineProcess, describe_exit
+from speculum.runner import LoadRequest
+
+from test_gui_window import GENERATE_MS, LOAD_MS, open_window, send  # noqa: F401  (fixture)
+
+SEGV = "SIGSEGV"
+
+
+def test_exit_codes_are_named_in_words():
+    assert describe_exit(-signal.SIGSEGV) == "signal SIGSEGV (Segmentation fault)"
+    assert describe_exit(-signal.SIGKILL).startswith("signal SIGKILL")
+    assert describe_exit(0xC0000005) == "access violation (exit code 0xC0000005)"
+    assert describe_exit(3) == "exit code 3"
+
+
+def test_a_crash_in_the_engine_process_is_reported_with_its_signal(smollm_path, monkeypatch, data_dirs):
+    monkeypatch.setenv(CRASH_SWITCH, "load")
+    events, exits, done = [], [], threading.Event()
+
+    def on_exit(code):
+        exits.append(code)
+        done.set()
+
+    engine = EngineProcess(lambda *event: events.append(event), on_exit)
+    engine.send("load", LoadRequest(str(smollm_path), n_ctx=512), "", "")
+    assert done.wait(120), "the engine process should have crashed during the load"
+    assert exits == [-signal.SIGSEGV]
+    kinds = [e[0] for e in events]
+    assert kinds[0] == "ready" and "profile" in kinds and "loaded" not in kinds
+    assert os.getpid() != engine.pid  # this test process is still here to say so
+
+
+def _crash_window(open_window, monkeypatch, smollm_path, point, **settings):
+    monkeypatch.setenv(CRASH_SWITCH, point)
+    return open_window(smollm_path, load=False, mode="off", max_tokens=32, **settings)
+
+
+def test_crash_mid_generation_keeps_the_partial_answer_and_reload_answers_again(
+        qtbot, open_window, monkeypatch, smollm_path):
+    w = _crash_window(open_window, monkeypatch, smollm_path, "mid_generation")
+    with qtbot.waitSignal(w.modelsLoaded, timeout=LOAD_MS):
+        w.load_pair()
+    old_pid = w.engine.pid
+    with qtbot.waitSignal(w.engineDied, timeout=GENERATE_MS):
+        w.send("Count from one to twenty in words.")
+    assert w.isVisible()
+    assert SEGV in w.banner.text() and "generating an answer" in w.banner.text()
+    assert w.banner.action_labels() == ["Reload"]  # not a load problem: no safer profile offered
+    assert not w.generating and not w.loaded and w.send_button.isEnabled()
+    # The conversation file holds the question and the answer up to the last cycle received.
+    saved = json.loads((paths.data_dir() / "conversations" / f"{w.current.id}.json").read_text())
+    question, answer = saved["messages"][-2:]
+    assert question["role"] == "user" and "Count from one" in question["content"]
+    assert answer["role"] == "assistant" and answer["content"].strip() and SEGV in answer["note"]
+    assert 1 <= len(answer["cycles"]) <= MID_GENERATION_CYCLE
+    assert answer["content"] == "".join(c["text"] for c in answer["cycles"])
+
+    monkeypatch.delenv(CRASH_SWITCH)
+    with qtbot.waitSignal(w.modelsLoaded, timeout=LOAD_MS):
+        w.banner.trigger("Reload")
+    assert w.engine.pid != old_pid
+    answer = send(qtbot, w, "Say hello.")
+    assert answer.role == "assistant" and answer.content.strip() and answer.finish != "stopped"
+
+
+def test_crash_during_load_offers_the_safe_profile_which_is_then_remembered(
+        qtbot, open_window, monkeypatch, smollm_path):
+    w = _crash_window(open_window, monkeypatch, smollm_path, "load")
+    with qtbot.waitSignal(w.engineDied, timeout=LOAD_MS):
+        w.load_pair()
+    assert SEGV in w.banner.text() and "loading the models" in w.banner.text()
+    assert w.model_label.text().startswith("No model loaded") and w.load_progress.isHidden()
+    assert w.banner.action_labels() == ["Reload with the safe profile", "Reload"]
+
+    monkeypatch.delenv(CRASH_SWITCH)
+    profiles_seen = []
+    w.engine.worker.profileChosen.connect(lambda name, why: profiles_seen.append((name, why)))
+    with qtbot.waitSignal(w.modelsLoaded, timeout=LOAD_MS):
+        w.banner.trigger("Reload with the safe profile")
+    assert profiles_seen[-1][0] == "safe"
+    send(qtbot, w, "Say hello.")
+    # Loaded and decoded with the safe profile: this machine remembers it, the CLI reads it too.
+    profile, why = profiles.remembered()
+    assert profile.name == "safe" and SEGV in why and "loading the models" in why
+
+    w2 = open_window(smollm_path, load=False)
+    seen2 = []
+    w2.engine.worker.profileChosen.connect(lambda name, why: seen2.append(name))
+    with qtbot.waitSignal(w2.modelsLoaded, timeout=LOAD_MS):
+        w2.load_pair()
+    assert seen2 == ["safe"]
+
+
+def test_crash_at_the_first_decode_offers_the_safe_profile(qtbot, open_window, monkeypatch, smollm_path):
+    w = _crash_window(open_window, monkeypatch, smollm_path, "first_decode")
+    with qtbot.waitSignal(w.modelsLoaded, timeout=LOAD_MS):
+        w.load_pair()
+    with qtbot.waitSignal(w.engineDied, timeout=GENERATE_MS):
+        w.send("Say hello.")
+    assert SEGV in w.banner.text()
+    assert w.banner.action_labels()[0] == "Reload with the safe profile"
+    assert "at the first decode" in w.banner.text()
+    # Nothing was decoded: the question is kept, with an empty answer that says why.
+    assert w.current.messages[-2].content == "Say hello."
+    monkeypatch.delenv(CRASH_SWITCH)
+    with qtbot.waitSignal(w.modelsLoaded, timeout=LOAD_MS):
+        w.banner.trigger("Reload")
+    assert send(qtbot, w, "Say hello.").content.strip()
+
+
+def test_stop_reaches_the_engine_process_within_a_pass(qtbot, open_window, smollm_path):
+    w = open_window(smollm_path, mode="off", max_tokens=400)
+    seen = []
+    w.engine.worker.cycleReady.connect(seen.append, Qt.DirectConnection)
+    with qtbot.waitSignal(w.generationFinished, timeout=GENERATE_MS):
+        w.input.setPlainText("Write a long story about a lighthouse keeper.")
+        qtbot.keyClick(w.input, Qt.Key_Return)
+        qtbot.waitUntil(lambda: len(seen) >= 3, timeout=GENERATE_MS)
+        w.stop()
+    answer = w.current.messages[-1]
+    assert answer.finish == "stopped"
+    assert len(answer.cycles) < 200  # far short of max_tokens: it stopped, it did not run out
+
+
+def test_loading_other_models_ends_the_old_engine_process(qtbot, open_window, smollm_path):
+    w = open_window(smollm_path)
+    first = w.engine._process.process
+    with qtbot.waitSignal(w.modelsLoaded, timeout=LOAD_MS):
+        w.load_pair()
+    assert w.engine.pid != first.pid
+    assert not first.is_alive() and first.exitcode == 0  # it quit when asked, and its memory went with it
+    w.close()
+    assert not w.engine.is_alive()
