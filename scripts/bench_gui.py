@@ -127,7 +127,7 @@ def main() -> int:
     window.set_pair(model, args.draft, load=False)
     # As a user would: the window has been open a moment (its engine process started) before Load.
     started = []
-    window.engine.worker.ready.connect(started.append)
+    window.engine.worker.ready.connect(lambda *info: started.append(info))
     while not started:
         app.processEvents()
         time.sleep(0.005)

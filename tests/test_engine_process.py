@@ -49,6 +49,25 @@ def test_a_crash_in_the_engine_process_is_reported_with_its_signal(smollm_path, 
     assert os.getpid() != engine.pid  # this test process is still here to say so
 
 
+def test_the_engine_process_waits_for_threads_as_speculum_sets_it_before_llama_cpp_loads(data_dirs, monkeypatch):
+    from speculum.engine import threads
+
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    ready = threading.Event()
+    seen = []
+    engine = EngineProcess(lambda *event: (seen.append(event), ready.set()), lambda code: None)
+    try:
+        assert ready.wait(60)
+    finally:
+        engine.end()
+    kind, _gpu, setting = seen[0]
+    assert kind == "ready"
+    assert setting["GOMP_SPINCOUNT"] == str(threads.SPIN_COUNT) and setting["source"] == "Speculum"
+    assert setting["set_before_libgomp_loaded"] is True
+    assert setting["libgomp_loaded"] is True  # llama.cpp's OpenMP runtime, which reads it, is loaded
+
+
 def _crash_window(open_window, monkeypatch, smollm_path, point, **settings):
     monkeypatch.setenv(CRASH_SWITCH, point)
     return open_window(smollm_path, load=False, mode="off", max_tokens=32, **settings)

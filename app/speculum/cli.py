@@ -102,7 +102,7 @@ def cmd_bench(args) -> int:
 
 def cmd_doctor(args) -> int:
     from . import qtcheck
-    from .engine import llama, profiles
+    from .engine import llama, profiles, threads
 
     try:
         from PySide6 import __version__ as qt_version
@@ -117,6 +117,7 @@ def cmd_doctor(args) -> int:
         ("Compute backend", gpu or "CPU"),
         ("GPU offload", "supported" if gpu else "not supported by this llama.cpp build"),
         ("Threads", str(llama.default_threads())),
+        ("Thread wait", _thread_wait(threads.in_effect())),
         ("System", f"{platform.system()} {platform.machine()}"),
         ("Models folder", str(paths.models_dir())),
         ("Data folder", str(paths.data_dir())),
@@ -134,6 +135,14 @@ def cmd_doctor(args) -> int:
         print("speculum: warning: this llama.cpp has AMX kernels, which crash on CPUs with AMX; "
               "bash scripts/setup-env.sh builds one without them.", file=sys.stderr)
     return 0
+
+
+def _thread_wait(setting: dict) -> str:
+    if setting.get("OMP_WAIT_POLICY"):
+        text = f"OMP_WAIT_POLICY={setting['OMP_WAIT_POLICY']}"
+    else:
+        text = f"GOMP_SPINCOUNT={setting.get('GOMP_SPINCOUNT')}"
+    return f"{text} (set by {setting.get('source')})"
 
 
 def cmd_gui(args) -> int:

@@ -57,12 +57,12 @@ def _crash() -> None:
 
 def _engine_main(conn, stop, cancel_load) -> None:
     """The engine process: run commands until told to quit or the window's end of the pipe closes."""
-    from .engine import llama, profiles
+    from .engine import llama, profiles, threads
     from .engine.session import LoadOptions
     from .runner import EngineRunner
 
     crash_at = os.environ.get(CRASH_SWITCH, "")
-    conn.send(("ready", llama.gpu_backend()))
+    conn.send(("ready", llama.gpu_backend(), threads.in_effect()))
 
     def report(*event) -> None:
         if crash_at == "load" and event[0] == "load_progress" and event[2] > 0:

@@ -21,8 +21,10 @@ import numpy as np
 
 from ..errors import ContextFullError, SpeculumError
 from ..models.gguf import GGUFHeader, check_gguf_file
+from . import threads
 from .backend import TokenPieces, usable_cores
 
+threads.apply()  # how llama.cpp's threads wait: libgomp reads it when llama_cpp loads it, below
 import llama_cpp as lc  # noqa: E402  (after our imports: its own logger is replaced below)
 
 # --- llama.cpp's log: kept quiet, the last lines remembered for error messages -------------

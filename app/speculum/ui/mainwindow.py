@@ -477,7 +477,7 @@ class MainWindow(QMainWindow):
         self.cancel_button.hide()
         self.cancel_button.setEnabled(True)
 
-    def _on_engine_ready(self, gpu: str | None) -> None:
+    def _on_engine_ready(self, gpu: str | None, _threads: dict) -> None:
         self.gpu = gpu
         self.hardware_note.setText(f"GPU: {gpu}. Changes apply at the next Load." if gpu
                                    else "This llama.cpp build runs on the CPU only.")

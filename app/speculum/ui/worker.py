@@ -100,7 +100,7 @@ class CycleBatcher(QObject):
 
 class EngineSignals(QObject):
     """What the engine reports, as signals; emitted on the reader thread, delivered queued."""
-    ready = Signal(object)  # the engine process's GPU backend name, or None
+    ready = Signal(object, object)  # the engine process's GPU backend name (or None), its thread wait setting
     profileChosen = Signal(str, str)  # the engine profile a load uses, and why (empty: standard)
     loadProgress = Signal(str, float)  # stage ("target"/"draft"), fraction
     loaded = Signal(object, object)  # target ModelFacts, draft ModelFacts or None
