@@ -127,6 +127,8 @@ def test_crash_during_load_offers_the_safe_profile_which_is_then_remembered(
     with qtbot.waitSignal(w2.modelsLoaded, timeout=LOAD_MS):
         w2.load_pair()
     assert seen2 == ["safe"]
+    assert w2.backend_label.text().endswith("· safe profile")
+    assert "remembered because" in w2.backend_label.toolTip()
 
 
 def test_crash_at_the_first_decode_offers_the_safe_profile(qtbot, open_window, monkeypatch, smollm_path):

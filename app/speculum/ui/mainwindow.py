@@ -525,6 +525,12 @@ class MainWindow(QMainWindow):
             text = "Backend: CPU"
         else:
             text = f"Backend: {facts.backend} · {facts.n_gpu_layers if facts.n_gpu_layers < 10**5 else 'all'} layers"
+        profile = self.engine.profile
+        if facts is not None and profile is not profiles.STANDARD:
+            text += f" · {profile.name} profile"
+            self.backend_label.setToolTip(profiles.describe(profile, self.engine.profile_why))
+        else:
+            self.backend_label.setToolTip("")
         self.backend_label.setText(text)
 
     def _on_plain_rate(self, target: str, tokens_per_s: float) -> None:
