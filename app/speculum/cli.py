@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+from pathlib import Path
 import sys
 
 from . import __version__, paths
@@ -137,6 +138,30 @@ def cmd_doctor(args) -> int:
     return 0
 
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def cmd_serve(args) -> int:
+    """An OpenAI-compatible API over the loaded pair, until Ctrl-C."""
+    import uvicorn
+
+    from .server.api import create_app
+    from .server.service import ServedModel
+
+    if args.host not in LOOPBACK and not args.api_key:
+        raise SpeculumError(f"Serving on {args.host} makes the model reachable from other machines: "
+                            "pass --api-key KEY (clients send Authorization: Bearer KEY).")
+    if args.n_ctx:
+        args.ctx = args.n_ctx
+    decoder = _load(args)
+    model_id = args.model_id or Path(args.target).stem
+    served = ServedModel(decoder, model_id, mode=args.mode, max_waiting=args.max_waiting)
+    app = create_app(served, api_key=args.api_key, cors_origins=args.cors_origin or None)
+    print(f"Serving {model_id} ({args.mode} mode) at http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    return 0
+
+
 def _thread_wait(setting: dict) -> str:
     if setting.get("OMP_WAIT_POLICY"):
         text = f"OMP_WAIT_POLICY={setting['OMP_WAIT_POLICY']}"
@@ -183,6 +208,18 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--fixed-k", action="store_true", help="draft and lookup modes draft exactly k tokens every cycle")
     b.add_argument("--json", action="store_true")
     b.set_defaults(func=cmd_bench)
+
+    s = sub.add_parser("serve", help="an OpenAI-compatible API (chat, completions, Predicted Outputs)")
+    _add_model_options(s)
+    s.add_argument("--n-ctx", type=int, help="context size in tokens (same as --ctx)")
+    s.add_argument("--mode", choices=("auto", "off", "draft", "lookup"), default="auto")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    s.add_argument("--port", type=int, default=8080)
+    s.add_argument("--api-key", help="required as 'Authorization: Bearer KEY' (needed to listen beyond this machine)")
+    s.add_argument("--model-id", help="the model name clients use (default: the target file's name)")
+    s.add_argument("--max-waiting", type=int, default=8, help="requests that may wait for the model (then 429)")
+    s.add_argument("--cors-origin", action="append", help="allow browser pages from this origin (repeatable)")
+    s.set_defaults(func=cmd_serve)
 
     d = sub.add_parser("doctor", help="versions, compute backend, folders")
     d.set_defaults(func=cmd_doctor)

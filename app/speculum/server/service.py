@@ -1,0 +1,194 @@
+"""Completions on the loaded models for the HTTP API: one sequence, requests in arrival order.
+
+The decoder is synchronous and owns one KV cache, so requests take turns (a FIFO lock) and a
+bounded number may wait; beyond that the caller is told to come back (``Busy``). Each
+generation runs on a thread of its own and hands its cycles to the event loop; a consumer
+that goes away (a client disconnecting) sets the stop event, and the decoder stops within
+one target pass. A request that extends an earlier conversation finds its prefix in the KV
+cache: the decoder reuses the longest common prefix by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+from ..engine.sampling import SamplingParams
+from ..engine.stats import Stats
+from ..errors import ContextFullError, SpeculumError
+
+
+class Busy(SpeculumError):
+    """Too many requests are waiting; ``retry_after`` seconds is a fair guess."""
+
+    def __init__(self, waiting: int, retry_after: int):
+        super().__init__(f"The server is busy: {waiting} requests are waiting for the model. Retry shortly.")
+        self.retry_after = retry_after
+
+
+class BadRequest(SpeculumError):
+    """A request the model cannot run as given (the prompt does not fit, ...)."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.param = param
+        self.code = code
+
+
+@dataclass
+class Completion:
+    """One request, parsed and tokenized."""
+    prompt: list[int]
+    max_tokens: int
+    sampling: SamplingParams
+    stop: list[str] = field(default_factory=list)
+    prediction: str | None = None
+
+
+@dataclass
+class Delta:
+    text: str
+
+
+@dataclass
+class Done:
+    finish_reason: str  # "stop" or "length"
+    usage: dict
+    speculum: dict  # Speculum's own numbers: acceptance, tokens per pass, tokens/s, passes by drafter
+
+
+class StopSequences:
+    """Holds back text that could still turn into a stop sequence; cuts at the first one found."""
+
+    def __init__(self, stops: list[str]):
+        self.stops = [s for s in stops if s]
+        self.pending = ""
+        self.stopped = False
+
+    def feed(self, text: str) -> str:
+        """The text that is safe to send now."""
+        if not self.stops:
+            return text
+        self.pending += text
+        cut = min((at for at in (self.pending.find(s) for s in self.stops) if at >= 0), default=-1)
+        if cut >= 0:
+            out, self.pending, self.stopped = self.pending[:cut], "", True
+            return out
+        # Keep the longest tail that is the start of some stop sequence.
+        hold = max((n for s in self.stops for n in range(min(len(s) - 1, len(self.pending)), 0, -1)
+                    if self.pending.endswith(s[:n])), default=0)
+        out, self.pending = self.pending[:len(self.pending) - hold], self.pending[len(self.pending) - hold:]
+        return out
+
+    def flush(self) -> str:
+        out, self.pending = self.pending, ""
+        return out
+
+
+def speculum_numbers(stats: Stats) -> dict:
+    return {"acceptance_rate": round(stats.acceptance_rate, 4), "tokens_per_pass": round(stats.tokens_per_pass, 4),
+            "tokens_per_s": round(stats.tokens_per_s, 3), "passes": stats.passes,
+            "passes_by_drafter": {str(k): v for k, v in stats.passes_by_source.items()},
+            "drafted": stats.drafted, "accepted": stats.accepted}
+
+
+class ServedModel:
+    """The loaded decoder, served to HTTP clients one request at a time."""
+
+    def __init__(self, decoder, model_id: str, mode: str = "auto", max_waiting: int = 8):
+        self.decoder = decoder
+        self.model_id = model_id
+        self.mode = mode
+        self.max_waiting = max_waiting
+        self._turn = asyncio.Lock()  # FIFO: requests run in arrival order
+        self._waiting = 0
+        self._last_seconds = 5.0  # how long the last request took: the Retry-After guess
+        self.on_cycle = None  # optional observer of every cycle (the window's live view)
+
+    # -- prompts --
+
+    def chat_prompt(self, messages: list[dict]) -> list[int]:
+        target = self.decoder.target
+        return target.tokenize(target.apply_chat_template(messages))
+
+    def text_prompt(self, text: str) -> list[int]:
+        target = self.decoder.target
+        return ([target.bos] if getattr(target, "add_bos", False) and target.bos >= 0 else []) + target.tokenize(text)
+
+    def check_fits(self, completion: Completion) -> None:
+        n_ctx = self.decoder.target.n_ctx
+        if len(completion.prompt) >= n_ctx:
+            raise BadRequest(f"The prompt is {len(completion.prompt):,} tokens but the model's context holds "
+                             f"{n_ctx:,}. Shorten it.", param="messages", code="context_length_exceeded")
+
+    # -- running --
+
+    async def run(self, completion: Completion) -> AsyncIterator[Delta | Done]:
+        """Text as it is generated, then one Done; raises Busy when too many wait."""
+        self.check_fits(completion)
+        if self._waiting >= self.max_waiting:
+            raise Busy(self._waiting, max(1, round(self._last_seconds * self._waiting)))
+        self._waiting += 1
+        try:
+            await self._turn.acquire()
+        finally:
+            self._waiting -= 1
+        try:
+            async for piece in self._generate(completion):
+                yield piece
+        finally:
+            self._turn.release()
+
+    async def _generate(self, completion: Completion) -> AsyncIterator[Delta | Done]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        stop = threading.Event()
+        started = time.perf_counter()
+
+        def produce() -> None:
+            try:
+                for cycle in self.decoder.generate(completion.prompt, max_tokens=completion.max_tokens,
+                                                   sampling=completion.sampling, policy=self.mode, stop=stop):
+                    if self.on_cycle is not None:
+                        self.on_cycle(cycle)
+                    loop.call_soon_threadsafe(queue.put_nowait, cycle)
+                loop.call_soon_threadsafe(queue.put_nowait, None)
+            except BaseException as exc:  # the request fails, the server does not
+                loop.call_soon_threadsafe(queue.put_nowait, exc)
+
+        thread = threading.Thread(target=produce, name="speculum-serve", daemon=True)
+        thread.start()
+        stops = StopSequences(completion.stop)
+        finish, generated = "length", 0
+        try:
+            while True:
+                item = await queue.get()
+                if item is None:
+                    break
+                if isinstance(item, BaseException):
+                    if isinstance(item, ContextFullError):
+                        raise BadRequest(str(item), param="messages", code="context_length_exceeded")
+                    raise item
+                generated += len(item.emitted)
+                if item.finish == "eog":
+                    finish = "stop"
+                text = stops.feed(item.text) if not stops.stopped else ""
+                if text:
+                    yield Delta(text)
+                if stops.stopped and not stop.is_set():
+                    finish = "stop"
+                    stop.set()  # the rest of this pass is not wanted: end within one pass
+            tail = stops.flush() if not stops.stopped else ""
+            if tail:
+                yield Delta(tail)
+            stats = self.decoder.stats
+            usage = {"prompt_tokens": len(completion.prompt), "completion_tokens": generated,
+                     "total_tokens": len(completion.prompt) + generated}
+            yield Done(finish, usage, speculum_numbers(stats))
+        finally:
+            stop.set()  # a consumer that left (client gone) stops the generation
+            await asyncio.to_thread(thread.join)
+            self._last_seconds = time.perf_counter() - started

@@ -1,0 +1,241 @@
+"""`speculum serve`: the official openai client and raw HTTP against a real server on 127.0.0.1,
+over the real SmolLM2 model."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+import uvicorn
+
+from speculum import cli
+from speculum.engine.session import LoadOptions, load_decoder
+from speculum.server.api import create_app
+from speculum.server.service import ServedModel, StopSequences
+
+MODEL = "smol"
+KEY = "test-key-123"
+
+
+class LiveServer:
+    def __init__(self, served: ServedModel, api_key: str | None = None):
+        self.served = served
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        sock.close()
+        config = uvicorn.Config(create_app(served, api_key=api_key), host="127.0.0.1", port=self.port,
+                                log_level="warning", access_log=False)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.02)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def client(self, key: str = "none") -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=300)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def decoder(smollm_path):
+    d = load_decoder(smollm_path, None, LoadOptions(n_ctx=1024))
+    yield d
+    d.target.close()
+
+
+@pytest.fixture
+def server(decoder):
+    servers = []
+
+    def start(api_key=None, mode="lookup", max_waiting=8):
+        s = LiveServer(ServedModel(decoder, MODEL, mode=mode, max_waiting=max_waiting), api_key)
+        servers.append(s)
+        return s
+
+    yield start
+    for s in servers:
+        s.stop()
+
+
+MESSAGES = [{"role": "user", "content": "Copy this exactly: The quick brown fox jumps over the lazy dog."}]
+
+
+def test_chat_with_the_openai_client_streaming_and_not(server):
+    client = server().client()
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    reply = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=24, temperature=0)
+    text = reply.choices[0].message.content
+    assert text.strip() and reply.choices[0].finish_reason in ("stop", "length")
+    usage = reply.usage
+    assert usage.completion_tokens <= 24 and usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    numbers = reply.model_extra["speculum"]
+    assert sum(numbers["passes_by_drafter"].values()) == numbers["passes"]
+    assert numbers["tokens_per_pass"] == pytest.approx(usage.completion_tokens / numbers["passes"], abs=1e-3)
+
+    stream = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=24, temperature=0,
+                                            stream=True, stream_options={"include_usage": True})
+    pieces, finish, stream_usage = [], None, None
+    for chunk in stream:
+        if chunk.choices:
+            pieces.append(chunk.choices[0].delta.content or "")
+            finish = chunk.choices[0].finish_reason or finish
+        if chunk.usage:
+            stream_usage = chunk.usage
+    assert "".join(pieces) == text  # greedy: the same answer either way
+    assert finish == reply.choices[0].finish_reason
+    assert stream_usage.completion_tokens == usage.completion_tokens
+
+
+def test_text_completions_streaming_and_not(server):
+    client = server().client()
+    reply = client.completions.create(model=MODEL, prompt="One, two, three, four,", max_tokens=8, temperature=0)
+    assert reply.choices[0].text and reply.usage.completion_tokens <= 8
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=MODEL, prompt="One, two, three, four,", max_tokens=8, temperature=0, stream=True) if c.choices)
+    assert streamed == reply.choices[0].text
+
+
+def test_greedy_output_through_the_server_equals_generate(server, smollm_path, capsys):
+    client = server(mode="lookup").client()
+    prompt = MESSAGES[0]["content"]
+    reply = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=32, temperature=0)
+    assert cli.main(["generate", "--target", str(smollm_path), "--ctx", "1024", "--mode", "off",
+                     "--max-tokens", "32", "--json", prompt]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert reply.choices[0].message.content == summary["text"]
+
+
+def test_stop_sequences_cut_the_answer_and_finish_with_stop(server):
+    client = server().client()
+    full = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=24, temperature=0)
+    text = full.choices[0].message.content
+    word = text.split()[2]
+    cut = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=24, temperature=0, stop=[word])
+    assert cut.choices[0].message.content == text[:text.index(word)]
+    assert cut.choices[0].finish_reason == "stop"
+
+
+def test_stop_sequences_hold_back_a_possible_start():
+    stops = StopSequences(["END"])
+    assert stops.feed("abc E") == "abc "
+    assert stops.feed("N") == ""
+    assert stops.feed("X") == "ENX"
+    assert stops.feed("..EN") == ".."
+    assert stops.feed("D more") == "" and stops.stopped
+
+
+def _post(server, path, body, key=None):
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    data = body if isinstance(body, (bytes, str)) else json.dumps(body)
+    return httpx.post(server.url + path, content=data, headers=headers, timeout=120)
+
+
+@pytest.mark.parametrize("body, param", [
+    (b"{not json", None),
+    (b"[1, 2]", None),
+    ({"model": "gpt-4o", "messages": MESSAGES}, "model"),
+    ({"model": MODEL}, "messages"),
+    ({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, "messages"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content"),
+    ({"model": MODEL, "messages": MESSAGES, "temperature": 7}, "temperature"),
+    ({"model": MODEL, "messages": MESSAGES, "temperature": "hot"}, "temperature"),
+    ({"model": MODEL, "messages": MESSAGES, "top_p": -1}, "top_p"),
+    ({"model": MODEL, "messages": MESSAGES, "max_tokens": 0}, "max_tokens"),
+    ({"model": MODEL, "messages": MESSAGES, "max_tokens": 10**9}, "max_tokens"),
+    ({"model": MODEL, "messages": MESSAGES, "n": 3}, "n"),
+    ({"model": MODEL, "messages": MESSAGES, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ({"model": MODEL, "messages": MESSAGES, "seed": 1.5}, "seed"),
+    ({"model": MODEL, "messages": MESSAGES, "prediction": {"type": "other"}}, "prediction"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "word " * 2000}]}, "messages"),
+])
+def test_bad_requests_get_400_in_openais_error_shape(server, body, param):
+    s = server()
+    response = _post(s, "/v1/chat/completions", body)
+    assert response.status_code == 400, response.text
+    err = response.json()["error"]
+    assert err["type"] == "invalid_request_error" and err["message"] and err["param"] == param
+    # Nothing crashed: the server still answers.
+    assert httpx.get(s.url + "/v1/models", timeout=30).status_code == 200
+
+
+def test_a_prompt_longer_than_the_context_says_so(server):
+    response = _post(server(), "/v1/completions", {"model": MODEL, "prompt": "word " * 2000})
+    assert response.status_code == 400 and response.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_api_key_is_required_and_compared(server):
+    s = server(api_key=KEY)
+    assert httpx.get(s.url + "/v1/models", timeout=30).status_code == 401
+    assert httpx.get(s.url + "/v1/models", headers={"Authorization": "Bearer wrong"}, timeout=30).status_code == 401
+    assert httpx.get(s.url + "/v1/models", headers={"Authorization": f"Bearer {KEY}"}, timeout=30).status_code == 200
+    with pytest.raises(openai.AuthenticationError):
+        s.client("wrong").models.list()
+    assert s.client(KEY).chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4).choices
+
+
+def test_serving_beyond_this_machine_needs_an_api_key(smollm_path, capsys):
+    assert cli.main(["serve", "--target", str(smollm_path), "--host", "0.0.0.0"]) == 2
+    assert "--api-key" in capsys.readouterr().err
+
+
+def test_requests_queue_in_order_and_a_full_queue_answers_429(server):
+    s = server(mode="off", max_waiting=1)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 48}
+    results = {}
+
+    def call(name, delay):
+        time.sleep(delay)
+        results[name] = _post(s, "/v1/chat/completions", body)
+
+    threads = [threading.Thread(target=call, args=(n, d)) for n, d in (("first", 0), ("second", 0.5), ("third", 1.0))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert results["first"].status_code == 200 and results["second"].status_code == 200
+    busy = results["third"]
+    assert busy.status_code == 429 and int(busy.headers["Retry-After"]) >= 1
+    assert busy.json()["error"]["type"] == "rate_limit_error"
+
+
+def test_a_client_that_disconnects_stops_its_generation_within_a_pass(server):
+    s = server(mode="off")
+    seen = []
+    s.served.on_cycle = seen.append
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Write a very long story."}],
+            "max_tokens": 600, "stream": True}
+    with httpx.stream("POST", s.url + "/v1/chat/completions", json=body, timeout=120) as response:
+        for i, _ in enumerate(response.iter_lines()):
+            if i >= 6:
+                break  # leave mid-answer: the connection closes here
+    deadline = time.monotonic() + 60
+    while not (seen and seen[-1].finish):
+        assert time.monotonic() < deadline, "the generation did not stop after the client left"
+        time.sleep(0.05)
+    assert seen[-1].finish == "stopped" and len(seen) < 300
+    # The model is free again at once.
+    reply = s.client().chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4)
+    assert reply.choices[0].message.content
+
+
+def test_a_follow_up_request_reuses_the_conversation_in_the_kv_cache(server, decoder):
+    client = server().client()
+    first = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=16, temperature=0)
+    follow = MESSAGES + [{"role": "assistant", "content": first.choices[0].message.content},
+                         {"role": "user", "content": "Now say it backwards."}]
+    second = client.chat.completions.create(model=MODEL, messages=follow, max_tokens=4, temperature=0)
+    # Only what was new was decoded: the earlier turns came from the cache.
+    assert decoder.stats.prompt_tokens < second.usage.prompt_tokens / 2
