@@ -62,13 +62,16 @@ def _engine_main(conn, stop, cancel_load) -> None:
     from .runner import EngineRunner
 
     crash_at = os.environ.get(CRASH_SWITCH, "")
-    conn.send(("ready", llama.gpu_backend(), threads.in_effect()))
+
+    sending = threading.Lock()  # the window's generation and API clients' threads both report
 
     def report(*event) -> None:
         if crash_at == "load" and event[0] == "load_progress" and event[2] > 0:
             _crash()
-        conn.send(event)
+        with sending:
+            conn.send(event)
 
+    report("ready", llama.gpu_backend(), threads.in_effect())
     runner = EngineRunner(report, stop, cancel_load)
     fresh = False  # no cycle decoded since the last load
     to_remember = None  # (profile, why): a profile chosen after a crash, remembered once it decodes
@@ -105,14 +108,18 @@ def _engine_main(conn, stop, cancel_load) -> None:
                 runner.generate(args[0], on_cycle)
             elif command == "plain_rate":
                 runner.set_plain_rate(args[0])
+            elif command == "serve":
+                runner.serve(*args)
+            elif command == "stop_serving":
+                runner.stop_serving()
             elif command == "quit":
                 break
         except Exception as exc:  # a Python error still reaches the window as words
             import traceback
 
             traceback.print_exc()
-            conn.send(("load_failed" if command == "load" else "failed",
-                       f"The engine failed: {exc.__class__.__name__}: {exc}"))
+            report({"load": "load_failed", "serve": "serve_failed"}.get(command, "failed"),
+                   f"The engine failed: {exc.__class__.__name__}: {exc}")
     runner.close_models()
 
 

@@ -143,6 +143,8 @@ class EngineRunner:
         self.decoder = None
         self.target_path = ""
         self.plain = PlainRate()
+        self.turn = threading.Lock()  # one generation at a time: the window's, or an API client's
+        self.serving = None  # server.api.Serving while the window serves the API
 
     # -- loading --
 
@@ -168,6 +170,7 @@ class EngineRunner:
         self.plain = PlainRate(tokens_per_s)
 
     def close_models(self) -> None:
+        self.stop_serving()
         if self.decoder is not None:
             self.decoder.target.close()
             if self.decoder.draft is not None:
@@ -185,24 +188,68 @@ class EngineRunner:
             self.report("failed", "No model is loaded. Pick a target model and press Load.")
             return
         try:
-            if request.document is None:
-                steps = (("", cycle) for cycle in self._cycles(request, request.messages))
-                result = self._follow(request, steps, on_cycle)
-            else:
-                summary = summarise.DocumentSummary(self.decoder.target, request.document, request.max_tokens,
-                                                    lambda messages: self._cycles(request, messages))
-                result = self._follow(request, summary, on_cycle)
-                result.text, result.part_summaries = summary.text, summary.part_summaries
-                if summary.stopped_at:
-                    result.finish = "stopped"
-                    result.note = (f"Stopped during {summary.stopped_at.lower()}; the part summaries "
-                                   "so far are kept.")
+            with self.turn:
+                result = self._answer(request, on_cycle)
         except SpeculumError as exc:
             self.report("failed", str(exc))
             return
         if self.plain.tokens_per_s:
             self.report("plain_rate", self.target_path, self.plain.tokens_per_s)
         self.report("finished", result)
+
+    def _answer(self, request: GenerationRequest, on_cycle) -> GenerationResult:
+        if request.document is None:
+            steps = (("", cycle) for cycle in self._cycles(request, request.messages))
+            return self._follow(request, steps, on_cycle)
+        summary = summarise.DocumentSummary(self.decoder.target, request.document, request.max_tokens,
+                                            lambda messages: self._cycles(request, messages))
+        result = self._follow(request, summary, on_cycle)
+        result.text, result.part_summaries = summary.text, summary.part_summaries
+        if summary.stopped_at:
+            result.finish = "stopped"
+            result.note = f"Stopped during {summary.stopped_at.lower()}; the part summaries so far are kept."
+        return result
+
+    # -- serving the API --
+
+    def serve(self, host: str, port: int, api_key: str | None, mode: str) -> None:
+        """Serve the loaded pair over HTTP; API clients' cycles are reported like the window's own."""
+        from pathlib import Path
+
+        from .server.api import Serving
+        from .server.service import ServedModel
+
+        self.stop_serving()
+        if self.decoder is None:
+            self.report("serve_failed", "Load a model before serving it.")
+            return
+        served = ServedModel(self.decoder, Path(self.target_path).stem, mode=mode, turn=self.turn)
+        stats = {}
+
+        def on_request(kind, payload) -> None:
+            if kind == "started":
+                stats["prompt_total"] = payload
+            self.report("served_request", kind, payload.usage if kind == "finished" else payload)
+
+        def on_cycle(cycle) -> None:
+            snap = snapshot_of(self.decoder.stats, cycle, self.plain.tokens_per_s, stats.get("prompt_total", 0))
+            self.report("served_cycle", CycleEvent(cycle, snap, "API request"))
+
+        served.on_request, served.on_cycle = on_request, on_cycle
+        serving = Serving(served, host, port, api_key)
+        try:
+            serving.start()
+        except SpeculumError as exc:
+            self.report("serve_failed", str(exc))
+            return
+        self.serving = serving
+        self.report("serving", serving.url, served.model_id)
+
+    def stop_serving(self) -> None:
+        if self.serving is not None:
+            self.serving.stop()
+            self.serving = None
+            self.report("serving", "", "")
 
     def _cycles(self, request: GenerationRequest, messages: list[dict]):
         target = self.decoder.target

@@ -269,6 +269,36 @@ def create_app(served: ServedModel, api_key: str | None = None, cors_origins: li
                      exception_handlers={404: not_found, 405: not_found, Exception: failed})
 
 
+class Serving:
+    """A server on a thread of its own (the window's engine process serves while it chats)."""
+
+    def __init__(self, served: ServedModel, host: str, port: int, api_key: str | None = None):
+        import threading
+
+        import uvicorn
+
+        config = uvicorn.Config(create_app(served, api_key=api_key), host=host, port=port,
+                                log_level="warning", access_log=False)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name="speculum-serve", daemon=True)
+        self.url = f"http://{'[' + host + ']' if ':' in host else host}:{port}/v1"
+
+    def start(self, timeout: float = 20.0) -> None:
+        """Start listening; SpeculumError in plain words when the port cannot be had."""
+        from ..errors import SpeculumError
+
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise SpeculumError(f"Could not serve on {self.url}: the port is in use or not allowed.")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
 async def _until_disconnected(request: Request, pieces):
     """The pieces of a non-streaming answer; stops (and so stops the generation) if the client leaves."""
     import asyncio

@@ -98,8 +98,11 @@ def speculum_numbers(stats: Stats) -> dict:
 class ServedModel:
     """The loaded decoder, served to HTTP clients one request at a time."""
 
-    def __init__(self, decoder, model_id: str, mode: str = "auto", max_waiting: int = 8):
+    def __init__(self, decoder, model_id: str, mode: str = "auto", max_waiting: int = 8,
+                 turn: threading.Lock | None = None):
         self.decoder = decoder
+        # Held while the decoder generates: the window's own answers take the same turn.
+        self.turn = turn or threading.Lock()
         self.model_id = model_id
         self.mode = mode
         self.max_waiting = max_waiting
@@ -107,6 +110,7 @@ class ServedModel:
         self._waiting = 0
         self._last_seconds = 5.0  # how long the last request took: the Retry-After guess
         self.on_cycle = None  # optional observer of every cycle (the window's live view)
+        self.on_request = None  # optional observer: ("started", summary) / ("finished", Done)
 
     # -- prompts --
 
@@ -150,11 +154,14 @@ class ServedModel:
 
         def produce() -> None:
             try:
-                for cycle in self.decoder.generate(completion.prompt, max_tokens=completion.max_tokens,
-                                                   sampling=completion.sampling, policy=self.mode, stop=stop):
-                    if self.on_cycle is not None:
-                        self.on_cycle(cycle)
-                    loop.call_soon_threadsafe(queue.put_nowait, cycle)
+                with self.turn:
+                    if self.on_request is not None:
+                        self.on_request("started", len(completion.prompt))
+                    for cycle in self.decoder.generate(completion.prompt, max_tokens=completion.max_tokens,
+                                                       sampling=completion.sampling, policy=self.mode, stop=stop):
+                        if self.on_cycle is not None:
+                            self.on_cycle(cycle)
+                        loop.call_soon_threadsafe(queue.put_nowait, cycle)
                 loop.call_soon_threadsafe(queue.put_nowait, None)
             except BaseException as exc:  # the request fails, the server does not
                 loop.call_soon_threadsafe(queue.put_nowait, exc)
@@ -187,7 +194,10 @@ class ServedModel:
             stats = self.decoder.stats
             usage = {"prompt_tokens": len(completion.prompt), "completion_tokens": generated,
                      "total_tokens": len(completion.prompt) + generated}
-            yield Done(finish, usage, speculum_numbers(stats))
+            done = Done(finish, usage, speculum_numbers(stats))
+            if self.on_request is not None:
+                self.on_request("finished", done)
+            yield done
         finally:
             stop.set()  # a consumer that left (client gone) stops the generation
             await asyncio.to_thread(thread.join)

@@ -21,6 +21,7 @@ from .document import DocumentPane
 from .inputbox import InputBox
 from .modelchoices import local_models
 from .replay import ReplayBar
+from .serve import ServePanel
 from .settings import MODES, Settings
 from .speculation import Legend, SpeculationView
 from .stats import StatsPanel
@@ -170,6 +171,7 @@ class MainWindow(QMainWindow):
                                    "Draft model: the small model drafts. Prompt lookup: drafts copied from\n"
                                    "the prompt and answer so far. Off: plain decoding.")
         self.document_toggle = QAction("Document", self, checkable=True, toolTip="Show the document pane")
+        self.serve_panel = ServePanel()
         bar.addWidget(QLabel(" Target "))
         bar.addWidget(self.target_combo)
         bar.addWidget(QLabel("  ←  draft "))
@@ -181,6 +183,8 @@ class MainWindow(QMainWindow):
         bar.addWidget(self.mode_combo)
         bar.addSeparator()
         bar.addAction(self.document_toggle)
+        bar.addSeparator()
+        bar.addWidget(self.serve_panel)
 
         # Left: conversations and settings.
         self.conversation_list = QListWidget(objectName="conversationList")
@@ -308,6 +312,11 @@ class MainWindow(QMainWindow):
         w = self.engine.worker
         w.ready.connect(self._on_engine_ready)
         w.died.connect(self._on_engine_died)
+        w.serving.connect(self._on_serving)
+        w.serveFailed.connect(self._on_serve_failed)
+        w.servedRequest.connect(self._on_served_request)
+        self.engine.served_batcher.batchReady.connect(self._on_served_batch)
+        self.serve_panel.switched.connect(self._switch_serving)
         w.loadProgress.connect(self._on_load_progress)
         w.loaded.connect(self._on_loaded)
         w.loadFailed.connect(self._on_load_failed)
@@ -440,6 +449,7 @@ class MainWindow(QMainWindow):
         self.load_progress.show()
         self.cancel_button.show()
         self.model_label.setText("Loading models…")
+        self.serve_panel.show_stopped()  # the new engine process serves nothing until asked
         self.engine.load(request, profile, why)
 
     def cancel_load(self) -> None:
@@ -488,6 +498,48 @@ class MainWindow(QMainWindow):
         if not self.loaded:
             self._show_backend(None)
 
+    # ------------------------------------------------------------------ serving the API
+
+    def _switch_serving(self, on: bool, port: int) -> None:
+        if not on:
+            self.engine.stop_serving()
+        elif not self.loaded:
+            self.serve_panel.show_stopped()
+            self.show_error("Load a model first: the API serves the loaded models.")
+        else:
+            self.engine.serve(port, self.mode_combo.currentData())
+
+    def _on_serving(self, url: str, model_id: str) -> None:
+        if url:
+            self.serve_panel.show_serving(url, model_id)
+            self.statusBar().showMessage(f"Serving {model_id} at {url}", 5000)
+        else:
+            self.serve_panel.show_stopped()
+
+    def _on_serve_failed(self, message: str) -> None:
+        self.serve_panel.show_stopped()
+        self.show_error(message)
+
+    def _on_served_request(self, kind: str, payload) -> None:
+        """An API client's request: shown live in the speculation view and stats, like the window's own."""
+        if self.generating:
+            return
+        if kind == "started":
+            self.speculation.clear_view()
+            self.stats.reset()
+            self.replay_label.setText("Answering an API request…")
+        else:
+            self.engine.served_batcher.flush()
+            self.replay_label.setText(f"Answered an API request: {payload['completion_tokens']} tokens.")
+
+    def _on_served_batch(self, events: list) -> None:
+        if self.generating:
+            return
+        self.speculation.append_cycles([e.cycle for e in events], [e.stage for e in events])
+        self.stats.chart.add_points([(e.snapshot.seconds, e.snapshot.tokens_per_s) for e in events], redraw=False)
+        self.stats.show_snapshot(events[-1].snapshot)
+        self.stats.chart.update()
+
     def _on_engine_died(self, death) -> None:
         """The engine process crashed: keep the window, the conversation and the answer so far."""
         if self._live is not None:
@@ -503,6 +555,7 @@ class MainWindow(QMainWindow):
         self.loaded = False
         self._end_load()
         self.model_label.setText("No model loaded: the engine stopped")
+        self.serve_panel.show_stopped()
         self._show_backend(None)
         actions = [("Reload", self.load_pair)]
         safer = profiles.safer_than(death.profile, bool(self.gpu)) if death.during_load else None

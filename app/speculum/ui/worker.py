@@ -111,6 +111,10 @@ class EngineSignals(QObject):
     failed = Signal(str)
     plainRateMeasured = Signal(str, float)  # target path, tokens/s
     died = Signal(object)  # EngineDeath
+    serving = Signal(str, str)  # base URL and model id of the API being served; empty when it stopped
+    serveFailed = Signal(str)
+    servedRequest = Signal(str, object)  # "started" (prompt tokens) / "finished" (usage)
+    servedCycle = Signal(object)  # CycleEvent of an API client's request
 
 
 class EngineDeath:
@@ -135,6 +139,8 @@ class Engine(QObject):
         self.worker = EngineSignals()
         self.batcher = CycleBatcher(self)
         self.worker.cycleReady.connect(self.batcher.put, Qt.DirectConnection)
+        self.served_batcher = CycleBatcher(self)  # API clients' cycles, shown like the window's own
+        self.worker.servedCycle.connect(self.served_batcher.put, Qt.DirectConnection)
         self.worker.loaded.connect(self._on_loaded)
         self.gpu: str | None = None
         self.profile, self.profile_why = profiles.STANDARD, ""
@@ -157,6 +163,9 @@ class Engine(QObject):
             self._fresh = False
             self.worker.cycleReady.emit(payload[0])
             return
+        if kind == "served_cycle":
+            self.worker.servedCycle.emit(payload[0])
+            return
         if kind in ("finished", "failed", "load_failed"):
             self._activity = ""
         if kind == "profile":
@@ -167,7 +176,9 @@ class Engine(QObject):
         {"ready": self.worker.ready, "load_progress": self.worker.loadProgress, "loaded": self.worker.loaded,
          "load_failed": self.worker.loadFailed, "stage": self.worker.stageChanged,
          "finished": self.worker.finished, "failed": self.worker.failed,
-         "plain_rate": self.worker.plainRateMeasured, "profile": self.worker.profileChosen}[kind].emit(*payload)
+         "plain_rate": self.worker.plainRateMeasured, "profile": self.worker.profileChosen,
+         "serving": self.worker.serving, "serve_failed": self.worker.serveFailed,
+         "served_request": self.worker.servedRequest}[kind].emit(*payload)
 
     def _on_exit(self, code: int | None) -> None:
         """Reader thread: the engine process ended without being asked to."""
@@ -223,6 +234,15 @@ class Engine(QObject):
     def stop(self) -> None:
         if self._process is not None:
             self._process.stop.set()
+
+    def serve(self, port: int, mode: str, host: str = "127.0.0.1", api_key: str | None = None) -> None:
+        """Serve the loaded models over the OpenAI API from the engine process."""
+        if self._process is None or not self._process.send("serve", host, port, api_key, mode):
+            self.worker.serveFailed.emit("The engine is not running. Load a model first.")
+
+    def stop_serving(self) -> None:
+        if self._process is not None:
+            self._process.send("stop_serving")
 
     def _end_process(self) -> None:
         if self._process is not None:

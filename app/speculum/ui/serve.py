@@ -1,0 +1,67 @@
+"""The Serve switch: the loaded models as an OpenAI-compatible API for other programs."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QSpinBox, QToolButton, QWidget
+
+DEFAULT_PORT = 8080
+
+
+def example_request(base_url: str, model_id: str) -> str:
+    """A copy-paste request another program can send."""
+    return (f"curl {base_url}/chat/completions -H 'Content-Type: application/json' \\\n"
+            f"  -d '{{\"model\": \"{model_id}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'")
+
+
+class ServePanel(QWidget):
+    """Switch, port, and once serving the base URL with a Copy button (URL and an example)."""
+
+    switched = Signal(bool, int)  # on, port
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.switch = QToolButton(text="Serve API", checkable=True, objectName="serveSwitch",
+                                  toolTip="Serve the loaded models to other programs through the OpenAI API "
+                                          "(this machine only)")
+        self.port = QSpinBox(objectName="servePort", minimum=1024, maximum=65535, value=DEFAULT_PORT,
+                             toolTip="Port of the API on 127.0.0.1")
+        self.url = QLabel(objectName="serveUrl")
+        self.url.setTextFormat(Qt.PlainText)
+        self.url.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.copy = QToolButton(text="Copy", objectName="serveCopy",
+                                toolTip="Copy the base URL and an example request")
+        self.copy.clicked.connect(self.copy_example)
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        for widget in (self.switch, self.port, self.url, self.copy):
+            layout.addWidget(widget)
+        self.switch.toggled.connect(lambda on: self.switched.emit(on, self.port.value()))
+        self.base_url = self.model_id = ""
+        self.show_stopped()
+
+    def show_serving(self, base_url: str, model_id: str) -> None:
+        self.base_url, self.model_id = base_url, model_id
+        self.switch.blockSignals(True)
+        self.switch.setChecked(True)
+        self.switch.blockSignals(False)
+        self.port.setEnabled(False)
+        self.url.setText(base_url)
+        self.url.show()
+        self.copy.show()
+
+    def show_stopped(self) -> None:
+        self.base_url = self.model_id = ""
+        self.switch.blockSignals(True)
+        self.switch.setChecked(False)
+        self.switch.blockSignals(False)
+        self.port.setEnabled(True)
+        self.url.hide()
+        self.copy.hide()
+
+    def example(self) -> str:
+        return f"{self.base_url}\n\n{example_request(self.base_url, self.model_id)}\n"
+
+    def copy_example(self) -> None:
+        QGuiApplication.clipboard().setText(self.example())

@@ -1,0 +1,61 @@
+"""The window's Serve switch: its engine process serves the OpenAI API, and API clients'
+answers show live in the speculation view and stats."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import httpx
+import openai
+
+from test_gui_window import GENERATE_MS, LOAD_MS, open_window, send  # noqa: F401  (fixture)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_serve_switch_serves_the_loaded_model_and_shows_requests_live(qtbot, open_window, smollm_path):
+    w = open_window(smollm_path, mode="lookup")
+    port = _free_port()
+    w.serve_panel.port.setValue(port)
+    with qtbot.waitSignal(w.engine.worker.serving, timeout=LOAD_MS):
+        w.serve_panel.switch.click()
+    base = f"http://127.0.0.1:{port}/v1"
+    assert w.serve_panel.url.text() == base and w.serve_panel.copy.isVisible()
+    assert base in w.serve_panel.example() and "curl" in w.serve_panel.example()
+
+    client = openai.OpenAI(base_url=base, api_key="none", max_retries=0, timeout=300)
+    model = client.models.list().data[0].id
+    assert model == smollm_path.stem
+    replies = []
+    caller = threading.Thread(target=lambda: replies.append(client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Copy: the quick brown fox."}], max_tokens=16,
+        temperature=0)))
+    caller.start()
+    qtbot.waitUntil(lambda: bool(replies), timeout=GENERATE_MS)
+    caller.join()
+    qtbot.waitUntil(lambda: w.replay_label.text().startswith("Answered an API request"), timeout=GENERATE_MS)
+    assert "— API request —" in w.speculation.toPlainText()
+    assert w.stats.value(w.stats.RATE) != "—"  # the stats panel shows the API request's numbers
+    # The window still answers its own questions between API requests.
+    assert send(qtbot, w, "Say hello.").content.strip()
+
+    with qtbot.waitSignal(w.engine.worker.serving, timeout=LOAD_MS):
+        w.serve_panel.switch.click()
+    assert not w.serve_panel.url.isVisible()
+    try:
+        httpx.get(base + "/models", timeout=5)
+        raise AssertionError("the server should have stopped")
+    except httpx.TransportError:
+        pass
+
+
+def test_serving_needs_a_loaded_model(qtbot, open_window):
+    w = open_window()
+    w.serve_panel.switch.click()
+    assert not w.serve_panel.switch.isChecked()
+    assert "Load a model first" in w.banner.text()
