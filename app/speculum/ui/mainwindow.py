@@ -544,7 +544,7 @@ class MainWindow(QMainWindow):
         """The engine process crashed: keep the window, the conversation and the answer so far."""
         if self._live is not None:
             self.engine.batcher.flush()
-            self._keep_partial_answer(f"The engine stopped ({death.how}); the answer so far is kept.")
+            self._keep_partial_answer(f"The engine stopped: {death.how}. The answer so far is kept.")
             self.generating = False
             self.document.show_progress("")
             self.statusBar().clearMessage()

@@ -127,7 +127,7 @@ class EngineDeath:
         self.profile = profile  # the profile it was running
 
     def message(self) -> str:
-        return (f"The engine stopped unexpectedly ({self.how}) while {self.activity}. "
+        return (f"The engine stopped unexpectedly while {self.activity}: {self.how}. "
                 "The window and your conversation are safe; the answer so far is kept.")
 
 
