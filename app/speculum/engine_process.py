@@ -6,6 +6,10 @@ loads it: ``EngineProcess`` spawns a fresh Python running ``_engine_main``, send
 commands down a pipe and reads ``EngineRunner`` reports back on a thread of its own. Stop
 and load-cancel are shared events the child polls between target passes. When the pipe
 breaks, ``on_exit`` gets the exit code, and ``describe_exit`` names the signal.
+
+The child is spawned (a fresh interpreter, as on Windows and macOS everywhere), so a program
+that opens the window must guard its top level with ``if __name__ == "__main__":``, as the
+``speculum`` command and the scripts do; the bundle's entry calls ``freeze_support()``.
 """
 
 from __future__ import annotations
