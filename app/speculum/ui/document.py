@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QColor, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QTextEdit,
                                QVBoxLayout, QWidget)
@@ -30,9 +30,9 @@ class DocumentPane(QWidget):
         self.summarise_button.setObjectName("summariseButton")
         self.summarise_button.setToolTip("Summarise this document; Auto mode drafts from it by prompt lookup")
         self.clear_button = QPushButton("Clear")
-        self.title = QLabel("Document")
+        self.title = QLabel("Document", textFormat=Qt.PlainText)  # shows the file's name
         self.title.setObjectName("paneTitle")
-        self.progress = QLabel("")
+        self.progress = QLabel("", textFormat=Qt.PlainText)
         self.progress.setObjectName("progressLabel")
         self.editor = QPlainTextEdit()
         self.editor.setObjectName("documentText")
