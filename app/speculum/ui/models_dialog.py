@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
-from PySide6.QtCore import QObject, Qt, QThread, QUrl, Signal, Slot
+from PySide6.QtCore import QDeadlineTimer, QObject, Qt, QThread, QUrl, Signal, Slot
 from PySide6.QtGui import QBrush, QColor, QDesktopServices, QFont
 from PySide6.QtWidgets import (
     QAbstractItemView, QComboBox, QDialog, QDialogButtonBox, QFileDialog, QFormLayout, QFrame, QHBoxLayout,
@@ -33,6 +33,10 @@ from .richtext import ask, escaped_tooltip, plain_label, warn
 
 FIT_COLOURS = {Fit.FITS: "#1a7f37", Fit.TIGHT: "#b26a00", Fit.TOO_BIG: "#b42318"}
 SCALE = 1000  # progress bars count in thousandths: QProgressBar is 32-bit, files are not
+CLOSE_WAIT_MS = 3000  # closing waits this long, in all, for downloads to stop at their next chunk
+# Downloads still blocked (a network timeout) when their dialog closed: kept alive here, with
+# nothing connected to the gone widgets, until they end by themselves.
+_finishing: list[tuple[QThread, "DownloadWorker"]] = []
 
 
 class DownloadWorker(QObject):
@@ -536,13 +540,28 @@ class ModelsDialog(QDialog):
         return [r for r in self.rows if r.thread is not None and r.thread.isRunning()]
 
     def done(self, result: int) -> None:
-        """Closing keeps unfinished downloads as partial files: the next download resumes them."""
+        """Closing keeps unfinished downloads as partial files: the next download resumes them.
+        It waits a bounded time for them to stop; one blocked on the network is left to end in
+        the background, cut off from this dialog's widgets."""
         for row in self.running():
             row.worker.cancel.pause()
+        deadline = QDeadlineTimer(CLOSE_WAIT_MS)
         for row in self.rows:
             if row.thread is not None:
                 row.thread.quit()
-                row.thread.wait()
+                row.thread.wait(deadline)
+        _finishing[:] = [(t, w) for t, w in _finishing if not t.isFinished()]
+        for row in self.rows:
+            thread, worker = row.thread, row.worker
+            if thread is None or thread.isFinished():
+                continue
+            for signal in (worker.progress, worker.finished, worker.failed):
+                signal.disconnect()
+            worker.finished.connect(thread.quit)
+            worker.failed.connect(thread.quit)
+            thread.setParent(None)  # a QThread deleted while it runs aborts the process
+            _finishing.append((thread, worker))
+            row.thread = row.worker = None
         super().done(result)
 
 
