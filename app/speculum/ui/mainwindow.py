@@ -199,6 +199,7 @@ class MainWindow(QMainWindow):
         note = QLabel(f"GPU: {self.gpu}. Changes apply at the next Load." if self.gpu
                       else "This llama.cpp build runs on the CPU only.")
         note.setObjectName("caption")
+        note.setTextFormat(Qt.PlainText)  # the GPU's name as the driver reports it
         note.setWordWrap(True)
         form.addRow(note)
         for spin in (self.target_layers, self.draft_layers):
