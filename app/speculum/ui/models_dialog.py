@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
-from PySide6.QtCore import QDeadlineTimer, QObject, Qt, QThread, QUrl, Signal, Slot
+from PySide6.QtCore import QCoreApplication, QDeadlineTimer, QObject, Qt, QThread, QUrl, Signal, Slot
 from PySide6.QtGui import QBrush, QColor, QDesktopServices, QFont
 from PySide6.QtWidgets import (
     QAbstractItemView, QComboBox, QDialog, QDialogButtonBox, QFileDialog, QFormLayout, QFrame, QHBoxLayout,
@@ -37,6 +37,13 @@ CLOSE_WAIT_MS = 3000  # closing waits this long, in all, for downloads to stop a
 # Downloads still blocked (a network timeout) when their dialog closed: kept alive here, with
 # nothing connected to the gone widgets, until they end by themselves.
 _finishing: list[tuple[QThread, "DownloadWorker"]] = []
+QUIT_WAIT_MS = 5000  # at quit, the most the app waits for them (a QThread destroyed running aborts)
+
+
+def _wait_for_finishing() -> None:
+    deadline = QDeadlineTimer(QUIT_WAIT_MS)
+    for thread, _worker in _finishing:
+        thread.wait(deadline)
 
 
 class DownloadWorker(QObject):
@@ -560,6 +567,8 @@ class ModelsDialog(QDialog):
             worker.finished.connect(thread.quit)
             worker.failed.connect(thread.quit)
             thread.setParent(None)  # a QThread deleted while it runs aborts the process
+            if not _finishing and QCoreApplication.instance() is not None:
+                QCoreApplication.instance().aboutToQuit.connect(_wait_for_finishing, Qt.UniqueConnection)
             _finishing.append((thread, worker))
             row.thread = row.worker = None
         super().done(result)
