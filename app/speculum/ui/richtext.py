@@ -5,8 +5,8 @@ HTML, and its rich-text engine loads every image it names: ``<img src="/dev/zero
 until memory runs out, ``//host/share/a.png`` opens an SMB connection on Windows. Model
 answers are Markdown, which has image syntax of its own. So:
 
-- Markdown is parsed with raw HTML off, and every image the parser made is put back as
-  the literal text it came from, before anything lays it out;
+- Markdown is parsed with raw HTML off and its image syntax escaped; any image the parser
+  still made is put back as the literal text it came from, before anything lays it out;
 - documents that render it refuse every resource load (``RefusingResources``);
 - labels and message boxes that show file, model or document text are plain text, and
   tooltips (which have no plain-text switch) are escaped.
@@ -89,7 +89,7 @@ def images_as_text(markdown: str) -> str:
     """Escape the ``![`` that opens a Markdown image, so ``![x](url)`` reads as those characters
     (even with no alt text, which Qt would otherwise drop silently). Code is left as written:
     fenced blocks and inline code spans show their text literally anyway."""
-    out, fence = [], ""
+    out, fence, indented = [], "", False
     for line in markdown.splitlines(keepends=True):
         m = _FENCE.match(line)
         if fence:
@@ -101,9 +101,12 @@ def images_as_text(markdown: str) -> str:
             fence = m.group(1)
             out.append(line)
             continue
-        if line.startswith(("    ", "\t")) and out and not out[-1].strip():
-            out.append(line)  # an indented code block
+        if line.startswith(("    ", "\t")) and (indented or not out or not out[-1].strip()):
+            indented = True  # an indented code block (a list's indented paragraph looks the same:
+            out.append(line)  # its image, if any, is made text after parsing)
             continue
+        if line.strip():
+            indented = False
         pieces, at = [], 0
         for span in _CODE_SPAN.finditer(line):
             pieces.append(line[at:span.start()].replace("![", "!\\["))
