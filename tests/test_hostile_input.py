@@ -34,7 +34,7 @@ def trap(tmp_path):
 def hostile_answer(path) -> str:
     return (f"Here is the chart: ![x]({path})\n\nAnd inline <img src=\"{path}\"> too, "
             f"a share ![](//host/share/a.png), a [link](http://example.com \"<img src='{path}'>\").\n\n"
-            "```\n![kept](as-code)\n```\n")
+            "```\n![kept](as-code)\n```\n\nInline `![span](code)` and indented:\n\n    a = 1\n    ![b](code)\n")
 
 
 def settle(widget) -> None:
@@ -77,7 +77,8 @@ def test_an_answer_with_images_and_html_loads_nothing_and_shows_them_as_text(qtb
     assert f"![x]({trap.path})" in shown
     assert f"<img src=\"{trap.path}\">" in shown
     assert "![](//host/share/a.png)" in shown
-    assert "![kept](as-code)" in shown  # code shows as written, no escape added
+    for code in ("![kept](as-code)", "![span](code)", "![b](code)"):
+        assert code in shown  # code shows as written, no escape added
     assert no_images(view.document())
 
 
