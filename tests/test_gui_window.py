@@ -326,12 +326,14 @@ def test_documents_open_by_drop_and_unsupported_files_say_why(qtbot, open_window
     note.write_text("# Notes\n\nThe keepers wrote the weather in the log.", encoding="utf-8")
     mime = QMimeData()
     mime.setUrls([QUrl.fromLocalFile(str(note))])
-    w.document.dropEvent(QDropEvent(QPointF(5, 5), Qt.CopyAction, mime, Qt.LeftButton, Qt.NoModifier))
+    with qtbot.waitSignal(w.document.documentOpened, timeout=10_000):  # read off the UI thread
+        w.document.dropEvent(QDropEvent(QPointF(5, 5), Qt.CopyAction, mime, Qt.LeftButton, Qt.NoModifier))
     assert w.document.text().startswith("# Notes") and w.document.name == "notes.md"
     assert w.document.summarise_button.isEnabled()
     odd = tmp_path / "notes.docx"
     odd.write_text("x")
-    w.document.open_path(odd)
+    with qtbot.waitSignal(w.document.error, timeout=10_000):
+        w.document.open_path(odd)
     assert "Speculum reads" in w.banner.text() and "notes.docx" in w.banner.text()
 
 

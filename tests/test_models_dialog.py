@@ -7,7 +7,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from PySide6.QtCore import QThread
+from PySide6.QtCore import QThread, Qt
 from PySide6.QtWidgets import QMessageBox
 
 from hubserver import hub, make_gguf  # noqa: F401  (hub is a fixture)
@@ -138,27 +138,32 @@ def test_library_tab_lists_uses_and_deletes(qtbot, tmp_path, pairs, monkeypatch)
         d.use_library_button.click()
     assert signal.args == [str(folder / "big.gguf"), str(folder / "small.gguf")]
 
-    monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.Yes)
+    asked = []
+    monkeypatch.setattr(QMessageBox, "exec", lambda box: asked.append(box.textFormat()) or QMessageBox.Yes)
     d.library_table.selectRow(1)  # the single model
     d.delete_button.click()
+    assert asked == [Qt.PlainText]  # the question names a file
     assert not (folder / "alone.gguf").exists()
     assert d.library_table.rowCount() == 1
 
 
 def test_add_two_files_refuses_an_incompatible_pair(qtbot, tmp_path, pairs, monkeypatch, smollm_path):
     own = tmp_path / "own.gguf"
-    own.write_bytes(make_gguf(2 * MiB, 6))
+    name = '<img src="/dev/zero">'  # a model's own name, quoted in the reason: shown as text
+    own.write_bytes(make_gguf(2 * MiB, 6, name=name))
     d = ModelsDialog(library=Library(tmp_path / "models", pairs=pairs), machine=LAPTOP, pairs=pairs)
     qtbot.addWidget(d)
     picks = iter([(str(own), ""), (str(smollm_path), "")])
     monkeypatch.setattr("speculum.ui.models_dialog.QFileDialog.getOpenFileName", lambda *a, **k: next(picks))
     warnings = []
-    monkeypatch.setattr(QMessageBox, "warning", lambda _parent, title, text: warnings.append((title, text)))
+    monkeypatch.setattr(QMessageBox, "exec", lambda box: warnings.append(
+        (box.windowTitle(), box.text(), box.textFormat())) or QMessageBox.Ok)
 
     d.add_files_button.click()
 
     assert warnings and warnings[0][0] == "These models cannot form a pair"
-    assert "cannot speculate" in warnings[0][1]
+    assert "cannot speculate" in warnings[0][1] and name in warnings[0][1]
+    assert warnings[0][2] == Qt.PlainText
     assert d.library.pairs() == []
 
 
@@ -180,3 +185,61 @@ def test_opens_the_way_the_main_window_opens_it(qtbot, tmp_path, monkeypatch):
     assert d.library.root == tmp_path / "models"
     assert sum(d.catalog_table.item(r, 0).text() == "★" for r in range(d.catalog_table.rowCount())) == 1
     d.done(0)
+
+
+def test_file_names_in_rows_and_tooltips_show_as_text(qtbot, tmp_path, pairs, monkeypatch):
+    from traps import FileTrap
+
+    trap = FileTrap(tmp_path)
+    monkeypatch.chdir(tmp_path)  # a file name cannot hold '/': its image is named relative to here
+    try:
+        models = tmp_path / "models"
+        models.mkdir()
+        odd = models / f'<img src="{trap.path.name}">.gguf'
+        odd.write_bytes(make_gguf(1 * MiB, 7))
+        d = ModelsDialog(library=Library(models, pairs=pairs), machine=LAPTOP, pairs=pairs)
+        qtbot.addWidget(d)
+        d.show()
+        row = d.start(f'<img src="{trap.path}">', lambda progress, cancel: None)
+        qtbot.waitUntil(lambda: row.state == "done", timeout=10_000)
+        d.tabs.setCurrentIndex(1)
+        item = d.library_table.item(0, 0)
+        tip = item.toolTip()
+        d.grab()
+        qtbot.wait(100)
+        assert trap.opened == 0
+        assert "<img" not in tip and "&lt;img" in tip
+        assert row.title.text() == f"<b>&lt;img src=&quot;{trap.path}&quot;&gt;</b>"
+        d.done(0)
+    finally:
+        trap.close()
+
+
+def test_closing_waits_a_bounded_time_for_a_download_stuck_on_the_network(qtbot, tmp_path, pairs):
+    """A download blocked in a network timeout used to hold the close without limit."""
+    import time
+
+    d = ModelsDialog(library=Library(tmp_path / "models", pairs=pairs), machine=LAPTOP, pairs=pairs)
+    qtbot.addWidget(d)
+    d.show()
+    stuck = threading.Event()
+    unblock = threading.Event()
+
+    def job(progress, cancel):  # ignores the cancel token, as a blocked socket read would
+        stuck.set()
+        unblock.wait(30)
+        return "finished late"
+
+    row = d.start("Stuck pair", job)
+    assert stuck.wait(10)
+    threading.Timer(8, unblock.set).start()  # the code before the fix would wait until here
+    started = time.monotonic()
+    d.done(0)
+    took = time.monotonic() - started
+    d.deleteLater()
+    qtbot.wait(50)  # the dialog and its rows are gone
+    unblock.set()
+    qtbot.wait(500)  # the late result arrives with no widget to touch, and nothing raises
+
+    assert took < 5
+    assert row.worker is None and row.thread is None  # handed to the background, not to the widgets

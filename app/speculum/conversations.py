@@ -7,15 +7,23 @@ the previous version or the new one, never half a file.
 
 from __future__ import annotations
 
-import json
+import math
+import re
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import paths
+from .records import RecordError, typed_fields
 
 DEFAULT_TITLE = "New conversation"
+# A conversation's id names its file: letters, digits, '_', '-' and '.', never a path.
+ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+
+
+def valid_id(conversation_id) -> bool:
+    return isinstance(conversation_id, str) and ID_PATTERN.fullmatch(conversation_id) is not None
 
 
 @dataclass
@@ -53,11 +61,52 @@ class Conversation:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, d: dict) -> "Conversation":
-        names = Message.__dataclass_fields__.keys()
-        messages = [Message(**{k: v for k, v in m.items() if k in names}) for m in d.get("messages", [])]
-        fields = {k: v for k, v in d.items() if k in cls.__dataclass_fields__ and k != "messages"}
+    def from_json(cls, d: dict, problems: list[str] | None = None) -> "Conversation":
+        """A saved conversation, keeping what is valid: a field of the wrong type takes its
+        default, a message that is not a message is dropped, an answer whose cycle records are
+        damaged keeps its text but not its replay. What was left out is added to ``problems``."""
+        problems = [] if problems is None else problems
+        fields, wrong = typed_fields(cls, {k: v for k, v in d.items() if k != "messages"})
+        problems += wrong
+        if "id" in fields and not valid_id(fields["id"]):
+            problems.append("its id was not a plain name")
+            del fields["id"]
+        raw = d.get("messages", [])
+        if not isinstance(raw, list):
+            problems.append("'messages' was not a list")
+            raw = []
+        messages = []
+        for i, m in enumerate(raw):
+            message = _message(m, i + 1, problems)
+            if message is not None:
+                messages.append(message)
         return cls(messages=messages, **fields)
+
+
+def _message(m, number: int, problems: list[str]) -> Message | None:
+    from .engine.cycle import Cycle  # a plain record type
+
+    if not isinstance(m, dict):
+        problems.append(f"message {number} was not an object")
+        return None
+    fields, wrong = typed_fields(Message, m)
+    if fields.get("role") not in ("user", "assistant") or "content" not in fields:
+        problems.append(f"message {number} had no role or text")
+        return None
+    problems += [f"message {number}: {w}" for w in wrong]
+    stats = fields.get("stats", {})
+    numbers = {k: v for k, v in stats.items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+    if len(numbers) != len(stats):
+        problems.append(f"message {number}: some of its statistics were not numbers")
+        fields["stats"] = numbers
+    try:
+        for record in fields.get("cycles", []):
+            Cycle.from_json(record)
+    except RecordError as exc:
+        problems.append(f"message {number}: {exc}; its replay is left out")
+        fields["cycles"] = []
+    return Message(**fields)
 
 
 class ConversationStore:
@@ -65,18 +114,45 @@ class ConversationStore:
         self.folder = folder or paths.data_dir() / "conversations"
 
     def _path(self, conversation_id: str) -> Path:
-        return self.folder / f"{conversation_id}.json"
+        """The conversation's file, always directly inside the folder (an id is never a path)."""
+        path = self.folder / f"{conversation_id}.json"
+        if not valid_id(conversation_id) or path.resolve().parent != self.folder.resolve():
+            raise ValueError(f"{conversation_id!r} is not a conversation id")
+        return path
 
     def load_all(self) -> list[Conversation]:
-        """Every readable conversation, most recently updated first; a damaged file is skipped."""
+        """Every readable conversation, most recently updated first. A file of the wrong shape is
+        set aside (``paths.set_aside``); one that is partly damaged keeps its valid part."""
         found = []
         if self.folder.is_dir():
-            for path in self.folder.glob("*.json"):
-                try:
-                    found.append(Conversation.from_json(json.loads(path.read_text(encoding="utf-8"))))
-                except (OSError, ValueError, TypeError):
-                    continue
+            for path in sorted(self.folder.glob("*.json")):
+                conversation = self._read(path)
+                if conversation is not None:
+                    found.append(conversation)
         return sorted(found, key=lambda c: c.updated, reverse=True)
+
+    def _read(self, path: Path) -> Conversation | None:
+        data = paths.read_json_object(path)
+        if data is None:
+            return None
+        problems: list[str] = []
+        conversation = Conversation.from_json(data, problems)
+        if valid_id(path.stem):
+            conversation.id = path.stem  # the file's name is its id: saving writes back to it
+        elif not valid_id(data.get("id")) or (self.folder / f"{data['id']}.json").exists():
+            conversation.id = Conversation().id
+        if conversation.id != path.stem:
+            paths.set_aside(path, "its name is not a conversation id; saved again under a new one")
+        elif problems:
+            paths.set_aside(path, "; ".join(problems[:3]) + (" …" if len(problems) > 3 else ""),
+                            keep_original=True)
+        else:
+            return conversation
+        try:
+            paths.write_json_atomic(self._path(conversation.id), conversation.to_json())
+        except OSError:
+            pass  # the valid part is still shown; it is saved with the next change
+        return conversation
 
     def save(self, conversation: Conversation) -> None:
         conversation.updated = time.time()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field
+
+from ..records import RecordError, field_types, typed_fields, zero
 
 # Why a generation ended.
 EOG = "eog"
@@ -55,5 +57,18 @@ class Cycle:
 
     @classmethod
     def from_json(cls, d: dict) -> "Cycle":
-        names = cls.__dataclass_fields__.keys()
-        return cls(**{k: v for k, v in d.items() if k in names})
+        """A stored cycle. A field an older version did not write takes its empty value, so a
+        new field never breaks old conversations; a field of the wrong type, or counts that
+        disagree, raise RecordError: a damaged record is refused whole, never half drawn."""
+        if not isinstance(d, dict):
+            raise RecordError("a stored cycle is not an object")
+        kept, problems = typed_fields(cls, d)
+        if problems:
+            raise RecordError("a stored cycle's " + "; ".join(problems))
+        for name, spec in cls.__dataclass_fields__.items():
+            if name not in kept and spec.default is MISSING and spec.default_factory is MISSING:
+                kept[name] = zero(field_types(cls)[name])
+        cycle = cls(**kept)
+        if not 0 <= cycle.n_accepted <= len(cycle.drafted) or len(cycle.drafted_text) > len(cycle.drafted):
+            raise RecordError("a stored cycle's counts disagree (more accepted or drafted text than drafted)")
+        return cycle

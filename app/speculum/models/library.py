@@ -9,7 +9,6 @@ are present are recognised without it, so a library copied by hand still works.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -91,17 +90,39 @@ class Library:
         return self.root / LIBRARY_FILE
 
     def _load(self) -> dict:
-        try:
-            state = json.loads(self.state_path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return {"version": 1, "pairs": [], "models": []}
-        except (OSError, ValueError):
-            # a damaged state file must not hide the models: start over, keep a copy for the curious
-            shutil.copyfile(self.state_path, self.state_path.with_suffix(".json.damaged"))
-            return {"version": 1, "pairs": [], "models": []}
-        state.setdefault("pairs", [])
-        state.setdefault("models", [])
+        """The state file, keeping what is valid: a file of another shape is set aside and the
+        library starts over (catalog pairs on disk are still found); entries of the wrong shape
+        are dropped, the original kept beside it as .bad, and the cleaned state written back."""
+        fresh = {"version": 1, "pairs": [], "models": []}
+        state = paths.read_json_object(self.state_path)
+        if state is None:
+            return fresh
+        problems = []
+        for key, needed in (("pairs", ("id", "target", "draft")), ("models", ("path",))):
+            entries = state.get(key, [])
+            if not isinstance(entries, list):
+                problems.append(f"'{key}' was not a list")
+                entries = []
+            valid = [e for e in entries if isinstance(e, dict)
+                     and all(isinstance(e.get(k), str) and e.get(k) for k in needed)]
+            if len(valid) < len(entries):
+                problems.append(f"{len(entries) - len(valid)} of its {key} lacked {' or '.join(needed)}")
+            for entry in valid:  # optional fields of another type are forgotten, not trusted
+                for name in ("name", "catalog", "source"):
+                    if name in entry and entry[name] is not None and not isinstance(entry[name], str):
+                        del entry[name]
+            state[key] = valid
+        if problems:
+            paths.set_aside(self.state_path, "; ".join(problems), keep_original=True)
+            try:
+                self._save(state)  # reported once; the .bad copy keeps what was dropped
+            except OSError:
+                pass
         return state
+
+    def check_state(self) -> None:
+        """Read the state file once, so damage is reported when the app starts."""
+        self._load()
 
     def _save(self, state: dict) -> None:
         paths.write_json_atomic(self.state_path, state, indent=1)

@@ -20,6 +20,17 @@ def run_app(args=None) -> int:
     icon = paths.resource("icons/speculum.svg")
     if icon.is_file():
         app.setWindowIcon(QIcon(str(icon)))
+    from .. import instance
+    from .richtext import warn
+
+    try:
+        instance.claim(paths.data_dir())  # one window per data folder: see speculum.instance
+    except instance.FolderInUse as exc:
+        print(f"speculum: {exc}", file=sys.stderr)
+        warn(None, "Speculum is already open", str(exc))
+        return 1
+    except OSError as exc:  # a read-only or missing folder: the window reports what fails to save
+        print(f"speculum: could not lock {paths.data_dir()}: {exc}", file=sys.stderr)
     window = MainWindow()
     window.show()
     code = app.exec()

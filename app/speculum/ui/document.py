@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import QObject, Qt, Signal
 from PySide6.QtGui import QColor, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QTextEdit,
                                QVBoxLayout, QWidget)
@@ -15,24 +16,47 @@ from ..errors import SpeculumError
 COPIED = QColor("#c9f2d0")
 
 
+class _Reading(QObject):
+    """Carries one file's text (or why not) from its reading thread back to the UI thread."""
+
+    done = Signal(int, str, str, str)  # request number, file name, text, error message
+
+
+def _read(number: int, path: Path, reading: _Reading) -> None:
+    try:
+        text, error = read_document(path), ""
+    except SpeculumError as exc:
+        text, error = "", str(exc)
+    except Exception as exc:  # noqa: BLE001 - a message in the window, never a lost thread
+        text, error = "", f"Could not read {path.name}: {exc}"
+    try:
+        reading.done.emit(number, path.name, text, error)
+    except RuntimeError:
+        pass  # the window closed while the file was read
+
+
 class DocumentPane(QWidget):
     summariseRequested = Signal()
     error = Signal(str)
+    documentOpened = Signal(str)  # the file's name, once its text is in the pane
 
     def __init__(self, parent=None):
         super().__init__(parent)
         self.setObjectName("documentPane")
         self.setAcceptDrops(True)
         self.name = ""
+        self._requests = 0  # files asked for; only the latest one's text is shown
+        self._reading = _Reading()
+        self._reading.done.connect(self._on_read)
         self.open_button = QPushButton("Open…")
         self.open_button.setToolTip("Open a .txt, .md, .html or .pdf file (or drop one here)")
         self.summarise_button = QPushButton("Summarise")
         self.summarise_button.setObjectName("summariseButton")
         self.summarise_button.setToolTip("Summarise this document; Auto mode drafts from it by prompt lookup")
         self.clear_button = QPushButton("Clear")
-        self.title = QLabel("Document")
+        self.title = QLabel("Document", textFormat=Qt.PlainText)  # shows the file's name
         self.title.setObjectName("paneTitle")
-        self.progress = QLabel("")
+        self.progress = QLabel("", textFormat=Qt.PlainText)
         self.progress.setObjectName("progressLabel")
         self.editor = QPlainTextEdit()
         self.editor.setObjectName("documentText")
@@ -73,14 +97,24 @@ class DocumentPane(QWidget):
         words = len(self.text().split())
         self.caption.setText(f"{words:,} words" if words else "")
 
-    def open_path(self, path: str | Path) -> bool:
-        try:
-            text = read_document(path)
-        except SpeculumError as exc:
-            self.error.emit(str(exc))
-            return False
-        self.set_document(text, Path(path).name)
-        return True
+    def open_path(self, path: str | Path) -> None:
+        """Read a file in the background (a large PDF takes seconds); ``documentOpened`` or
+        ``error`` follows."""
+        path = Path(path)
+        self._requests += 1
+        self.show_progress(f"Reading {path.name}…")
+        threading.Thread(target=_read, args=(self._requests, path, self._reading), daemon=True,
+                         name="document-reader").start()
+
+    def _on_read(self, number: int, name: str, text: str, error: str) -> None:
+        if number != self._requests:
+            return  # another file was asked for since
+        self.show_progress("")
+        if error:
+            self.error.emit(error)
+            return
+        self.set_document(text, name)
+        self.documentOpened.emit(name)
 
     def choose_file(self) -> None:
         patterns = " ".join(f"*{s}" for s in SUPPORTED)

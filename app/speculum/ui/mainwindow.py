@@ -10,7 +10,7 @@ from __future__ import annotations
 from PySide6.QtCore import QByteArray, QElapsedTimer, Qt, Signal
 from PySide6.QtGui import QAction, QKeySequence, QShortcut
 from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFormLayout, QFrame, QGroupBox, QHBoxLayout,
-                               QLabel, QListWidget, QListWidgetItem, QMainWindow, QMessageBox,
+                               QLabel, QListWidget, QListWidgetItem, QMainWindow,
                                QProgressBar, QPushButton, QSpinBox, QSplitter, QToolBar,
                                QToolButton, QVBoxLayout, QWidget)
 
@@ -21,7 +21,9 @@ from .document import DocumentPane
 from .inputbox import InputBox
 from .modelchoices import local_models
 from .replay import ReplayBar
+from .richtext import ask
 from .serve import ServePanel
+from .setaside import saved_state_notice
 from .settings import MODES, Settings
 from .speculation import Legend, SpeculationView
 from .stats import StatsPanel
@@ -69,6 +71,7 @@ class Banner(QFrame):
         super().__init__(parent)
         self.setObjectName("banner")
         self.label = QLabel()
+        self.label.setTextFormat(Qt.PlainText)  # messages quote file and model names
         self.label.setWordWrap(True)
         self.label.setTextInteractionFlags(Qt.TextSelectableByMouse)
         close = QToolButton(text="✕", toolTip="Dismiss")
@@ -148,6 +151,9 @@ class MainWindow(QMainWindow):
             self.restoreGeometry(QByteArray.fromHex(self.settings.geometry.encode()))
         if autoload and self.target_combo.currentData():
             self.load_pair()
+        notice = saved_state_notice()
+        if notice:
+            self.banner.show_message(notice, kind="info")
 
     # ------------------------------------------------------------------ layout
 
@@ -220,6 +226,7 @@ class MainWindow(QMainWindow):
         form.addRow("Draft GPU layers", self.draft_layers)
         self.hardware_note = QLabel("Starting the engine…")
         self.hardware_note.setObjectName("caption")
+        self.hardware_note.setTextFormat(Qt.PlainText)  # the GPU's name as the driver reports it
         self.hardware_note.setWordWrap(True)
         form.addRow(self.hardware_note)
         for spin in (self.target_layers, self.draft_layers):
@@ -268,6 +275,7 @@ class MainWindow(QMainWindow):
         self.replay_bar.setEnabled(False)
         self.replay_label = QLabel("Replay: finish a generation, then step through its cycles.")
         self.replay_label.setObjectName("caption")
+        self.replay_label.setTextFormat(Qt.PlainText)  # names a saved cycle's drafter
         self.replay_label.setWordWrap(True)
         # Room for two lines, always: a step's description wraps, and the pane must not squeeze it.
         self.replay_label.setMinimumHeight(2 * self.replay_label.fontMetrics().lineSpacing() + 4)
@@ -295,7 +303,7 @@ class MainWindow(QMainWindow):
 
         # Status bar: what runs where, and load progress.
         self.backend_label = QLabel(objectName="backendLabel")
-        self.model_label = QLabel("No model loaded", objectName="modelLabel")
+        self.model_label = QLabel("No model loaded", objectName="modelLabel", textFormat=Qt.PlainText)
         self.load_progress = QProgressBar(objectName="loadProgress", maximum=1000, textVisible=True)
         self.load_progress.setFixedWidth(220)
         self.cancel_button = QPushButton("Cancel", objectName="cancelLoad", toolTip="Cancel loading")
@@ -726,9 +734,8 @@ class MainWindow(QMainWindow):
             self.show_error("Stop the generation before deleting its conversation.")
             return
         if confirm and conv.messages:
-            answer = QMessageBox.question(self, "Delete conversation",
-                                          f"Delete “{conv.title}” and its {len(conv.messages)} messages?")
-            if answer != QMessageBox.Yes:
+            if not ask(self, "Delete conversation",
+                       f"Delete “{conv.title}” and its {len(conv.messages)} messages?"):
                 return
         self.store.delete(conv.id)
         self.conversations.remove(conv)
@@ -953,7 +960,10 @@ class MainWindow(QMainWindow):
         from ..engine.cycle import Cycle  # a plain record type; nothing runs
 
         message = self.current.messages[index]
-        cycles = [Cycle.from_json(d) for d in message.cycles]
+        try:
+            cycles = [Cycle.from_json(d) for d in message.cycles]
+        except ValueError:  # checked when the conversation was read; a damaged record replays nothing
+            cycles = []
         rate = self.settings.plain_tokens_per_s.get(self.settings.target)
         self._replay = {"cycles": cycles, "stages": [d.get("stage", "") for d in message.cycles],
                         "snapshots": replay_snapshots(cycles, rate, message.stats.get("prompt_tokens", 0),

@@ -7,15 +7,16 @@ picks a pair it emits ``pair_ready(target_path, draft_path)``; the main window l
 
 from __future__ import annotations
 
+import html
 import shutil
 from pathlib import Path
 from typing import Callable
 
-from PySide6.QtCore import QObject, Qt, QThread, QUrl, Signal, Slot
+from PySide6.QtCore import QCoreApplication, QDeadlineTimer, QObject, Qt, QThread, QUrl, Signal, Slot
 from PySide6.QtGui import QBrush, QColor, QDesktopServices, QFont
 from PySide6.QtWidgets import (
     QAbstractItemView, QComboBox, QDialog, QDialogButtonBox, QFileDialog, QFormLayout, QFrame, QHBoxLayout,
-    QHeaderView, QLabel, QLineEdit, QMessageBox, QProgressBar, QPushButton, QScrollArea, QTableWidget,
+    QHeaderView, QLabel, QLineEdit, QProgressBar, QPushButton, QScrollArea, QTableWidget,
     QTableWidgetItem, QTabWidget, QVBoxLayout, QWidget,
 )
 
@@ -28,9 +29,21 @@ from ..models.download import CancelToken, DownloadProgress, staged_bytes
 from ..models.hardware import Fit, Machine
 from ..models.library import IncompatiblePair, Library, LibraryPair, LocalModel, bundled_available
 from ..models.remote import HubRef
+from .richtext import ask, escaped_tooltip, plain_label, warn
 
 FIT_COLOURS = {Fit.FITS: "#1a7f37", Fit.TIGHT: "#b26a00", Fit.TOO_BIG: "#b42318"}
 SCALE = 1000  # progress bars count in thousandths: QProgressBar is 32-bit, files are not
+CLOSE_WAIT_MS = 3000  # closing waits this long, in all, for downloads to stop at their next chunk
+# Downloads still blocked (a network timeout) when their dialog closed: kept alive here, with
+# nothing connected to the gone widgets, until they end by themselves.
+_finishing: list[tuple[QThread, "DownloadWorker"]] = []
+QUIT_WAIT_MS = 5000  # at quit, the most the app waits for them (a QThread destroyed running aborts)
+
+
+def _wait_for_finishing() -> None:
+    deadline = QDeadlineTimer(QUIT_WAIT_MS)
+    for thread, _worker in _finishing:
+        thread.wait(deadline)
 
 
 class DownloadWorker(QObject):
@@ -68,8 +81,8 @@ class DownloadRow(QFrame):
         self.name = name
         self.setObjectName("downloadRow")
         self.setFrameShape(QFrame.StyledPanel)
-        self.title = QLabel(f"<b>{name}</b>")
-        self.file_label = QLabel("Asking the Hub…")
+        self.title = QLabel(f"<b>{html.escape(name)}</b>")  # a Hub file name, a user's pair name
+        self.file_label = plain_label("Asking the Hub…")
         self.file_bar = QProgressBar()
         self.total_bar = QProgressBar()
         for bar in (self.file_bar, self.total_bar):
@@ -77,7 +90,7 @@ class DownloadRow(QFrame):
             bar.setValue(0)
         self.file_bar.setFormat("file %p%")
         self.total_bar.setFormat("total %p%")
-        self.stats = QLabel("")
+        self.stats = plain_label("")
         self.stats.setObjectName("caption")
         self.cancel_button = QPushButton("Cancel")
         self.use_button = QPushButton("Use this pair")
@@ -208,7 +221,7 @@ class ModelsDialog(QDialog):
         self.catalog_table = _table(self.CATALOG_COLUMNS)
         self.catalog_table.itemSelectionChanged.connect(self._catalog_selection)
         self.catalog_table.itemDoubleClicked.connect(lambda _item: self._catalog_action())
-        self.pair_summary = QLabel()
+        self.pair_summary = plain_label()
         self.pair_summary.setWordWrap(True)
         self.pair_summary.setObjectName("caption")
         self.download_button = QPushButton("Download")
@@ -312,11 +325,9 @@ class ModelsDialog(QDialog):
             self._use_selected_catalog_pair()
             return
         if hardware.fit(pair, self.machine) is Fit.TOO_BIG:
-            answer = QMessageBox.question(
-                self, "Too big for this machine",
-                f"{pair.name} needs about {pair.memory_gb:.0f} GB of memory; this machine has "
-                f"{self.machine.describe()}. Download it anyway?")
-            if answer != QMessageBox.Yes:
+            if not ask(self, "Too big for this machine",
+                       f"{pair.name} needs about {pair.memory_gb:.0f} GB of memory; this machine has "
+                       f"{self.machine.describe()}. Download it anyway?"):
                 return
         self.download_pair(pair)
 
@@ -333,7 +344,7 @@ class ModelsDialog(QDialog):
         self.library_table = _table(self.LIBRARY_COLUMNS)
         self.library_table.itemSelectionChanged.connect(self._library_selection)
         self.library_table.itemDoubleClicked.connect(lambda _item: self._use_selected_library_pair())
-        self.disk_label = QLabel()
+        self.disk_label = plain_label()
         self.disk_label.setObjectName("caption")
         self.use_library_button = QPushButton("Use this pair")
         self.use_library_button.clicked.connect(self._use_selected_library_pair)
@@ -374,7 +385,7 @@ class ModelsDialog(QDialog):
         for row, (name, kind, size, files, where, _obj) in enumerate(entries):
             for col, text in enumerate((name, kind, human_bytes(size), files)):
                 item = QTableWidgetItem(text)
-                item.setToolTip(where)
+                item.setToolTip(escaped_tooltip(where))  # file paths, shown literally
                 if col == 2:
                     item.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
                 table.setItem(row, col, item)
@@ -415,13 +426,12 @@ class ModelsDialog(QDialog):
         ours = [m for m in models if m.in_library]
         what = (f"This deletes {human_bytes(sum(m.size for m in ours))} of model files."
                 if ours else "Your own files stay where they are; the library only forgets them.")
-        if QMessageBox.question(self, "Delete from the library", f"Remove {entry.name}? {what}") \
-                != QMessageBox.Yes:
+        if not ask(self, "Delete from the library", f"Remove {entry.name}? {what}"):
             return
         try:
             self.library.remove(key)
         except SpeculumError as exc:
-            QMessageBox.warning(self, "Cannot delete", str(exc))
+            warn(self, "Cannot delete", str(exc))
         self.refresh()
 
     def _reveal_selected(self) -> None:
@@ -443,10 +453,10 @@ class ModelsDialog(QDialog):
         try:
             pair = self.library.add_pair(target, draft)
         except IncompatiblePair as exc:
-            QMessageBox.warning(self, "These models cannot form a pair", exc.compatibility.reason)
+            warn(self, "These models cannot form a pair", exc.compatibility.reason)
             return
         except SpeculumError as exc:
-            QMessageBox.warning(self, "Cannot add the pair", str(exc))
+            warn(self, "Cannot add the pair", str(exc))
             return
         self.refresh()
         self._select_library(pair.id)
@@ -458,7 +468,7 @@ class ModelsDialog(QDialog):
         try:
             target, draft = ask.refs()
         except SpeculumError as exc:
-            QMessageBox.warning(self, "Not a Hub file", str(exc))
+            warn(self, "Not a Hub file", str(exc))
             return
         name = ask.name.text().strip() or None
         title = name or (f"{target.filename} + {draft.filename}" if draft else target.filename)
@@ -528,8 +538,8 @@ class ModelsDialog(QDialog):
 
     def refresh(self) -> None:
         best = self.recommended()
-        pick = f" Recommended: <b>{best.name}</b> ({best.memory_gb:.0f} GB)." if best else ""
-        self.machine_label.setText(f"This machine: {self.machine.describe()}.{pick}")
+        pick = f" Recommended: <b>{html.escape(best.name)}</b> ({best.memory_gb:.0f} GB)." if best else ""
+        self.machine_label.setText(f"This machine: {html.escape(self.machine.describe())}.{pick}")
         self._fill_catalog()
         self._fill_library()
 
@@ -537,13 +547,30 @@ class ModelsDialog(QDialog):
         return [r for r in self.rows if r.thread is not None and r.thread.isRunning()]
 
     def done(self, result: int) -> None:
-        """Closing keeps unfinished downloads as partial files: the next download resumes them."""
+        """Closing keeps unfinished downloads as partial files: the next download resumes them.
+        It waits a bounded time for them to stop; one blocked on the network is left to end in
+        the background, cut off from this dialog's widgets."""
         for row in self.running():
             row.worker.cancel.pause()
+        deadline = QDeadlineTimer(CLOSE_WAIT_MS)
         for row in self.rows:
             if row.thread is not None:
                 row.thread.quit()
-                row.thread.wait()
+                row.thread.wait(deadline)
+        _finishing[:] = [(t, w) for t, w in _finishing if not t.isFinished()]
+        for row in self.rows:
+            thread, worker = row.thread, row.worker
+            if thread is None or thread.isFinished():
+                continue
+            for signal in (worker.progress, worker.finished, worker.failed):
+                signal.disconnect()
+            worker.finished.connect(thread.quit)
+            worker.failed.connect(thread.quit)
+            thread.setParent(None)  # a QThread deleted while it runs aborts the process
+            if not _finishing and QCoreApplication.instance() is not None:
+                QCoreApplication.instance().aboutToQuit.connect(_wait_for_finishing, Qt.UniqueConnection)
+            _finishing.append((thread, worker))
+            row.thread = row.worker = None
         super().done(result)
 
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 
 from .. import paths
+from ..records import typed_fields
 
 MODES = [("Auto", "auto"), ("Draft model", "draft"), ("Prompt lookup", "lookup"), ("Off", "off")]
 
@@ -32,15 +32,15 @@ class Settings:
 
     @classmethod
     def load(cls) -> "Settings":
-        try:
-            data = json.loads(cls.path().read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        """The saved settings; a value of the wrong type goes back to its default, and a file of
+        another shape is set aside (the window says so once)."""
+        data = paths.read_json_object(cls.path())
+        if data is None:
             return cls()
-        known = cls.__dataclass_fields__.keys()
-        try:
-            return cls(**{k: v for k, v in data.items() if k in known})
-        except TypeError:
-            return cls()
+        kept, problems = typed_fields(cls, data)
+        if problems:
+            paths.set_aside(cls.path(), "reset to defaults: " + "; ".join(problems), keep_original=True)
+        return cls(**kept)
 
     def save(self) -> None:
         paths.write_json_atomic(self.path(), asdict(self))

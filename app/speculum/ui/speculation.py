@@ -15,6 +15,7 @@ from PySide6.QtWidgets import QTextEdit, QToolTip
 
 from . import look
 from .opaque import OpaqueScrollArea
+from .richtext import escaped_tooltip
 
 KIND = QTextFormat.UserProperty + 1  # the token kind stored in each run's format
 
@@ -179,7 +180,8 @@ class SpeculationView(OpaqueScrollArea, QTextEdit):
             position = cursor.position() - (1 if event.pos().x() < rect.x() else 0)
             token = self.token_at(max(position, 0))
             if token:
-                QToolTip.showText(event.globalPos(), token[2], self)
+                # The drafter's name comes from saved cycles: shown literally, never as HTML.
+                QToolTip.showText(event.globalPos(), escaped_tooltip(token[2]), self)
             else:
                 QToolTip.hideText()
             return True

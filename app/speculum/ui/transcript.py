@@ -10,6 +10,7 @@ from PySide6.QtWidgets import QTextBrowser
 
 from .look import MODE_NAMES
 from .opaque import OpaqueScrollArea
+from .richtext import RefusingResources, markdown_fragment
 
 
 CODE_BACKGROUND = QColor("#f2f4f7")
@@ -50,7 +51,15 @@ def settled_length(markdown: str) -> int:
     return end
 
 
-class Transcript(OpaqueScrollArea, QTextBrowser):
+def replay_index(url: QUrl) -> int | None:
+    """The message a ``replay:N`` link points at; None for any other link (answers hold links too)."""
+    if url.scheme() != "replay":
+        return None
+    number = url.path() or url.host()
+    return int(number) if number.isascii() and number.isdigit() and len(number) < 10 else None
+
+
+class Transcript(OpaqueScrollArea, RefusingResources, QTextBrowser):
     replayRequested = Signal(int)  # index of an assistant message in the conversation
 
     def __init__(self, parent=None):
@@ -65,8 +74,9 @@ class Transcript(OpaqueScrollArea, QTextBrowser):
         self._settled_at = 0
 
     def _anchor(self, url: QUrl) -> None:
-        if url.scheme() == "replay":
-            self.replayRequested.emit(int(url.path() or url.host() or 0))
+        index = replay_index(url)
+        if index is not None:
+            self.replayRequested.emit(index)
 
     # -- building blocks --
 
@@ -94,7 +104,7 @@ class Transcript(OpaqueScrollArea, QTextBrowser):
     def _markdown(self, cursor: QTextCursor, text: str) -> None:
         start = cursor.position()
         self._new_block(cursor, 4)
-        cursor.insertMarkdown(text or " ")
+        cursor.insertFragment(markdown_fragment(text or " "))  # no raw HTML, no images: see richtext
         self._style_code(start, cursor.position())
 
     def _plain(self, cursor: QTextCursor, text: str) -> None:
