@@ -1,0 +1,154 @@
+"""`speculum serve` against a bare engine loop, and Predicted Outputs on a code edit.
+
+One process loads the pair and serves it on 127.0.0.1; the requests come from a separate
+client process (as from an editor), streaming. Rows, run alternately so both see the same
+machine load:
+
+- overhead: one chat request through the server vs the same prompt in a bare
+  ``Decoder.generate`` loop in the server's process (tokens/s from the request to the last
+  token, the prompt cached in both after a warm-up);
+- edit: rename a variable through a 100-line file (resources/bench/edit_inventory.py.txt),
+  without a prediction, with the original file as the prediction, and with unrelated text
+  as the prediction: tokens/s and accepted/rejected prediction tokens.
+
+    SPECULUM_MODELS_DIR=~/.cache/speculum-dev/models python scripts/bench_server.py
+    (add --target T --draft D, --mode auto, --max-tokens N, --repeat N, --json)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+EDIT_FILE = REPO / "resources" / "bench" / "edit_inventory.py.txt"
+UNRELATED = REPO / "resources" / "bench" / "lighthouse-report.txt"
+CHAT = "Write a Python function that parses a CSV file and returns the average of each numeric column."
+
+
+def client(url: str, body: dict) -> dict:
+    """In the client process: one streaming request; tokens, seconds, usage, Speculum's numbers."""
+    import httpx
+
+    start = time.perf_counter()
+    usage, numbers, pieces = {}, {}, []
+    with httpx.stream("POST", url + "/chat/completions", json={**body, "stream": True,
+                      "stream_options": {"include_usage": True}}, timeout=3600) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            for choice in chunk.get("choices", []):
+                pieces.append(choice.get("delta", {}).get("content") or "")
+            usage = chunk.get("usage") or usage
+            numbers = chunk.get("speculum") or numbers
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "tokens": usage.get("completion_tokens", 0), "usage": usage,
+            "speculum": numbers, "text": "".join(pieces)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--target")
+    parser.add_argument("--draft")
+    parser.add_argument("--mode", default="auto")
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--client", nargs=2, metavar=("URL", "BODY"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.client:
+        print(json.dumps(client(args.client[0], json.loads(args.client[1]))))
+        return 0
+
+    sys.path.insert(0, str(REPO / "app"))
+    import socket
+
+    import uvicorn
+
+    from speculum.engine.prompts import build_messages
+    from speculum.engine.session import LoadOptions, load_decoder
+    from speculum.server.api import create_app
+    from speculum.server.service import ServedModel
+
+    models = Path(os.environ.get("SPECULUM_MODELS_DIR", Path.home() / ".cache/speculum-dev/models"))
+    target = args.target or str(models / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")
+    draft = args.draft or (None if args.target else str(models / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"))
+    decoder = load_decoder(target, draft, LoadOptions(n_ctx=4096))
+    served = ServedModel(decoder, "bench", mode=args.mode)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(served), host="127.0.0.1", port=port, log_level="warning"))
+    threading.Thread(target=server.run, daemon=True).start()
+    while not server.started:
+        time.sleep(0.05)
+    url = f"http://127.0.0.1:{port}/v1"
+
+    def through_server(messages, prediction=None) -> dict:
+        body = {"model": "bench", "messages": messages, "max_tokens": args.max_tokens, "temperature": 0}
+        if prediction is not None:
+            body["prediction"] = {"type": "content", "content": prediction}
+        out = subprocess.run([sys.executable, __file__, "--client", url, json.dumps(body)],
+                             capture_output=True, text=True, check=True)
+        return json.loads(out.stdout)
+
+    def bare_loop(messages) -> dict:
+        prompt = decoder.target.tokenize(decoder.target.apply_chat_template(messages))
+        start = time.perf_counter()
+        n = sum(len(c.emitted) for c in decoder.generate(prompt, max_tokens=args.max_tokens, policy=args.mode))
+        return {"seconds": time.perf_counter() - start, "tokens": n}
+
+    rate = lambda r: r["tokens"] / r["seconds"]  # noqa: E731
+    chat = build_messages(CHAT)
+    source = EDIT_FILE.read_text(encoding="utf-8")
+    edit = build_messages("Rename the variable `total` to `running_sum` everywhere in this file. Answer with "
+                          f"the whole file and nothing else.\n\n```python\n{source}```")
+    unrelated = UNRELATED.read_text(encoding="utf-8")[: len(source)]
+    rows = {"generate loop (chat)": [], "server, streaming (chat)": [], "edit, no prediction": [],
+            "edit, file as prediction": [], "edit, unrelated prediction": []}
+    bare_loop(chat), through_server(chat), through_server(edit)  # warm-up: prompts cached, policy settled
+    for i in range(args.repeat):
+        print(f"  round {i + 1} of {args.repeat}", file=sys.stderr)
+        rows["generate loop (chat)"].append(bare_loop(chat))
+        rows["server, streaming (chat)"].append(through_server(chat))
+        rows["edit, no prediction"].append(through_server(edit))
+        rows["edit, file as prediction"].append(through_server(edit, source))
+        rows["edit, unrelated prediction"].append(through_server(edit, unrelated))
+    server.should_exit = True
+    table = []
+    for name, runs in rows.items():
+        details = [r.get("usage", {}).get("completion_tokens_details") or {} for r in runs]
+        table.append({"row": name, "tokens_per_s": round(statistics.median(rate(r) for r in runs), 2),
+                      "runs": [round(rate(r), 2) for r in runs], "tokens": runs[-1]["tokens"],
+                      "accepted_prediction_tokens": details[-1].get("accepted_prediction_tokens"),
+                      "rejected_prediction_tokens": details[-1].get("rejected_prediction_tokens"),
+                      "acceptance_rate": runs[-1].get("speculum", {}).get("acceptance_rate")})
+    by = {r["row"]: r["tokens_per_s"] for r in table}
+    ratios = {"server / generate loop": by["server, streaming (chat)"] / by["generate loop (chat)"],
+              "file prediction / none": by["edit, file as prediction"] / by["edit, no prediction"],
+              "unrelated prediction / none": by["edit, unrelated prediction"] / by["edit, no prediction"]}
+    if args.json:
+        print(json.dumps({"target": Path(target).name, "mode": args.mode, "rows": table,
+                          "ratios": {k: round(v, 3) for k, v in ratios.items()}}, indent=1))
+        return 0
+    print(f"{Path(target).name}, {args.mode} mode, {args.max_tokens} max tokens, median of {args.repeat}")
+    print(f"{'':<28} {'tok/s':>7} {'tokens':>6} {'accepted':>9} {'rejected':>9}  runs")
+    for r in table:
+        print(f"{r['row']:<28} {r['tokens_per_s']:>7.2f} {r['tokens']:>6} {str(r['accepted_prediction_tokens']):>9} "
+              f"{str(r['rejected_prediction_tokens']):>9}  {r['runs']}")
+    for name, value in ratios.items():
+        print(f"{name}: {value:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
