@@ -91,7 +91,7 @@ def test_real_templates_still_render():
 
 def test_a_real_models_template_error_names_the_model(smollm, monkeypatch):
     monkeypatch.setattr(smollm, "chat_template", HOSTILE["nested range loops"][0])
-    with pytest.raises(SpeculumError, match=r"^The chat template of SmolLM2.* could not be rendered: it takes more"):
+    with pytest.raises(SpeculumError, match=r"^The chat template of SmolLM2-135M-Instruct\.Q4_1\.gguf could not be rendered: it takes more"):
         smollm.apply_chat_template(MESSAGES)
     monkeypatch.undo()
     assert "<|im_start|>user\nHi<|im_end|>" in smollm.apply_chat_template(MESSAGES)

@@ -195,7 +195,8 @@ def mutate(rng: random.Random, data: bytes, seeds: list[bytes]) -> bytes:
     for _ in range(rng.randint(1, 4)):
         if not out:
             break
-        i = rng.randrange(min(len(out), rng.choice((32, 256, 4096, len(out)))))
+        first = 0 if rng.random() < 0.02 else min(4, len(out) - 1)  # the magic, now and then
+        i = rng.randrange(first, max(first + 1, min(len(out), rng.choice((32, 256, 4096, len(out))))))
         op = rng.randrange(8)
         if op == 0:
             out[i] = rng.randrange(256)

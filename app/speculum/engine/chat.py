@@ -309,9 +309,8 @@ def _compile(template: str) -> jinja2.Template:
 
 
 def template_owner(model: HasTemplate) -> str:
-    """The model a template came with, for messages."""
-    facts = getattr(model, "facts", None)
-    name = getattr(facts, "name", None) or getattr(getattr(model, "path", None), "name", None)
+    """The model a template came with, for messages: its file name, as the user chose it."""
+    name = getattr(getattr(model, "path", None), "name", None) or getattr(getattr(model, "facts", None), "name", None)
     return " ".join(str(name).split())[:120] if name else "this model"
 
 
