@@ -319,12 +319,13 @@ class FileLock:
         if fd is None:
             return
         try:
-            try:
+            with contextlib.suppress(OSError):  # Windows refuses while the file is open: see below
                 os.unlink(self.path)  # while still held, so no one locks a file that is going away
-            except OSError:
-                pass  # Windows: another process has it open; it stays, harmlessly
             _os_unlock(fd)
             os.close(fd)
+            if msvcrt is not None:
+                with contextlib.suppress(OSError):  # another process has it open: it stays, harmlessly
+                    os.unlink(self.path)
         finally:
             self._thread_lock.release()
 

@@ -146,11 +146,11 @@ class Library:
 
     def _user_files(self, state: dict) -> set[Path]:
         """Files the user added with 'models add' (or the window's equivalent): theirs, never deleted."""
-        files = {self._abs(e["path"]) for e in state["models"] if e.get("source", "local") == "local"}
+        files = [e.get("path") for e in state["models"] if e.get("source", "local") == "local"]
         for entry in state["pairs"]:
             if not entry.get("catalog") and not entry.get("downloaded"):
-                files |= {self._abs(entry[role]) for role in ("target", "draft")}
-        return {f.resolve() for f in files}
+                files += [entry.get("target"), entry.get("draft")]
+        return {self._abs(f).resolve() for f in files if isinstance(f, str)}
 
     def _deletable(self, file: Path, user_files: set[Path]) -> bool:
         """Ours to delete: inside the models folder, and downloaded or assembled by Speculum (it
