@@ -212,11 +212,15 @@ def _nested_path(ref: HubRef, root: Path) -> Path:
     return root / repo_folder(ref.repo) / ref.revision / ref.path
 
 
-def _is_copy_of(path: Path, ref: HubRef) -> bool:
-    """Whether ``path`` is a verified download of exactly this repo, file and revision."""
-    stamp = read_stamp(path)
+def _names(stamp: dict | None, ref: HubRef) -> bool:
+    """Whether a stamp is for exactly this repo, file and revision (stamps before revisions: main)."""
     return (stamp is not None and stamp.get("repo") == ref.repo and stamp.get("path") == ref.path
             and ref.revision in (stamp.get("revision", "main"), stamp.get("commit")))
+
+
+def _is_copy_of(path: Path, ref: HubRef) -> bool:
+    """Whether ``path`` is a verified, unchanged download of exactly this file."""
+    return _names(read_stamp(path), ref)
 
 
 def _present(ref: HubRef, root: Path) -> Path | None:
@@ -230,8 +234,7 @@ def _destination(ref: HubRef, root: Path) -> Path:
     """The repo's folder, unless a different file of that name is there (Q4/model.gguf beside
     Q8/model.gguf): then its own path below the folder, so neither replaces the other."""
     flat = library_path(ref, root)
-    stamp = paths.read_json_object(stamp_path(flat)) or {}
-    ours = stamp.get("repo") == ref.repo and stamp.get("path") == ref.path  # an older copy of this file
+    ours = _names(paths.read_json_object(stamp_path(flat)), ref)  # a stale copy of this very file
     taken = (flat.exists() or stamp_path(flat).exists()) and not ours
     return _inside(_nested_path(ref, root) if taken else flat, root)
 
