@@ -115,6 +115,19 @@ def test_real_names_are_accepted():
     assert HubRef.parse("hf:Qwen/Qwen2.5-Coder-7B-Instruct-GGUF@" + "a" * 40 + "/qwen2.5-coder-7b-q4_k_m.gguf")
 
 
+def test_catalog_entries_with_unsafe_names_are_invalid(tmp_path):
+    entry = _pair_entry("unsafe", ("test-org/Llama-3.1-8B-GGUF", "../../Llama-3.1-8B.gguf", b"x"),
+                        ("test-org/Llama-3.2-1B-GGUF", "llama-3.2-1b.gguf", b""))
+    (tmp_path / "catalog.json").write_text(json.dumps({"version": 1, "pairs": [entry]}))
+    [pair] = catalog.load(tmp_path / "catalog.json")
+    assert any("target file '../../Llama-3.1-8B.gguf' of 'test-org/Llama-3.1-8B-GGUF' is unsafe" in p
+               for p in catalog.validate(pair))
+    library = Library(tmp_path / "models", pairs=[pair])
+    assert library.pairs() == []  # listed as not installed, without failing the whole list
+    with pytest.raises(SpeculumError, match="^Refusing the Hub file"):
+        library.install(pair)
+
+
 def test_a_repo_folder_linked_outside_the_library_is_not_written(hub, root, tmp_path):
     outside = tmp_path / "outside"
     outside.mkdir()

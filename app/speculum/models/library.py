@@ -185,7 +185,11 @@ class Library:
     def _catalog_model_path(self, model: CatalogModel) -> Path | None:
         """Where a catalog model's first file is, if all its files are here."""
         first = model.first_file
-        for folder in (library_path(HubRef(model.repo, first.path), self.root).parent, self.root):
+        try:
+            repo_folder = library_path(HubRef(model.repo, first.path), self.root).parent
+        except SpeculumError:
+            return None  # an unsafe catalog entry is never on disk; installing it says why
+        for folder in (repo_folder, self.root):
             if all((folder / f.filename).is_file() for f in model.files):
                 return folder / first.filename
         return None

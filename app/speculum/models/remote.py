@@ -72,7 +72,8 @@ def _path_problem(path: str) -> str | None:
     return None
 
 
-def _ref_problem(repo: str, path: str, revision: str) -> str | None:
+def ref_problem(repo: str, path: str, revision: str) -> str | None:
+    """Why a Hub file's names are unsafe to download into the library, or None."""
     parts = repo.split("/")
     if len(parts) != 2 or not all(_REPO_PART.fullmatch(p) and p[0] not in ".-" and p[-1] not in ".-"
                                   and "--" not in p and ".." not in p for p in parts):
@@ -92,7 +93,7 @@ class HubRef:
     revision: str = "main"
 
     def __post_init__(self) -> None:
-        why = _ref_problem(self.repo, self.path, self.revision)
+        why = ref_problem(self.repo, self.path, self.revision)
         if why:
             raise SpeculumError(f"Refusing the Hub file '{_shown(self.repo)}/{_shown(self.path)}' "
                                 f"(revision '{_shown(self.revision)}'): {why}.")
