@@ -13,10 +13,13 @@ output stops at a cap. Any failure is one plain sentence naming the template's m
 
 from __future__ import annotations
 
+import contextvars
+import functools
 import json
 import re
 import string
 import time
+from collections.abc import Iterator, Sized
 from datetime import datetime
 from functools import lru_cache
 from typing import Any, Iterable, Protocol, Sequence
@@ -37,13 +40,12 @@ FALLBACK_TEMPLATE = (
 
 # Far above what any real template needs (they loop over the messages, a few thousand steps),
 # far below what would freeze the app or exhaust its memory.
-MAX_STEPS = 1_000_000  # loop iterations and calls in one rendering
+MAX_STEPS = 250_000  # loop iterations, calls and items filtered in one rendering
 MAX_SECONDS = 10.0
 MAX_TEXT = 16 << 20  # characters in any one string, and in the whole prompt (~4M tokens)
 MAX_ITEMS = 1 << 20  # items in a list a template builds
 MAX_INT_BITS = 1 << 16  # integers a template computes
 
-_BUDGET = "__speculum_budget"
 _STEPS = "__speculum_steps"
 _CONCAT = "__speculum_concat"
 
@@ -61,12 +63,14 @@ class TemplateLimit(Exception):
 
 
 class _Budget:
+    """Steps and time left to the rendering running in this context (set by ``render_chat``)."""
+
     def __init__(self) -> None:
         self.steps = 0
         self.deadline = time.monotonic() + MAX_SECONDS
 
-    def step(self) -> None:
-        self.steps += 1
+    def step(self, n: int = 1) -> None:
+        self.steps += n
         if self.steps > MAX_STEPS:
             raise TemplateLimit(f"it takes more than {MAX_STEPS:,} steps")
         if self.steps % 256 == 0 and time.monotonic() > self.deadline:
@@ -211,24 +215,52 @@ class _TemplateSandbox(ImmutableSandboxedEnvironment):
         return super().compile(source, name, filename, raw, defer_init)
 
     def call_binop(self, context, operator_name, left, right):
-        budget = context.get(_BUDGET)
-        if budget is not None:
-            budget.step()
+        _step()
         return _BINOPS[operator_name](left, right)
 
     def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 - Jinja's own signature
-        budget = __context.get(_BUDGET)
-        if budget is not None:
-            budget.step()
+        _step()
         _str_method_check(getattr(__obj, "__wrapped__", __obj), args, kwargs)
         result = super().call(__context, __obj, *args, **kwargs)
         return _check_int(_check_items(result))
 
 
-def _steps(budget: _Budget, iterable: Any) -> Iterable:
+_budget: contextvars.ContextVar[_Budget | None] = contextvars.ContextVar("chat_template_budget", default=None)
+
+
+def _step(n: int = 1) -> None:
+    budget = _budget.get()
+    if budget is not None:
+        budget.step(n)
+
+
+def _steps(iterable: Any) -> Iterable:
     for item in iterable:
-        budget.step()
+        _step()
         yield item
+
+
+def _counted(value: Any) -> Any:
+    """A filter's input, paid for: a collection by its size, an iterator item by item."""
+    if isinstance(value, (str, bytes)):
+        _step()
+    elif isinstance(value, Sized):
+        _step(len(value))
+    elif isinstance(value, Iterator):
+        return _steps(value)
+    return value
+
+
+def _paid(f):
+    """Every filter (map, list, unique, sum...) pays for what it walks through and checks what it builds."""
+    value_at = 1 if getattr(f, "jinja_pass_arg", None) is not None else 0
+
+    @functools.wraps(f)  # keeps jinja_pass_arg
+    def bounded(*args, **kwargs):
+        if len(args) > value_at:
+            args = (*args[:value_at], _counted(args[value_at]), *args[value_at + 1:])
+        return _check_items(f(*args, **kwargs))
+    return bounded
 
 
 def _concat(items: list) -> str:
@@ -302,6 +334,8 @@ def _bounded_filters(filters: dict) -> dict:
 def _compile(template: str) -> jinja2.Template:
     env = _TemplateSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
     env.filters.update(_bounded_filters(env.filters))
+    env.filters.update({name: _paid(f) for name, f in env.filters.items()})
+    env.globals[_STEPS] = _steps
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     env.globals[_CONCAT] = _concat
@@ -329,16 +363,15 @@ def _why(exc: BaseException) -> str:
 
 def render_chat(model: HasTemplate, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
     template = model.chat_template or FALLBACK_TEMPLATE
-    budget = _Budget()
     out: list[str] = []
     size = 0
+    running = _budget.set(_Budget())
     try:
         stream = _compile(template).generate(
             messages=list(messages),
             add_generation_prompt=add_generation_prompt,
             bos_token=model.token_text(model.bos) if model.bos >= 0 else "",
             eos_token=model.token_text(model.eos) if model.eos >= 0 else "",
-            **{_BUDGET: budget, _STEPS: lambda iterable: _steps(budget, iterable)},
         )
         for piece in stream:
             size += len(piece)
@@ -347,4 +380,6 @@ def render_chat(model: HasTemplate, messages: Sequence[dict], add_generation_pro
     except Exception as exc:  # noqa: BLE001 - a stranger's template may raise anything; none may escape
         raise SpeculumError(f"The chat template of {template_owner(model)} could not be rendered: "
                             f"{_why(exc)}.") from None
+    finally:
+        _budget.reset(running)
     return "".join(out)
