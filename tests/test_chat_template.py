@@ -7,6 +7,7 @@ import tracemalloc
 
 import pytest
 
+from speculum.engine import chat
 from speculum.engine.chat import render_chat
 from speculum.errors import SpeculumError
 
@@ -74,6 +75,14 @@ def test_hostile_template_is_one_plain_error_quickly(case):
     message = str(err.value)
     assert message.startswith("The chat template of this model could not be rendered: ")
     assert why in message and "\n" not in message and "Traceback" not in message
+
+
+def test_slow_steps_stop_at_the_time_limit(monkeypatch):
+    monkeypatch.setattr(chat, "MAX_SECONDS", 0.5)  # 10 s in the app; each step here takes about a millisecond
+    start = time.perf_counter()
+    with pytest.raises(SpeculumError, match="it runs longer than 0.5 seconds"):
+        render_chat(TemplateModel("{% for i in range(100000) %}{{ ('x' * 4000000)|length }}{% endfor %}"), MESSAGES)
+    assert time.perf_counter() - start < QUICK
 
 
 def test_real_templates_still_render():
