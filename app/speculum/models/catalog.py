@@ -107,9 +107,15 @@ def validate(pair: CatalogPair) -> list[str]:
         problems.append(f"good_at {list(pair.good_at)} must be taken from {list(USES)}")
     if pair.memory_gb * 1e9 < pair.download_size:
         problems.append("memory_gb is less than the weights themselves")
+    from .remote import ref_problem  # remote imports this module
+
     for role, model in (("target", pair.target), ("draft", pair.draft)):
         if not re.fullmatch(r"[\w.\-]+/[\w.\-]+", model.repo):
             problems.append(f"{role} repo '{model.repo}' is not OWNER/NAME")
+        for f in model.files:
+            why = ref_problem(model.repo, f.path, "main")
+            if why:
+                problems.append(f"{role} file '{f.path}' of '{model.repo}' is unsafe: {why}")
         if not model.files:
             problems.append(f"{role} names no file")
         hints = FAMILIES.get(pair.family, ())

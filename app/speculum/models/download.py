@@ -1,11 +1,16 @@
 """Downloading model files from the Hub into the library: resumable, verified, atomic.
 
-Bytes stream into ``<library>/.partial/<repo>/<file>.part`` beside a small JSON that
+Bytes stream into ``<library>/.partial/<repo>/<path>.part`` beside a small JSON that
 remembers which version (ETag) they belong to, so a dropped connection is retried
-from where it stopped and a restart resumes the same file. Each file is hashed while
-it streams and checked against the Hub's LFS sha256. Only when every file of the set
-is complete and verified are they moved (an atomic rename on the same disk) into the
-library; a cancel removes what this set staged, and nothing half-done is ever listed.
+from where it stopped and a restart resumes the same file. One download at a time
+works on a file, across threads and processes (a lock file beside the ``.part``):
+catalog pairs share drafts, and a second download of one waits for the first and
+reuses its result. A complete file is hashed as it is on disk and checked against the
+Hub's LFS sha256. Only when every file of the set is complete and verified are they
+moved (an atomic rename on the same disk) into the library; a cancel removes what this
+set staged, and nothing half-done is ever listed. Every path is checked to resolve
+inside the library, and a file counts as downloaded only when its stamp names the
+same repository, path and revision.
 
 huggingface_hub's own ``hf_hub_download`` is not used for the transfer: its temporary
 files are unique per process and deleted on failure, so it cannot resume after a
@@ -14,9 +19,9 @@ restart, and it reports progress in 10 MB steps with no way to stop mid-file.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
-import json
 import os
 import shutil
 import threading
@@ -33,7 +38,14 @@ from huggingface_hub.utils import hf_raise_for_status, http_stream_backoff
 from .. import paths
 from ..errors import SpeculumError
 from .remote import HubRef, RemoteFile, hub_error, offline, request_headers, resolve
-from .stamps import read_stamp, write_stamp
+from .stamps import read_stamp, stamp_path, valid_fields, write_stamp
+
+try:
+    import fcntl
+    msvcrt = None
+except ImportError:  # Windows
+    fcntl = None
+    import msvcrt
 
 MiB = 1 << 20
 DISK_MARGIN = 256 * MiB  # never fill the disk to the last byte
@@ -150,10 +162,16 @@ class _Staged:
     have: int = 0  # bytes already staged for this version
     verified: bool = False
     sha256: str | None = None
+    landed: Path | None = None  # where it sits in the library, once there
+    counted: int = 0  # bytes of this file in the progress total so far
 
     @property
     def expected_sha256(self) -> str | None:
         return self.remote.sha256 or self.request.sha256
+
+    @property
+    def lock(self) -> Path:
+        return self.part.with_name(self.part.name + ".lock")
 
 
 @dataclass
@@ -179,44 +197,187 @@ class _Tracker:
                                        staged.remote.size, self.done, self.total, self.speed, eta, phase))
 
 
-def _stage(request: FileRequest, remote: RemoteFile, staging: Path) -> _Staged:
-    folder = staging / repo_folder(remote.ref.repo)
-    part = folder / (remote.ref.filename + ".part")
-    meta = folder / (remote.ref.filename + ".part.json")
-    staged = _Staged(request, remote, part, meta)
+# ---- where files go ---------------------------------------------------------------------------------
+
+
+def _inside(path: Path, folder: Path) -> Path:
+    """``path`` if it resolves inside ``folder``: a name from the Hub never writes elsewhere."""
+    if not path.resolve().is_relative_to(folder.resolve()):
+        raise SpeculumError(f"Refusing to write {path}: it lies outside {folder}.")
+    return path
+
+
+def _nested_path(ref: HubRef, root: Path) -> Path:
+    """Where a file goes when another file of the same name already sits in its repo's folder."""
+    return root / repo_folder(ref.repo) / ref.revision / ref.path
+
+
+def _names(stamp: dict | None, ref: HubRef) -> bool:
+    """Whether a stamp is for exactly this repo, file and revision (stamps before revisions: main)."""
+    return (stamp is not None and stamp.get("repo") == ref.repo and stamp.get("path") == ref.path
+            and ref.revision in (stamp.get("revision", "main"), stamp.get("commit")))
+
+
+def _is_copy_of(path: Path, ref: HubRef) -> bool:
+    """Whether ``path`` is a verified, unchanged download of exactly this file."""
+    return _names(read_stamp(path), ref)
+
+
+def _present(ref: HubRef, root: Path) -> Path | None:
+    for path in (library_path(ref, root), _nested_path(ref, root)):
+        if _is_copy_of(path, ref):
+            return _inside(path, root)
+    return None
+
+
+def _destination(ref: HubRef, root: Path) -> Path:
+    """The repo's folder, unless a different file of that name is there (Q4/model.gguf beside
+    Q8/model.gguf): then its own path below the folder, so neither replaces the other."""
+    flat = library_path(ref, root)
+    ours = _names(paths.read_json_object(stamp_path(flat)), ref)  # a stale copy of this very file
+    taken = (flat.exists() or stamp_path(flat).exists()) and not ours
+    return _inside(_nested_path(ref, root) if taken else flat, root)
+
+
+# ---- one download per file at a time ------------------------------------------------------------------
+
+_thread_locks: dict[str, threading.Lock] = {}
+_thread_locks_guard = threading.Lock()
+
+
+def _os_lock(fd: int) -> bool:
+    os.lseek(fd, 0, os.SEEK_SET)
     try:
-        info = json.loads(meta.read_text())
-        size = part.stat().st_size
-    except (OSError, ValueError):
-        return staged
-    if info.get("etag") != remote.etag or size > remote.size:
-        # a different version on the Hub now, or garbage: start this file over
-        part.unlink(missing_ok=True)
-        meta.unlink(missing_ok=True)
-        return staged
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        else:
+            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+    except OSError:
+        return False
+    return True
+
+
+def _os_unlock(fd: int) -> None:
+    os.lseek(fd, 0, os.SEEK_SET)
+    if fcntl is not None:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    else:
+        msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
+
+
+class FileLock:
+    """One holder at a time, across threads and processes, of what ``path`` guards.
+
+    An OS lock (flock, or msvcrt on Windows) on a lock file: the system drops it when its
+    process dies, so a crash leaves no stale lock behind, only a file the next holder reuses.
+    Waiting checks the cancel token, so Cancel works while another download has the file.
+    """
+
+    POLL = 0.05
+
+    def __init__(self, path: Path, cancel: CancelToken | None = None):
+        self.path = path
+        self.cancel = cancel
+        self._fd: int | None = None
+        key = os.path.normcase(os.path.abspath(path))
+        with _thread_locks_guard:
+            self._thread_lock = _thread_locks.setdefault(key, threading.Lock())
+
+    def _wait(self) -> None:
+        if self.cancel is not None and self.cancel.requested:
+            raise _Stop()
+        time.sleep(self.POLL)
+
+    def acquire(self, blocking: bool = True) -> bool:
+        while not self._thread_lock.acquire(timeout=self.POLL):
+            if not blocking:
+                return False
+            self._wait()
+        try:
+            while True:
+                fd = None
+                try:
+                    self.path.parent.mkdir(parents=True, exist_ok=True)
+                    fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+                    if _os_lock(fd):
+                        # the holder before us deletes the file as it lets go: ours must still be the one there
+                        if os.path.samestat(os.fstat(fd), os.stat(self.path)):
+                            self._fd = fd
+                            return True
+                        _os_unlock(fd)
+                except (FileNotFoundError, PermissionError):
+                    pass  # a folder pruned, or (Windows) a lock file being deleted: try again
+                if fd is not None:
+                    os.close(fd)
+                if not blocking:
+                    self._thread_lock.release()
+                    return False
+                self._wait()
+        except BaseException:
+            self._thread_lock.release()
+            raise
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:
+            with contextlib.suppress(OSError):  # Windows refuses while the file is open: see below
+                os.unlink(self.path)  # while still held, so no one locks a file that is going away
+            _os_unlock(fd)
+            os.close(fd)
+            if msvcrt is not None:
+                with contextlib.suppress(OSError):  # another process has it open: it stays, harmlessly
+                    os.unlink(self.path)
+        finally:
+            self._thread_lock.release()
+
+    def __enter__(self) -> "FileLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+# ---- staging -----------------------------------------------------------------------------------------
+
+_META_FIELDS = {"etag": str, "size": int, "verified": bool, "sha256": str, "mtime_ns": int, "commit": str,
+                "repo": str, "path": str}
+
+
+def _staged(request: FileRequest, remote: RemoteFile, staging: Path) -> _Staged:
+    _inside(library_path(remote.ref, staging.parent), staging.parent)  # refused before a byte is fetched
+    part = _inside(staging / repo_folder(remote.ref.repo) / (remote.ref.path + ".part"), staging)
+    return _Staged(request, remote, part, part.with_name(part.name + ".json"))
+
+
+def _restage(staged: _Staged) -> None:
+    """Read what an earlier run (or another download) left for this file. Call holding its lock."""
+    staged.have, staged.verified, staged.sha256 = 0, False, None
+    info = paths.read_json_object(staged.meta)  # a file that is not an object is set aside
+    if info is not None and not valid_fields(info, _META_FIELDS, required=("etag",)):
+        paths.set_aside(staged.meta, "a partial download's record with wrong fields; the file starts over")
+        info = None
+    try:
+        size = staged.part.stat().st_size
+    except OSError:
+        return
+    remote = staged.remote
+    if info is None or info["etag"] != remote.etag or size > remote.size:
+        # no record of which version these bytes are, a different version on the Hub now, or garbage
+        staged.part.unlink(missing_ok=True)
+        staged.meta.unlink(missing_ok=True)
+        return
     staged.have = size
-    if info.get("verified") and size == remote.size and info.get("mtime_ns") == part.stat().st_mtime_ns:
+    if info.get("verified") and size == remote.size and info.get("mtime_ns") == staged.part.stat().st_mtime_ns:
         staged.verified, staged.sha256 = True, info.get("sha256")
-    return staged
 
 
 def _write_meta(staged: _Staged, **extra) -> None:
-    staged.meta.write_text(json.dumps({"etag": staged.remote.etag, "commit": staged.remote.commit,
-                                       "size": staged.remote.size, "repo": staged.remote.ref.repo,
-                                       "path": staged.remote.ref.path, **extra}))
-
-
-def _hash_prefix(staged: _Staged, hashers: list, tracker: _Tracker, index: int, cancel: CancelToken | None) -> None:
-    """Feed the bytes a previous run left to the hashers, so the final check covers the whole file."""
-    with open(staged.part, "rb") as f:
-        done = 0
-        while chunk := f.read(8 * MiB):
-            if cancel and cancel.requested:
-                raise _Stop()
-            for h in hashers:
-                h.update(chunk)
-            done += len(chunk)
-            tracker.emit(index, done, "checking")
+    paths.write_json_atomic(staged.meta, {"etag": staged.remote.etag, "commit": staged.remote.commit,
+                                          "size": staged.remote.size, "repo": staged.remote.ref.repo,
+                                          "path": staged.remote.ref.path, **extra})
 
 
 class _Stop(Exception):
@@ -224,19 +385,10 @@ class _Stop(Exception):
 
 
 def _transfer(staged: _Staged, index: int, tracker: _Tracker, cancel: CancelToken | None) -> None:
+    """Fetch the bytes this file still lacks into its .part. Call holding its lock."""
     remote = staged.remote
-
-    def fresh_hashers():
-        """sha256, and git's blob sha1 when the Hub gave only that; both over the whole file."""
-        sha256 = hashlib.sha256()
-        git = hashlib.sha1(f"blob {remote.size}\0".encode()) if remote.git_sha1 else None
-        return sha256, git, [h for h in (sha256, git) if h is not None]
-
-    sha256, git, hashers = fresh_hashers()
     staged.part.parent.mkdir(parents=True, exist_ok=True)
     _write_meta(staged)
-    if staged.have:
-        _hash_prefix(staged, hashers, tracker, index, cancel)
     have = staged.have
     stalled = 0
     with open(staged.part, "ab" if have else "wb") as out:
@@ -256,8 +408,8 @@ def _transfer(staged: _Staged, index: int, tracker: _Tracker, cancel: CancelToke
                         out.seek(0)
                         out.truncate()
                         tracker.done -= have
+                        staged.counted -= have
                         have = 0
-                        sha256, git, hashers = fresh_hashers()
                     for chunk in resp.iter_bytes():
                         if cancel and cancel.requested:
                             raise _Stop()
@@ -265,9 +417,8 @@ def _transfer(staged: _Staged, index: int, tracker: _Tracker, cancel: CancelToke
                             raise SpeculumError(f"The server sent more bytes of {remote.ref.filename} than "
                                                 "the Hub announced; try again later.")
                         out.write(chunk)
-                        for h in hashers:
-                            h.update(chunk)
                         have += len(chunk)
+                        staged.counted += len(chunk)
                         tracker.done += len(chunk)
                         tracker.moved += len(chunk)
                         tracker.emit(index, have, "downloading")
@@ -282,9 +433,42 @@ def _transfer(staged: _Staged, index: int, tracker: _Tracker, cancel: CancelToke
                 time.sleep(min(0.25 * 2 ** stalled, 4.0))
         out.flush()
         os.fsync(out.fileno())
-    tracker.emit(index, have, "verifying", force=True)
-    got = sha256.hexdigest()
-    if staged.expected_sha256 and got != staged.expected_sha256 or (git and git.hexdigest() != remote.git_sha1):
+    staged.have = have
+
+
+def _hash_file(path: Path, remote: RemoteFile, report: Callable[[int], None],
+               cancel: CancelToken | None) -> tuple[int, str, str | None]:
+    """Size, sha256 and (when the Hub gave only that) git blob sha1 of a file as it is on disk."""
+    sha256 = hashlib.sha256()
+    git = hashlib.sha1(f"blob {remote.size}\0".encode()) if remote.git_sha1 else None
+    done = 0
+    report(0)
+    with open(path, "rb") as f:
+        while chunk := f.read(8 * MiB):
+            if cancel and cancel.requested:
+                raise _Stop()
+            sha256.update(chunk)
+            if git:
+                git.update(chunk)
+            done += len(chunk)
+            if done % (64 * MiB) < 8 * MiB:
+                report(done)
+    return done, sha256.hexdigest(), git.hexdigest() if git else None
+
+
+def _matches(remote: RemoteFile, expected_sha256: str | None, size: int, sha256: str, git: str | None,
+             need_hash: bool = False) -> bool:
+    """``need_hash``: a file of unknown origin is only trusted against a hash, never on its size alone."""
+    return size == remote.size and (not expected_sha256 or sha256 == expected_sha256) \
+        and (git is None or git == remote.git_sha1) and (bool(expected_sha256 or git) or not need_hash)
+
+
+def _verify(staged: _Staged, index: int, tracker: _Tracker, cancel: CancelToken | None) -> None:
+    """Hash the .part as it is on disk (what joins the library is what was checked). Holding its lock."""
+    remote = staged.remote
+    size, got, git = _hash_file(staged.part, remote, lambda n: tracker.emit(index, n, "verifying", force=True),
+                                cancel)
+    if not _matches(remote, staged.expected_sha256, size, got, git):
         staged.part.unlink(missing_ok=True)
         staged.meta.unlink(missing_ok=True)
         raise SpeculumError(f"{remote.ref.filename} from {remote.ref.repo} failed its checksum: its sha256 is "
@@ -294,9 +478,79 @@ def _transfer(staged: _Staged, index: int, tracker: _Tracker, cancel: CancelToke
     _write_meta(staged, verified=True, sha256=got, mtime_ns=staged.part.stat().st_mtime_ns)
 
 
-def _present(ref: HubRef, root: Path) -> Path | None:
-    path = library_path(ref, root)
-    return path if read_stamp(path) else None
+def _reverify(staged: _Staged, index: int, tracker: _Tracker, root: Path, cancel: CancelToken | None) -> Path | None:
+    """A file already in the library whose stamp is missing, damaged or stale: if its bytes are the
+    Hub's, stamp it again instead of downloading it again. Holding its lock."""
+    remote = staged.remote
+    for path in (library_path(remote.ref, root), _nested_path(remote.ref, root)):
+        try:
+            if not path.is_file() or path.stat().st_size != remote.size or read_stamp(path) is not None:
+                continue
+        except OSError:
+            continue
+        size, got, git = _hash_file(_inside(path, root), remote,
+                                    lambda n: tracker.emit(index, n, "verifying", force=True), cancel)
+        if _matches(remote, staged.expected_sha256, size, got, git, need_hash=True):
+            write_stamp(path, got, repo=remote.ref.repo, path=remote.ref.path, revision=remote.ref.revision,
+                        commit=remote.commit)
+            return path
+    return None
+
+
+def _fetch(staged: _Staged, index: int, tracker: _Tracker, root: Path, cancel: CancelToken | None) -> None:
+    """Make this file present and verified, in the library or staged; another download of the
+    same file (a draft shared by two pairs) is waited for and its result reused."""
+    with FileLock(staged.lock, cancel):
+        landed = _present(staged.remote.ref, root) or _reverify(staged, index, tracker, root, cancel)
+        if landed is not None:
+            staged.landed = landed
+        else:
+            _restage(staged)
+            tracker.done += staged.have - staged.counted
+            staged.counted = staged.have
+            if not staged.verified:
+                tracker.emit(index, staged.have, "downloading", force=True)
+                _transfer(staged, index, tracker, cancel)
+                _verify(staged, index, tracker, cancel)
+    tracker.done += staged.remote.size - staged.counted
+    staged.counted = staged.remote.size
+    tracker.emit(index, staged.remote.size, "done", force=True)
+
+
+def _commit(staged: list[_Staged], root: Path, staging: Path, cancel: CancelToken | None) -> list[_Staged]:
+    """Move every verified file into the library; returns those that vanished meanwhile (another
+    download cancelled them), to fetch again."""
+    lost = []
+    with FileLock(staging / ".library.lock", cancel):
+        for s in staged:
+            with FileLock(s.lock, cancel):
+                s.landed = _present(s.remote.ref, root)
+                if s.landed is not None:
+                    continue  # another download put it there
+                _restage(s)
+                if not s.verified:
+                    lost.append(s)
+                    continue
+                dest = _destination(s.remote.ref, root)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(s.part, dest)
+                write_stamp(dest, s.sha256 or "", repo=s.remote.ref.repo, path=s.remote.ref.path,
+                            revision=s.remote.ref.revision, commit=s.remote.commit)
+                s.meta.unlink(missing_ok=True)
+                s.landed = dest
+    return lost
+
+
+def _discard(staged: list[_Staged]) -> None:
+    """Remove what a cancelled set staged, except files another download is busy with."""
+    for s in staged:
+        lock = FileLock(s.lock)
+        if lock.acquire(blocking=False):
+            try:
+                s.part.unlink(missing_ok=True)
+                s.meta.unlink(missing_ok=True)
+            finally:
+                lock.release()
 
 
 def download(requests: Sequence[FileRequest], root: Path | None = None, *, progress: Progress | None = None,
@@ -309,14 +563,20 @@ def download(requests: Sequence[FileRequest], root: Path | None = None, *, progr
     """
     root = Path(root) if root else paths.models_dir()
     staging = root / STAGING
-    wanted = [r for r in requests if _present(r.ref, root) is None]
+    found = {r.ref: _present(r.ref, root) for r in requests}
+    wanted = list({r.ref: r for r in requests if found[r.ref] is None}.values())
     if wanted and offline():
         missing = ", ".join(f"{r.ref.filename} ({r.ref.repo})" for r in wanted)
         raise SpeculumError(f"Offline mode is on (HF_HUB_OFFLINE=1) and these files are not on disk yet: "
                             f"{missing}. Unset HF_HUB_OFFLINE to download them.")
-    staged = [_stage(r, resolve(r.ref), staging) for r in wanted]
+    staged = [_staged(r, resolve(r.ref), staging) for r in wanted]
+    for s in staged:  # a first look, unlocked, for the disk space and the progress totals
+        info = paths.read_json_object(s.meta)
+        if info is not None and info.get("etag") == s.remote.etag:
+            with contextlib.suppress(OSError):
+                s.have = s.counted = min(s.part.stat().st_size, s.remote.size)
 
-    need = sum(s.remote.size - s.have for s in staged if not s.verified)
+    need = sum(s.remote.size - s.have for s in staged)
     if staged:
         free = _free_space(staging, disk_usage)
         if need + DISK_MARGIN > free:
@@ -328,20 +588,21 @@ def download(requests: Sequence[FileRequest], root: Path | None = None, *, progr
     tracker = _Tracker(staged, progress, total=sum(s.remote.size for s in staged),
                        done=sum(s.have for s in staged))
     try:
-        for i, s in enumerate(staged):
-            if s.verified:
-                tracker.emit(i, s.remote.size, "done", force=True)
-                continue
-            tracker.emit(i, s.have, "downloading", force=True)
-            _transfer(s, i, tracker, cancel)
-            tracker.emit(i, s.remote.size, "done", force=True)
+        pending = staged
+        for _ in range(3):
+            for s in pending:
+                _fetch(s, staged.index(s), tracker, root, cancel)
+            pending = _commit(staged, root, staging, cancel)
+            if not pending:
+                break
+        else:
+            raise SpeculumError("Another download of the same files kept cancelling them; run the download "
+                                "again.")
     except _Stop:
         if cancel is not None and cancel.keep_partial:
             raise DownloadPaused(f"Download paused at {tracker.done / 1e9:.2f} of {tracker.total / 1e9:.2f} GB; "
                                  "run it again to resume.") from None
-        for s in staged:
-            s.part.unlink(missing_ok=True)
-            s.meta.unlink(missing_ok=True)
+        _discard(staged)
         _prune(staging)
         raise DownloadCancelled("Download cancelled; nothing was added to the library.") from None
     except SpeculumError:
@@ -350,20 +611,9 @@ def download(requests: Sequence[FileRequest], root: Path | None = None, *, progr
         raise hub_error(exc) from None
     except OSError as exc:
         raise _disk_error(exc, staging) from None
-
-    # Everything is verified: move it into the library. Same disk, so each rename is atomic.
-    try:
-        for s in staged:
-            dest = library_path(s.remote.ref, root)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(s.part, dest)
-            write_stamp(dest, s.sha256 or "", repo=s.remote.ref.repo, path=s.remote.ref.path,
-                        commit=s.remote.commit)
-            s.meta.unlink(missing_ok=True)
-    except OSError as exc:
-        raise _disk_error(exc, root) from None
     _prune(staging)
-    return [library_path(r.ref, root) for r in requests]
+    landed = {s.remote.ref: s.landed for s in staged}
+    return [found[r.ref] or landed[r.ref] for r in requests]
 
 
 def _prune(folder: Path) -> None:

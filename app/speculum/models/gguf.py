@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import struct
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -117,79 +118,142 @@ class GGUFHeader:
         return self.data_offset + end
 
 
-class _Cursor:
-    """Sequential reader over ``read_at`` that fetches in large chunks."""
+# Caps on what a header may claim, far above any real model (a 262k vocabulary with its merges
+# is ~10 MB of header) and far below what would exhaust memory or time: a hostile or damaged
+# file ends in one clear message, whatever its counts say.
+MAX_HEADER_BYTES = 64 << 20  # metadata and tensor infos together
+MAX_STRING_BYTES = 16 << 20  # one string (a chat template is ~10 kB)
+MAX_ARRAY_ITEMS = 1 << 21  # one array (vocabularies are up to ~262k tokens, merges ~500k)
+MAX_VALUES = 1 << 21  # strings and arrays decoded one by one, in the whole header
+MAX_NESTING = 2  # arrays of arrays; GGUF writers never nest deeper
+MAX_KV = 1 << 16
+MAX_TENSORS = 1 << 20
+MAX_DIMS = 4  # GGML_MAX_DIMS
+MAX_READ = 1 << 20  # one request to ``read_at``: never ask a Hub server for gigabytes
 
-    def __init__(self, read_at: Callable[[int, int], bytes], chunk: int = 1 << 20):
+
+class _Cursor:
+    """Sequential reader over ``read_at`` that fetches in chunks of at most ``MAX_READ``."""
+
+    def __init__(self, read_at: Callable[[int, int], bytes], chunk: int = MAX_READ):
         self._read_at = read_at
-        self._chunk = chunk
+        self._chunk = min(chunk, MAX_READ)
         self._buf = b""
         self._buf_start = 0
         self.pos = 0
         self.fetched = 0
+        self.values = 0  # strings and arrays decoded so far
+
+    def _within(self, n: int) -> None:
+        if self.pos + n > MAX_HEADER_BYTES:
+            raise ValueError(f"its header claims more than {MAX_HEADER_BYTES >> 20} MB")
 
     def take(self, n: int) -> bytes:
+        self._within(n)
         rel = self.pos - self._buf_start
         if rel + n > len(self._buf):
-            keep = self._buf[rel:]
-            want = max(self._chunk, n - len(keep))
-            more = self._read_at(self._buf_start + len(self._buf), want)
-            self.fetched += len(more)
-            self._buf = keep + more
+            pieces = [self._buf[rel:]]
+            have = len(pieces[0])
+            while have < n:
+                more = self._read_at(self.pos + have, self._chunk)
+                if not more:
+                    raise EOFError
+                self.fetched += len(more)
+                pieces.append(more)
+                have += len(more)
+            self._buf = b"".join(pieces)
             self._buf_start = self.pos
             rel = 0
-            if len(self._buf) < n:
-                raise EOFError
         out = self._buf[rel:rel + n]
         self.pos += n
         return out
 
+    def skip(self, n: int) -> None:
+        """Step over ``n`` bytes without fetching them (a file's end shows at the next read)."""
+        self._within(n)
+        self.pos += n
+
     def unpack(self, fmt: str) -> Any:
         return struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
 
+    def count(self, what: str, n: int, limit: int) -> int:
+        if n > limit:
+            raise ValueError(f"it claims {n:,} {what}, more than the {limit:,} Speculum accepts")
+        return n
+
     def string_bytes(self) -> bytes:
-        n = self.unpack("<Q")
-        if n > 1 << 26:
-            raise ValueError("implausible string length")
-        return self.take(n)
+        self.values += 1
+        if self.values > MAX_VALUES:
+            raise ValueError(f"its header holds more than {MAX_VALUES:,} values")
+        return self.take(self.count("bytes in one string", self.unpack("<Q"), MAX_STRING_BYTES))
 
     def string(self) -> str:
         return self.string_bytes().decode("utf-8", errors="replace")
 
 
-def _value(cur: _Cursor, vtype: int, keep: bool) -> tuple[Any, int]:
+def _value(cur: _Cursor, vtype: int, keep: bool, depth: int = 0) -> tuple[Any, int]:
     if vtype in _SCALAR:
         return cur.unpack(_SCALAR[vtype]), 1
     if vtype == _STRING:
         return cur.string(), 1
     if vtype == _ARRAY:
+        if depth >= MAX_NESTING:
+            raise ValueError(f"it nests arrays more than {MAX_NESTING} deep")
+        cur.values += 1
         etype = cur.unpack("<I")
-        count = cur.unpack("<Q")
-        if count > 1 << 28:
-            raise ValueError("implausible array length")
-        if etype in _SCALAR and not keep:
-            cur.take(struct.calcsize(_SCALAR[etype]) * count)
-            return None, count
+        count = cur.count("array items", cur.unpack("<Q"), MAX_ARRAY_ITEMS)
         if etype in _SCALAR:
             fmt = _SCALAR[etype]
-            raw = cur.take(struct.calcsize(fmt) * count)
-            return list(struct.unpack(f"<{count}{fmt[1]}", raw)), count
+            size = struct.calcsize(fmt) * count
+            if not keep:
+                cur.skip(size)
+                return None, count
+            return list(struct.unpack(f"<{count}{fmt[1]}", cur.take(size))), count
         if etype == _STRING and not keep:  # a vocabulary nobody asked for: step over, don't decode
             for _ in range(count):
                 cur.string_bytes()
             return None, count
+        if etype not in (_STRING, _ARRAY):
+            raise ValueError(f"unknown metadata type {etype}")
         items = []
         for _ in range(count):
-            item, _n = _value(cur, etype, keep)
+            item, _n = _value(cur, etype, keep, depth + 1)
             if keep:
                 items.append(item)
         return (items if keep else None), count
     raise ValueError(f"unknown metadata type {vtype}")
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_metadata(metadata: dict[str, Any]) -> None:
+    """Keys Speculum reads must have the type llama.cpp expects; a wrong one is a damaged header."""
+    arch = metadata.get("general.architecture", "unknown")
+    if not isinstance(arch, str):
+        raise ValueError("general.architecture is not text")
+    for key in ("general.name", "tokenizer.ggml.model"):
+        if key in metadata and not isinstance(metadata[key], str):
+            raise ValueError(f"{key} is not text")
+    for key in ("general.file_type", f"{arch}.context_length", "tokenizer.ggml.bos_token_id",
+                "tokenizer.ggml.eos_token_id"):
+        if key in metadata and not _is_int(metadata[key]):
+            raise ValueError(f"{key} is not a whole number")
+    for key in ("tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_eos_token"):
+        if key in metadata and not isinstance(metadata[key], bool):
+            raise ValueError(f"{key} is not true or false")
+    tokens = metadata.get("tokenizer.ggml.tokens")
+    if tokens is not None and not (isinstance(tokens, list) and all(isinstance(t, str) for t in tokens)):
+        raise ValueError("tokenizer.ggml.tokens is not a list of texts")
+    align = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+    if not _is_int(align) or align <= 0 or align & (align - 1) or align > MAX_READ:
+        raise ValueError(f"general.alignment is {str(align)[:40]!r}, not a power of two")
+
+
 def read_header(read_at: Callable[[int, int], bytes], source: str = "file",
                 keep_arrays: Iterable[str] = ()) -> GGUFHeader:
-    """Parse a GGUF header. Raises SpeculumError naming ``source`` when it is not GGUF."""
+    """Parse a GGUF header. Raises SpeculumError naming ``source`` when it is not GGUF or is damaged."""
     keep = set(keep_arrays)
     cur = _Cursor(read_at)
     try:
@@ -198,10 +262,8 @@ def read_header(read_at: Callable[[int, int], bytes], source: str = "file",
         version = cur.unpack("<I")
         if version not in (2, 3):
             raise SpeculumError(f"{source} uses GGUF version {version}, which Speculum cannot read.")
-        n_tensors = cur.unpack("<Q")
-        n_kv = cur.unpack("<Q")
-        if n_tensors > 1 << 20 or n_kv > 1 << 20:
-            raise ValueError("implausible header counts")
+        n_tensors = cur.count("tensors", cur.unpack("<Q"), MAX_TENSORS)
+        n_kv = cur.count("metadata keys", cur.unpack("<Q"), MAX_KV)
         metadata: dict[str, Any] = {}
         lengths: dict[str, int] = {}
         for _ in range(n_kv):
@@ -212,34 +274,43 @@ def read_header(read_at: Callable[[int, int], bytes], source: str = "file",
                 lengths[key] = count
             if value is not None:
                 metadata[key] = value
+        _check_metadata(metadata)
         tensors = []
         for _ in range(n_tensors):
             name = cur.string()
-            n_dims = cur.unpack("<I")
+            n_dims = cur.count("dimensions", cur.unpack("<I"), MAX_DIMS)
             shape = tuple(cur.unpack("<Q") for _ in range(n_dims))
             ggml_type = cur.unpack("<I")
             offset = cur.unpack("<Q")
             if ggml_type not in GGML_TYPES:
                 raise SpeculumError(
-                    f"{source} has tensor '{name}' of ggml type {ggml_type}, unknown to Speculum."
+                    f"{source} has tensor '{name[:80]}' of ggml type {ggml_type}, unknown to Speculum."
                 )
             tensors.append(TensorInfo(name, shape, ggml_type, offset))
     except EOFError:
         raise SpeculumError(f"{source} is truncated: its GGUF header ends early.") from None
-    except (ValueError, UnicodeDecodeError, struct.error) as exc:
+    except (ValueError, UnicodeDecodeError, struct.error, OverflowError, MemoryError) as exc:
         raise SpeculumError(f"{source} has a damaged GGUF header ({exc}).") from None
-    align = int(metadata.get("general.alignment", DEFAULT_ALIGNMENT)) or DEFAULT_ALIGNMENT
+    align = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
     data_offset = (cur.pos + align - 1) // align * align
     return GGUFHeader(version, metadata, tensors, data_offset, lengths, cur.fetched)
 
 
 def _file_reader(path: Path) -> Callable[[int, int], bytes]:
-    fd = os.open(path, os.O_RDONLY)
+    """``read_at`` over a local file: os.pread where the OS has it (Unix), else seek and read
+    under a lock (Windows), so two threads sharing the reader never mix their positions."""
+    f = open(path, "rb", buffering=0)
+    pread = getattr(os, "pread", None)
+    lock = threading.Lock()
 
     def read_at(offset: int, size: int) -> bytes:
-        return os.pread(fd, size, offset)
+        if pread is not None:
+            return pread(f.fileno(), size, offset)
+        with lock:
+            f.seek(offset)
+            return f.read(size)
 
-    read_at.close = lambda: os.close(fd)  # type: ignore[attr-defined]
+    read_at.close = f.close  # type: ignore[attr-defined]
     return read_at
 
 

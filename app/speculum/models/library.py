@@ -128,9 +128,9 @@ class Library:
         paths.write_json_atomic(self.state_path, state, indent=1)
 
     def _rel(self, path: Path) -> str:
-        path = Path(path).absolute()
+        path = Path(path).resolve()
         try:
-            return path.relative_to(self.root.absolute()).as_posix()
+            return path.relative_to(self.root.resolve()).as_posix()
         except ValueError:
             return str(path)
 
@@ -162,11 +162,23 @@ class Library:
         return LocalModel(files[0], files, size, inside, source)
 
     def _is_inside(self, path: Path) -> bool:
-        try:
-            Path(path).absolute().relative_to(self.root.absolute())
-            return True
-        except ValueError:
+        """Inside the models folder once links and '..' are resolved (as text, 'models/../x' is inside)."""
+        return Path(path).resolve().is_relative_to(self.root.resolve())
+
+    def _user_files(self, state: dict) -> set[Path]:
+        """Files the user added with 'models add' (or the window's equivalent): theirs, never deleted."""
+        files = [e.get("path") for e in state["models"] if e.get("source", "local") == "local"]
+        for entry in state["pairs"]:
+            if not entry.get("catalog") and not entry.get("downloaded"):
+                files += [entry.get("target"), entry.get("draft")]
+        return {self._abs(f).resolve() for f in files if isinstance(f, str)}
+
+    def _deletable(self, file: Path, user_files: set[Path]) -> bool:
+        """Ours to delete: inside the models folder, and downloaded or assembled by Speculum (it
+        carries our stamp) or at least not a file the user added themselves."""
+        if not self._is_inside(file):
             return False
+        return stamp_path(file).is_file() or file.resolve() not in user_files
 
     def models(self) -> list[LocalModel]:
         """Every model in the library folder, plus the user's own files it records."""
@@ -194,7 +206,11 @@ class Library:
     def _catalog_model_path(self, model: CatalogModel) -> Path | None:
         """Where a catalog model's first file is, if all its files are here."""
         first = model.first_file
-        for folder in (library_path(HubRef(model.repo, first.path), self.root).parent, self.root):
+        try:
+            repo_folder = library_path(HubRef(model.repo, first.path), self.root).parent
+        except SpeculumError:
+            return None  # an unsafe catalog entry is never on disk; installing it says why
+        for folder in (repo_folder, self.root):
             if all((folder / f.filename).is_file() for f in model.files):
                 return folder / first.filename
         return None
@@ -238,8 +254,10 @@ class Library:
     # ---- changes -------------------------------------------------------------------------------
 
     def add_pair(self, target: str | os.PathLike, draft: str | os.PathLike, name: str | None = None,
-                 catalog_id: str | None = None) -> LibraryPair:
-        """Record two local GGUF files as a pair, after checking they can work together."""
+                 catalog_id: str | None = None, downloaded: bool = False) -> LibraryPair:
+        """Record two local GGUF files as a pair, after checking they can work together.
+
+        ``downloaded``: Speculum fetched the files (so removing the pair may delete them)."""
         target_m, draft_m = self.model_at(target), self.model_at(draft)
         headers = []
         for model in (target_m, draft_m):
@@ -266,7 +284,8 @@ class Library:
             while pair_id in taken:
                 pair_id, n = f"{base}-{n}", n + 1
             state["pairs"].append({"id": pair_id, "name": name, "target": entry_target, "draft": entry_draft,
-                                   "catalog": catalog_id, "added": time.strftime("%Y-%m-%d %H:%M:%S")})
+                                   "catalog": catalog_id, "downloaded": downloaded or bool(catalog_id),
+                                   "added": time.strftime("%Y-%m-%d %H:%M:%S")})
             self._save(state)
         return self.find_pair(pair_id)
 
@@ -284,13 +303,14 @@ class Library:
     def remove(self, key: str, delete_files: bool = True) -> list[Path]:
         """Remove a pair (by id or name) or a single model (by name or path). Returns deleted files.
 
-        Files outside the library folder are the user's own: they are forgotten, never deleted.
-        A model still used by another pair is kept.
+        Files outside the library folder, and files the user added themselves, are forgotten,
+        never deleted. A model still used by another pair is kept.
         """
         pairs = self.pairs()
         pair = next((p for p in pairs if key in (p.id, p.name)), None)
         with _LOCK:
             state = self._load()
+            user_files = self._user_files(state)
             if pair is not None:
                 state["pairs"] = [e for e in state["pairs"] if e["id"] != pair.id]
                 others = [p for p in pairs if p.id != pair.id]
@@ -311,15 +331,16 @@ class Library:
         deleted: list[Path] = []
         if delete_files:
             for model in doomed:
-                if not model.in_library:
-                    continue
                 for f in model.files:
+                    if not self._deletable(f, user_files):
+                        continue
                     if f.is_file():
                         f.unlink()
                         deleted.append(f)
                     stamp_path(f).unlink(missing_ok=True)
                 folder = model.path.parent
-                if folder != self.root and folder.is_dir() and not any(folder.iterdir()):
+                if (self._is_inside(folder) and folder.resolve() != self.root.resolve() and folder.is_dir()
+                        and not any(folder.iterdir())):
                     folder.rmdir()
         return deleted
 
@@ -340,7 +361,7 @@ class Library:
                         for m in (pair.target, pair.draft) for f in m.files]
             landed = download(requests, self.root, progress=progress, cancel=cancel, disk_usage=disk_usage)
             target, draft = landed[0], landed[len(pair.target.files)]
-        return self.add_pair(target, draft, pair.name, catalog_id=pair.id)
+        return self.add_pair(target, draft, pair.name, catalog_id=pair.id, downloaded=True)
 
     def add_from_hub(self, target: HubRef, draft: HubRef | None = None, name: str | None = None,
                      progress: Progress | None = None, cancel: CancelToken | None = None,
@@ -359,7 +380,7 @@ class Library:
                           progress=progress, cancel=cancel, disk_usage=disk_usage)
         if draft is None:
             return self.add_model(landed[0], source=str(target))
-        return self.add_pair(landed[0], landed[len(refs[0])], name)
+        return self.add_pair(landed[0], landed[len(refs[0])], name, downloaded=True)
 
 
 def bundled_available() -> bool:
