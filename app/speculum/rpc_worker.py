@@ -6,6 +6,7 @@ thread waits for Ctrl-C or SIGTERM and then ends the process.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import signal
 import socket
@@ -15,7 +16,18 @@ import time
 
 from .errors import SpeculumError
 
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def exposure_warning(host: str, endpoint: str, device_name: str) -> str | None:
+    """The warning a worker listening beyond this machine prints; None on loopback."""
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return None
+    except ValueError:
+        pass
+    return (f"warning: llama.cpp's RPC protocol has no authentication: anyone who can reach {endpoint} can run "
+            f"code on this machine's {device_name} device and read what it holds. Listen only on a network "
+            "you trust, or keep the default 127.0.0.1 and reach it through an SSH tunnel.")
 
 
 def _check_can_listen(host: str, port: int) -> None:
@@ -67,6 +79,9 @@ def run(host: str, port: int, threads: int | None, cache_dir: str | None) -> int
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
 
+    warning = exposure_warning(host, endpoint, device_name.split(" ")[0])
+    if warning:
+        print(f"speculum: {warning}", file=sys.stderr, flush=True)
     rpc.c_stdout_line_buffered()
     server = threading.Thread(target=rpc.serve, args=(endpoint, device, n_threads, cache_dir),
                               name="speculum-rpc-server", daemon=True)
@@ -76,10 +91,6 @@ def run(host: str, port: int, threads: int | None, cache_dir: str | None) -> int
           f"{'.'.join(map(str, rpc.PROTOCOL))}, {n_threads} threads)", flush=True)
     print(f"speculum: offering {device_name}: {free // 2**20} MiB free of {total // 2**20} MiB", flush=True)
     print(f"speculum: on the other machine: speculum generate --rpc {endpoint} ...", flush=True)
-    if host not in LOOPBACK:
-        print(f"speculum: warning: llama.cpp's RPC protocol has no authentication: anyone who can reach "
-              f"{endpoint} can run code on this machine's {device_name.split(' ')[0]} device and read what it "
-              "holds. Listen only on a network you trust.", file=sys.stderr, flush=True)
     while not stop.wait(0.5):
         if not server.is_alive():
             raise SpeculumError(f"llama.cpp's RPC server on {endpoint} stopped.")

@@ -20,6 +20,7 @@ import socket
 import struct
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -206,6 +207,10 @@ def _version(v: Sequence[int]) -> str:
 # --- llama.cpp's aborts, in words -----------------------------------------------------
 
 def _default_worker_lost(message: str) -> None:
+    try:
+        sys.stdout.flush()  # what was generated so far stays on the screen
+    except Exception:
+        pass
     sys.stderr.write(f"speculum: {message}\n")
     sys.stderr.flush()
     os._exit(2)
@@ -227,12 +232,27 @@ def _words_for_abort(text: str) -> str | None:
     """llama.cpp's RPC abort message as a sentence for the user; None for other aborts."""
     if "ggml-rpc" not in text:
         return None
-    endpoints = ", ".join(_registered) or "the RPC worker"
     if "Failed to connect" in text or "handshake failed" in text:
         return (f"llama.cpp could not connect to {text.rsplit(' ', 1)[-1].strip()} (it stopped, or another client "
                 "took it between the check and the load); the model is not loaded.")
-    return (f"Lost the connection to {endpoints} mid-generation: a worker stopped or the network dropped. "
+    # llama.cpp does not say which worker: the one that refuses a connection now is the one gone.
+    # A worker killed a moment ago may still be closing its listening socket: look twice.
+    gone = [e for e in _registered if not _accepts_connections(e)]
+    if not gone:
+        time.sleep(0.3)
+        gone = [e for e in _registered if not _accepts_connections(e)]
+    who = (f"the RPC worker at {', '.join(gone)}" if gone
+           else f"an RPC worker ({', '.join(_registered)})" if _registered else "an RPC worker")
+    return (f"Lost the connection to {who} mid-generation: it stopped, or the network dropped. "
             "llama.cpp cannot continue without it; start the worker again and rerun.")
+
+
+def _accepts_connections(endpoint: str, timeout: float = 0.5) -> bool:
+    try:
+        socket.create_connection(_split(endpoint), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
 
 
 def _install_abort_hook() -> None:
