@@ -88,6 +88,24 @@ def workers():
         w.stop()
 
 
+def keepalive_peers() -> list[int]:
+    """Ports of this process's TCP connections that have SO_KEEPALIVE on."""
+    ports = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            sock = socket.socket(fileno=os.dup(int(fd)))
+        except OSError:
+            continue
+        try:
+            if sock.type == socket.SOCK_STREAM and sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE):
+                ports.append(sock.getpeername()[1])
+        except OSError:
+            pass
+        finally:
+            sock.close()
+    return ports
+
+
 def run_cli(*args, timeout=120):
     return subprocess.run([sys.executable, "-m", "speculum.cli", *map(str, args)], capture_output=True, text=True,
                           timeout=timeout, env=ENV)
@@ -152,7 +170,7 @@ COPY_TEXT = ("alpha bravo charlie delta echo foxtrot golf hotel india juliett ki
 
 
 def test_smollm_across_two_workers_gives_the_local_tokens(smollm_path, workers):
-    local = load_decoder(smollm_path, smollm_path, LoadOptions(n_ctx=1024))
+    local = load_decoder(smollm_path, smollm_path, LoadOptions(n_ctx=1024, n_threads=1))  # 1: a shared machine
     prompt = tokens_of(local, f"Repeat exactly, word for word: {COPY_TEXT}")
     expected = {mode: generate(local, prompt, max_tokens=40, policy=mode, k=4)[0]
                 for mode in ("off", "lookup", "draft")}
@@ -160,10 +178,12 @@ def test_smollm_across_two_workers_gives_the_local_tokens(smollm_path, workers):
     local.draft.close()
 
     remote = load_decoder(smollm_path, smollm_path,
-                          LoadOptions(n_ctx=1024, rpc=tuple(w.endpoint for w in workers)))
+                          LoadOptions(n_ctx=1024, n_threads=1, rpc=tuple(w.endpoint for w in workers)))
     try:
         assert remote.target.facts.backend == f"RPC {workers[0].endpoint},{workers[1].endpoint}"
         assert remote.draft.facts.backend == "CPU"  # the draft stays on this machine
+        # llama.cpp's connections to the workers got keepalive: a vanished machine is noticed, not waited on
+        assert sorted(keepalive_peers()) == sorted(w.port for w in workers)
         for mode, tokens in expected.items():
             got, cycles = generate(remote, prompt, max_tokens=40, policy=mode, k=4)
             assert got == tokens, mode  # SmolLM2 Q4_1 logits do not depend on batch shape
@@ -184,7 +204,7 @@ def test_qwen_target_across_two_workers_draft_local_gives_the_local_tokens(
     user = "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring."
     prompt = tokens_of(qwen_pair, user)
     remote = load_decoder(qwen_target_path, qwen_draft_path,
-                          LoadOptions(n_ctx=1024, rpc=tuple(w.endpoint for w in workers)))
+                          LoadOptions(n_ctx=1024, n_threads=1, rpc=tuple(w.endpoint for w in workers)))
     try:
         assert remote.target.facts.backend.startswith("RPC ") and remote.draft.facts.backend == "CPU"
         for mode in ("off", "draft"):

@@ -219,6 +219,8 @@ class LlamaModel(TokenPieces):
                 f"llama.cpp could not load {self.path.name} (architecture '{header.architecture}')"
                 + (f": {why}" if why else ".")
             )
+        if rpc:
+            rpc_module.keep_alive(rpc)  # llama.cpp's connections are open now: bound how long a lost one hangs
         self._vocab = lc.llama_model_get_vocab(self._model)
         self.n_vocab = lc.llama_vocab_n_tokens(self._vocab)
         n_train = lc.llama_model_n_ctx_train(self._model)

@@ -302,6 +302,49 @@ def register_workers(endpoints: Sequence[str], timeout: float = CONNECT_TIMEOUT_
         return devices
 
 
+# A worker whose machine vanishes (power, cable, Wi-Fi) sends no FIN: llama.cpp would wait on
+# it for the kernel's retransmission limit (~15 minutes). Keepalive probes are answered by the
+# worker's kernel even while its device computes, so a slow pass is never mistaken for a loss.
+KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_PROBES = 5, 2, 5  # a lost worker is noticed in ~15 s
+
+
+def keep_alive(endpoints: Sequence[str]) -> int:
+    """Switch on TCP keepalive (and, on Linux, a user timeout) on this process's connections
+    to ``endpoints``, which llama.cpp opened without either. Returns how many it changed."""
+    peers = set()
+    for endpoint in endpoints:
+        host, port = _split(endpoint)
+        try:
+            peers |= {(info[4][0], port) for info in socket.getaddrinfo(host, port, socket.AF_INET)}
+        except OSError:
+            continue
+    changed = 0
+    fds = [int(n) for n in os.listdir("/proc/self/fd")] if os.path.isdir("/proc/self/fd") else range(3, 1024)
+    for fd in fds:
+        try:
+            sock = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            continue  # not a socket, or already closed
+        try:
+            if sock.type != socket.SOCK_STREAM or sock.getpeername()[:2] not in peers:
+                continue
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            idle = getattr(socket, "TCP_KEEPIDLE", getattr(socket, "TCP_KEEPALIVE", None))  # macOS: KEEPALIVE
+            for option, value in ((idle, KEEPALIVE_IDLE_S), (getattr(socket, "TCP_KEEPINTVL", None),
+                                  KEEPALIVE_INTERVAL_S), (getattr(socket, "TCP_KEEPCNT", None), KEEPALIVE_PROBES)):
+                if option is not None:
+                    sock.setsockopt(socket.IPPROTO_TCP, option, value)
+            if hasattr(socket, "TCP_USER_TIMEOUT"):  # data sent but never acknowledged: the same bound
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT,
+                                1000 * (KEEPALIVE_IDLE_S + KEEPALIVE_INTERVAL_S * KEEPALIVE_PROBES))
+            changed += 1
+        except OSError:
+            continue
+        finally:
+            sock.close()  # the duplicate only: llama.cpp's descriptor stays open
+    return changed
+
+
 def any_registered() -> bool:
     """Once a worker is registered, llama.cpp's default device list includes it for every
     model: the draft must then be given its (local) devices explicitly."""
@@ -351,5 +394,5 @@ def c_stdout_line_buffered() -> None:
 
 
 __all__ = ["PROTOCOL", "DEFAULT_PORT", "RpcUnavailable", "libraries", "availability", "parse_endpoints",
-           "check_worker", "register_workers", "any_registered", "device_array", "on_worker_lost",
+           "check_worker", "register_workers", "keep_alive", "any_registered", "device_array", "on_worker_lost",
            "worker_device", "serve", "c_stdout_line_buffered"]
