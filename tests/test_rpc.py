@@ -23,6 +23,7 @@ import pytest
 
 import speculum
 from speculum.engine import rpc
+from speculum.engine.llama import LlamaModel
 from speculum.engine.session import LoadOptions, load_decoder
 from speculum.errors import SpeculumError
 from speculum.rpc_worker import exposure_warning
@@ -189,6 +190,10 @@ def test_smollm_across_two_workers_gives_the_local_tokens(smollm_path, workers):
             assert got == tokens, mode  # SmolLM2 Q4_1 logits do not depend on batch shape
             if mode != "off":
                 assert any(c.n_accepted for c in cycles), mode
+        # A second model on the same workers shares llama.cpp's connection (a worker serves one
+        # client at a time, so a fresh handshake now would wait for ever).
+        with LlamaModel(smollm_path, n_ctx=256, n_threads=1, rpc=tuple(w.endpoint for w in workers)) as second:
+            assert second.decode(second.tokenize("Hello")).shape == (1, second.n_vocab)
     finally:
         remote.target.close()
         remote.draft.close()

@@ -219,7 +219,9 @@ class LlamaModel(TokenPieces):
                 f"llama.cpp could not load {self.path.name} (architecture '{header.architecture}')"
                 + (f": {why}" if why else ".")
             )
+        self._rpc = tuple(rpc)
         if rpc:
+            rpc_module.hold(rpc, loaded=True)
             rpc_module.keep_alive(rpc)  # llama.cpp's connections are open now: bound how long a lost one hangs
         self._vocab = lc.llama_model_get_vocab(self._model)
         self.n_vocab = lc.llama_vocab_n_tokens(self._vocab)
@@ -239,6 +241,7 @@ class LlamaModel(TokenPieces):
         if not self._ctx:
             lc.llama_model_free(self._model)
             self._model = None
+            rpc_module.hold(self._rpc, loaded=False)
             why = _recent_log_error()
             raise SpeculumError(
                 f"llama.cpp could not create a context of {cparams.n_ctx} tokens for "
@@ -396,6 +399,8 @@ class LlamaModel(TokenPieces):
         if getattr(self, "_model", None):
             lc.llama_model_free(self._model)
             self._model = None
+            if getattr(self, "_rpc", ()):
+                rpc_module.hold(self._rpc, loaded=False)
 
     def __del__(self) -> None:
         try:

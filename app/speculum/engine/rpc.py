@@ -265,9 +265,11 @@ def _install_abort_hook() -> None:
     def hook(message: bytes) -> None:
         text = (message or b"").decode("utf-8", errors="replace")
         words = _words_for_abort(text)
-        if words is None:  # not ours: llama.cpp's own report, then its abort
+        if words is None:  # not ours: what llama.cpp does without a hook (message, backtrace), then its abort
             sys.stderr.write(f"{text}\n")
             sys.stderr.flush()
+            if hasattr(ggml, "ggml_print_backtrace"):
+                ggml.ggml_print_backtrace()
             return
         _on_lost(words)
 
@@ -278,6 +280,7 @@ def _install_abort_hook() -> None:
 # --- the client: workers' devices for the target ------------------------------------
 
 _registered: dict[str, list[int]] = {}  # endpoint -> its device handles, once registered
+_in_use: dict[str, int] = {}  # endpoint -> loaded models on it (llama.cpp holds one connection for them all)
 _register_lock = threading.Lock()
 
 
@@ -287,7 +290,11 @@ def register_workers(endpoints: Sequence[str], timeout: float = CONNECT_TIMEOUT_
     rpc, ggml = libraries()
     with _register_lock:
         for endpoint in endpoints:
-            check_worker(endpoint, timeout)  # again for ones already registered: llama.cpp reconnects after a close
+            # A worker serves one client at a time: while a model of ours holds it, a second hello
+            # would wait forever, and llama.cpp reuses that connection. Otherwise check (again:
+            # after the last model closes, llama.cpp reconnects).
+            if not _in_use.get(endpoint):
+                check_worker(endpoint, timeout)
         _install_abort_hook()
         devices: list[int] = []
         for endpoint in endpoints:
@@ -343,6 +350,13 @@ def keep_alive(endpoints: Sequence[str]) -> int:
         finally:
             sock.close()  # the duplicate only: llama.cpp's descriptor stays open
     return changed
+
+
+def hold(endpoints: Sequence[str], loaded: bool) -> None:
+    """Count a model loaded on (``loaded``) or closed from ``endpoints``."""
+    with _register_lock:
+        for endpoint in endpoints:
+            _in_use[endpoint] = max(0, _in_use.get(endpoint, 0) + (1 if loaded else -1))
 
 
 def any_registered() -> bool:
