@@ -107,9 +107,9 @@ def keepalive_peers() -> list[int]:
     return ports
 
 
-def run_cli(*args, timeout=120):
+def run_cli(*args, timeout=120, env_extra=None):
     return subprocess.run([sys.executable, "-m", "speculum.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env=ENV)
+                          timeout=timeout, env={**ENV, **(env_extra or {})})
 
 
 # --- addresses, versions, the worker itself -------------------------------------------
@@ -200,6 +200,26 @@ def test_smollm_across_two_workers_gives_the_local_tokens(smollm_path, workers):
     # Both workers held layers: each served a client (the check's hello, then llama.cpp's).
     for w in workers:
         assert sum("Accepted client connection" in line for line in w.output) >= 2
+
+
+def test_tensor_split_gives_each_worker_its_share_of_layers(smollm_path, workers):
+    r = run_cli("generate", "--target", smollm_path, "--rpc", ",".join(w.endpoint for w in workers),
+                "--tensor-split", "1,3", "--threads", 1, "--max-tokens", 1, "--mode", "off", "hi",
+                env_extra={"SPECULUM_LLAMA_LOG": "1"})
+    assert r.returncode == 0, r.stderr
+    per_device = [r.stdout.count(f"assigned to device RPC{i},") for i in (0, 1)]
+    assert per_device[0] > 0 and 2 * per_device[0] < per_device[1], per_device  # about 1:3 of 30 layers
+
+
+def test_malformed_rpc_options_are_one_message_before_loading(smollm_path, capsys):
+    from speculum.cli import main
+
+    assert main(["generate", "--target", str(smollm_path), "--rpc", "127.0.0.1", "hi"]) == 2
+    assert main(["generate", "--target", str(smollm_path), "--rpc", "127.0.0.1:1",
+                 "--tensor-split", "3,x", "hi"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "speculum: '127.0.0.1' is not a worker address: write HOST:PORT, e.g. 127.0.0.1:50052.",
+        "speculum: --tensor-split takes numbers separated by commas, e.g. 3,1: '3,x'."]
 
 
 @pytest.mark.qwen
