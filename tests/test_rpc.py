@@ -344,7 +344,7 @@ def test_a_worker_killed_mid_generation_ends_the_command_with_one_message(smollm
     # llama.cpp aborts the process (GGML_ABORT in its RPC thread); the abort hook says why and exits 2.
     assert cli.returncode == 2, err
     assert err.strip().splitlines() == [
-        f"speculum: Lost the connection to the RPC worker at {doomed.endpoint} mid-generation: it stopped, "
+        f"speculum: Lost the connection to the RPC worker at {doomed.endpoint}: it stopped, "
         "or the network dropped. llama.cpp cannot continue without it; start the worker again and rerun."]
     assert '"type": "summary"' not in rest
     assert seconds < FAULT_TIMEOUT_S

@@ -177,8 +177,8 @@ def check_worker(endpoint: str, timeout: float = CONNECT_TIMEOUT_S) -> tuple[int
         head = _recv_exactly(sock, 8)
         if not head:
             raise SpeculumError(f"The RPC worker at {endpoint} closed the connection at the handshake: it runs a "
-                                f"different llama.cpp RPC protocol than this Speculum ({_version(PROTOCOL)}), "
-                                "or is busy with another client. Use the same Speculum version on both machines.")
+                                f"different llama.cpp RPC protocol than this Speculum ({_version(PROTOCOL)}). "
+                                "Use the same Speculum version on both machines.")
         (size,) = struct.unpack("<Q", head.ljust(8, b"\0"))
         body = _recv_exactly(sock, _HELLO_RSP_SIZE) if size == _HELLO_RSP_SIZE else b""
         if len(head) < 8 or len(body) < _HELLO_RSP_SIZE:
@@ -243,7 +243,7 @@ def _words_for_abort(text: str) -> str | None:
         gone = [e for e in _registered if not _accepts_connections(e)]
     who = (f"the RPC worker at {', '.join(gone)}" if gone
            else f"an RPC worker ({', '.join(_registered)})" if _registered else "an RPC worker")
-    return (f"Lost the connection to {who} mid-generation: it stopped, or the network dropped. "
+    return (f"Lost the connection to {who}: it stopped, or the network dropped. "
             "llama.cpp cannot continue without it; start the worker again and rerun.")
 
 
