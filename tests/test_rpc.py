@@ -23,7 +23,7 @@ import pytest
 
 import speculum
 from speculum.engine import rpc
-from speculum.engine.llama import LlamaModel
+from speculum.engine.llama import LlamaModel, gpu_backend
 from speculum.engine.session import LoadOptions, load_decoder
 from speculum.errors import SpeculumError
 from speculum.rpc_worker import exposure_warning
@@ -183,6 +183,7 @@ def test_smollm_across_two_workers_gives_the_local_tokens(smollm_path, workers):
     try:
         assert remote.target.facts.backend == f"RPC {workers[0].endpoint},{workers[1].endpoint}"
         assert remote.draft.facts.backend == "CPU"  # the draft stays on this machine
+        assert gpu_backend() != "RPC"  # workers' devices say they are GPUs; they are not this machine's
         # llama.cpp's connections to the workers got keepalive: a vanished machine is noticed, not waited on
         assert sorted(keepalive_peers()) == sorted(w.port for w in workers)
         for mode, tokens in expected.items():
