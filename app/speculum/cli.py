@@ -223,7 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     w = sub.add_parser("rpc-worker", help="lend this machine's device to another machine's target (llama.cpp RPC)")
     w.add_argument("--host", default="127.0.0.1",
-                   help="address to listen on (default 127.0.0.1: this machine only; the protocol has no authentication)")
+                   help="address to listen on (default 127.0.0.1: this machine only; "
+                        "the protocol has no authentication)")
     w.add_argument("--port", type=int, default=50052)
     w.add_argument("--threads", type=int, help="CPU threads for the device (default: all cores)")
     w.add_argument("--cache-dir", help="keep large tensors here, so a reload does not send them again")
