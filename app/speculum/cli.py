@@ -1,4 +1,4 @@
-"""`speculum` — the window with no arguments; `generate`, `bench`, `models`, `doctor`."""
+"""`speculum` — the window with no arguments; `generate`, `bench`, `models`, `doctor`, `rpc-worker`."""
 
 from __future__ import annotations
 
@@ -20,6 +20,10 @@ def _add_model_options(p: argparse.ArgumentParser, draft: bool = True) -> None:
     p.add_argument("--threads", type=int, help="CPU threads (default: all cores)")
     p.add_argument("--gpu-layers", type=int, help="target layers on the GPU (default: all when there is one)")
     p.add_argument("--draft-gpu-layers", type=int, help="draft layers on the GPU (default: all when there is one)")
+    p.add_argument("--rpc", metavar="HOST:PORT[,HOST:PORT...]",
+                   help="put the target's layers on these `speculum rpc-worker`s; the draft stays here")
+    p.add_argument("--tensor-split", metavar="P1,P2,...",
+                   help="the target's share per device, as llama.cpp's: the --rpc workers in order, then local GPUs")
 
 
 def _add_sampling_options(p: argparse.ArgumentParser) -> None:
@@ -44,8 +48,23 @@ def _load(args):
         print(f"speculum: engine profile {profiles.describe(profile, why)}", file=sys.stderr)
     args.profile = profile.name
     options = LoadOptions(n_ctx=args.ctx, n_threads=args.threads, target_gpu_layers=args.gpu_layers,
-                          draft_gpu_layers=getattr(args, "draft_gpu_layers", None))
+                          draft_gpu_layers=getattr(args, "draft_gpu_layers", None), **_rpc_options(args))
     return load_decoder(args.target, getattr(args, "draft", None), profile.apply(options))
+
+
+def _rpc_options(args) -> dict:
+    """--rpc and --tensor-split as LoadOptions fields (checked here: a typo is one message)."""
+    from .engine import rpc
+
+    options: dict = {}
+    if getattr(args, "rpc", None):
+        options["rpc"] = rpc.parse_endpoints(args.rpc)
+    if getattr(args, "tensor_split", None):
+        try:
+            options["tensor_split"] = tuple(float(x) for x in args.tensor_split.split(",") if x.strip())
+        except ValueError:
+            raise SpeculumError(f"--tensor-split takes numbers separated by commas, e.g. 3,1: '{args.tensor_split}'.")
+    return options
 
 
 def cmd_generate(args) -> int:
@@ -125,6 +144,7 @@ def cmd_doctor(args) -> int:
         ("Settings folder", str(paths.config_dir())),
         ("AMX kernels", "compiled in: batched decoding may crash on CPUs with AMX (llama.cpp issue 20824); "
                         "reinstall with scripts/setup-env.sh" if llama.has_amx_kernels() else "none (as it should be)"),
+        ("RPC (across machines)", _rpc_row()),
         ("Engine profile", profiles.describe(*profiles.remembered())),
         ("Window libraries", qtcheck.report()),
         ("llama.cpp features", llama.system_info().strip()),
@@ -160,6 +180,20 @@ def cmd_serve(args) -> int:
     print(f"Serving {model_id} ({args.mode} mode) at http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
     return 0
+
+
+def cmd_rpc_worker(args) -> int:
+    from .rpc_worker import run
+
+    return run(args.host, args.port, args.threads, args.cache_dir)
+
+
+def _rpc_row() -> str:
+    from .engine import rpc
+
+    why = rpc.availability()
+    return why or (f"available (llama.cpp RPC protocol {'.'.join(map(str, rpc.PROTOCOL))}): "
+                   "speculum rpc-worker, --rpc HOST:PORT")
 
 
 def _thread_wait(setting: dict) -> str:
@@ -223,6 +257,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("doctor", help="versions, compute backend, folders")
     d.set_defaults(func=cmd_doctor)
+
+    w = sub.add_parser("rpc-worker", help="lend this machine's device to another machine's target (llama.cpp RPC)")
+    w.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1: this machine only; "
+                        "the protocol has no authentication)")
+    w.add_argument("--port", type=int, default=50052)
+    w.add_argument("--threads", type=int, help="CPU threads for the device (default: all cores)")
+    w.add_argument("--cache-dir", help="keep large tensors here, so a reload does not send them again")
+    w.set_defaults(func=cmd_rpc_worker)
 
     from .models.commands import register
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from ..errors import ContextFullError, SpeculumError
 from ..models.gguf import GGUFHeader, check_gguf_file
+from . import rpc as rpc_module
 from . import threads
 from .backend import TokenPieces, usable_cores
 
@@ -101,12 +102,26 @@ def gpu_backend() -> str | None:
     except (OSError, AttributeError):  # an unusual build: fall back to what system info names
         info = system_info().lower()
         return next((n for n in ("CUDA", "Metal", "HIP", "Vulkan", "SYCL", "OpenCL") if n.lower() in info), None)
+    for device in _local_gpus(ggml):
+        name = ggml.ggml_backend_reg_name(ggml.ggml_backend_dev_backend_reg(device))
+        return (name or b"GPU").decode("utf-8", errors="replace")
+    return None
+
+
+def _local_gpus(ggml: ctypes.CDLL) -> list[int]:
+    """This machine's GPU devices, as llama.cpp's default list has them (discrete GPUs, else
+    integrated ones), without RPC workers' devices, which also say they are GPUs."""
+    gpus, igpus = [], []
     for i in range(ggml.ggml_backend_dev_count()):
         device = ggml.ggml_backend_dev_get(i)
-        if ggml.ggml_backend_dev_type(device) in (_DEVICE_TYPE_GPU, _DEVICE_TYPE_IGPU):
-            name = ggml.ggml_backend_reg_name(ggml.ggml_backend_dev_backend_reg(device))
-            return (name or b"GPU").decode("utf-8", errors="replace")
-    return None
+        if ggml.ggml_backend_reg_name(ggml.ggml_backend_dev_backend_reg(device)) == b"RPC":
+            continue
+        kind = ggml.ggml_backend_dev_type(device)
+        if kind == _DEVICE_TYPE_GPU:
+            gpus.append(device)
+        elif kind == _DEVICE_TYPE_IGPU:
+            igpus.append(device)
+    return gpus or igpus[:1]
 
 
 def default_threads() -> int:
@@ -138,6 +153,16 @@ class ModelFacts:
 LoadProgress = Callable[[float], bool]  # fraction loaded -> keep going?
 
 
+def _backend_name(gpu: str | None, rpc: Sequence[str], n_gpu_layers: int) -> str:
+    """'CPU', 'CUDA', 'RPC 10.0.0.2:50052,...' (the workers named: the auto policy keeps its
+    measured pass times per backend, and a network's are not a local device's)."""
+    if n_gpu_layers == 0:
+        return "CPU"
+    if rpc:
+        return f"RPC {','.join(rpc)}" + (f" + {gpu}" if gpu else "")
+    return gpu or "CPU"
+
+
 class LlamaModel(TokenPieces):
     def __init__(
         self,
@@ -152,14 +177,31 @@ class LlamaModel(TokenPieces):
         progress: LoadProgress | None = None,
         header: GGUFHeader | None = None,  # already read and checked by the caller
         extra_buffer_types: bool = True,  # repacked weights: faster batches, but the code that crashes most
+        rpc: Sequence[str] = (),  # RPC workers' HOST:PORT: their devices take the layers, before local GPUs
+        tensor_split: Sequence[float] | None = None,  # llama.cpp's proportions per device, in that order
     ):
         self.path = Path(path)
         header = header or check_gguf_file(self.path)
         gpu = gpu_backend()
-        if n_gpu_layers is None:
-            n_gpu_layers = -1 if gpu else 0  # every layer on the GPU when there is one
         mparams = lc.llama_model_default_params()
-        mparams.n_gpu_layers = 0 if gpu is None else (10**6 if n_gpu_layers < 0 else n_gpu_layers)
+        self._devices = None
+        if rpc or rpc_module.any_registered():
+            # Once a worker is registered llama.cpp would hand its devices to every model by
+            # default: name this model's devices, the workers' only when it is given them.
+            worker_devices = rpc_module.register_workers(rpc) if rpc else []
+            self._devices = rpc_module.device_array(worker_devices + _local_gpus(_ggml()))
+            mparams.devices = ctypes.cast(self._devices, ctypes.c_void_p)
+        offload = bool(gpu or rpc)
+        if n_gpu_layers is None:
+            n_gpu_layers = -1 if offload else 0  # every layer on the GPU (or the workers) when there is one
+        mparams.n_gpu_layers = 0 if not offload else (10**6 if n_gpu_layers < 0 else n_gpu_layers)
+        self._tensor_split = None
+        if tensor_split:
+            if len(tensor_split) > lc.llama_max_devices():
+                raise SpeculumError(f"--tensor-split has {len(tensor_split)} parts; llama.cpp takes at most "
+                                    f"{lc.llama_max_devices()}.")
+            self._tensor_split = (ctypes.c_float * lc.llama_max_devices())(*tensor_split)
+            mparams.tensor_split = self._tensor_split
         mparams.use_extra_bufts = extra_buffer_types
         self._progress_cb = None
         if progress is not None:
@@ -177,6 +219,10 @@ class LlamaModel(TokenPieces):
                 f"llama.cpp could not load {self.path.name} (architecture '{header.architecture}')"
                 + (f": {why}" if why else ".")
             )
+        self._rpc = tuple(rpc)
+        if rpc:
+            rpc_module.hold(rpc, loaded=True)
+            rpc_module.keep_alive(rpc)  # llama.cpp's connections are open now: bound how long a lost one hangs
         self._vocab = lc.llama_model_get_vocab(self._model)
         self.n_vocab = lc.llama_vocab_n_tokens(self._vocab)
         n_train = lc.llama_model_n_ctx_train(self._model)
@@ -195,6 +241,7 @@ class LlamaModel(TokenPieces):
         if not self._ctx:
             lc.llama_model_free(self._model)
             self._model = None
+            rpc_module.hold(self._rpc, loaded=False)
             why = _recent_log_error()
             raise SpeculumError(
                 f"llama.cpp could not create a context of {cparams.n_ctx} tokens for "
@@ -224,7 +271,7 @@ class LlamaModel(TokenPieces):
             vocab_size=self.n_vocab,
             context_length=n_train,
             n_ctx=self.n_ctx,
-            backend=gpu if (gpu and n_gpu_layers != 0) else "CPU",
+            backend=_backend_name(gpu, rpc, n_gpu_layers),
             n_gpu_layers=mparams.n_gpu_layers,
             n_threads=threads,
         )
@@ -352,6 +399,8 @@ class LlamaModel(TokenPieces):
         if getattr(self, "_model", None):
             lc.llama_model_free(self._model)
             self._model = None
+            if getattr(self, "_rpc", ()):
+                rpc_module.hold(self._rpc, loaded=False)
 
     def __del__(self) -> None:
         try:

@@ -20,6 +20,8 @@ class LoadOptions:
     draft_gpu_layers: int | None = None
     flash_attn: bool | None = None
     extra_buffer_types: bool = True  # off in the safe engine profile
+    rpc: tuple[str, ...] = ()  # RPC workers (HOST:PORT) for the target's layers; the draft stays local
+    tensor_split: tuple[float, ...] | None = None  # the target's proportions per device: workers, then local GPUs
 
 
 def load_decoder(target: str | os.PathLike, draft: str | os.PathLike | None = None,
@@ -46,7 +48,8 @@ def load_decoder(target: str | os.PathLike, draft: str | os.PathLike | None = No
 
     t = LlamaModel(target, header=target_header, n_ctx=options.n_ctx, n_gpu_layers=options.target_gpu_layers,
                    n_threads=options.n_threads, flash_attn=options.flash_attn, progress=stage("target"),
-                   extra_buffer_types=options.extra_buffer_types)
+                   extra_buffer_types=options.extra_buffer_types, rpc=options.rpc,
+                   tensor_split=options.tensor_split)
     d = None
     if draft is not None:
         try:
