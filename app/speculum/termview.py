@@ -16,9 +16,9 @@ RESET = "\x1b[0m"
 
 
 class TerminalView:
-    def __init__(self, model, out: TextIO = sys.stdout, color: bool | None = None):
+    def __init__(self, model, out: TextIO | None = None, color: bool | None = None):
         self.model = model
-        self.out = out
+        self.out = out or sys.stdout  # looked up now: a default bound at import outlives a redirected stdout
         self.color = out.isatty() if color is None else color
         self._detok = model.detokenizer()
 
