@@ -19,7 +19,7 @@ class TerminalView:
     def __init__(self, model, out: TextIO | None = None, color: bool | None = None):
         self.model = model
         self.out = out or sys.stdout  # looked up now: a default bound at import outlives a redirected stdout
-        self.color = out.isatty() if color is None else color
+        self.color = self.out.isatty() if color is None else color
         self._detok = model.detokenizer()
 
     def _text(self, token: int) -> str:

@@ -170,15 +170,19 @@ def check_worker(endpoint: str, timeout: float = CONNECT_TIMEOUT_S) -> tuple[int
         why = "nothing is listening there" if isinstance(exc, ConnectionRefusedError) else (exc.strerror or str(exc))
         raise SpeculumError(f"Cannot reach the RPC worker at {endpoint}: {why}. "
                             "Start it there with `speculum rpc-worker`.") from None
+    closed = SpeculumError(f"The RPC worker at {endpoint} closed the connection at the handshake: it runs a "
+                           f"different llama.cpp RPC protocol than this Speculum ({_version(PROTOCOL)}). "
+                           "Use the same Speculum version on both machines.")
     try:
         sock.settimeout(timeout)
         request = bytes([_CMD_HELLO]) + struct.pack("<Q", _CONN_CAPS_SIZE) + bytes(_CONN_CAPS_SIZE)
-        sock.sendall(request)
-        head = _recv_exactly(sock, 8)
+        try:
+            sock.sendall(request)
+            head = _recv_exactly(sock, 8)
+        except (ConnectionResetError, BrokenPipeError):
+            head = b""  # closed before reading our hello: the kernel answers with a reset, not an end
         if not head:
-            raise SpeculumError(f"The RPC worker at {endpoint} closed the connection at the handshake: it runs a "
-                                f"different llama.cpp RPC protocol than this Speculum ({_version(PROTOCOL)}). "
-                                "Use the same Speculum version on both machines.")
+            raise closed
         (size,) = struct.unpack("<Q", head.ljust(8, b"\0"))
         body = _recv_exactly(sock, _HELLO_RSP_SIZE) if size == _HELLO_RSP_SIZE else b""
         if len(head) < 8 or len(body) < _HELLO_RSP_SIZE:
