@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from PySide6.QtCore import QByteArray, QElapsedTimer, Qt, Signal
 from PySide6.QtGui import QAction, QKeySequence, QShortcut
-from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFormLayout, QFrame, QGroupBox, QHBoxLayout,
+from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox, QHBoxLayout,
                                QLabel, QListWidget, QListWidgetItem, QMainWindow,
                                QProgressBar, QPushButton, QSpinBox, QSplitter, QToolBar,
-                               QToolButton, QVBoxLayout, QWidget)
+                               QVBoxLayout, QWidget)
 
 from .. import paths, summarise
 from ..conversations import DEFAULT_TITLE, Conversation, ConversationStore, Message
 from . import look
+from .banner import Banner
 from .document import DocumentPane
 from .inputbox import InputBox
 from .modelchoices import local_models
@@ -62,57 +63,6 @@ def answer_stats(snap) -> dict:
             "acceptance_rate": round(snap.acceptance_rate, 4), "tokens_per_pass": round(snap.tokens_per_pass, 4),
             "prompt_tokens": snap.prompt_tokens, "prompt_total": snap.prompt_total,
             "seconds": round(snap.seconds, 4)}
-
-
-class Banner(QFrame):
-    """A message across the top of the chat: errors the user can act on, never a console-only traceback."""
-
-    def __init__(self, parent=None):
-        super().__init__(parent)
-        self.setObjectName("banner")
-        self.label = QLabel()
-        self.label.setTextFormat(Qt.PlainText)  # messages quote file and model names
-        self.label.setWordWrap(True)
-        self.label.setTextInteractionFlags(Qt.TextSelectableByMouse)
-        close = QToolButton(text="✕", toolTip="Dismiss")
-        close.clicked.connect(self.hide)
-        self.actions_row = QHBoxLayout()
-        layout = QHBoxLayout(self)
-        layout.setContentsMargins(10, 6, 6, 6)
-        layout.addWidget(self.label, 1)
-        layout.addLayout(self.actions_row)
-        layout.addWidget(close, 0, Qt.AlignTop)
-        self.hide()
-
-    def show_message(self, text: str, kind: str = "error", actions=()) -> None:
-        """Show ``text``; ``actions`` are (label, callback) buttons that also dismiss the banner."""
-        self.setProperty("kind", kind)
-        self.style().unpolish(self)
-        self.style().polish(self)
-        self.label.setText(text)
-        while self.actions_row.count():
-            self.actions_row.takeAt(0).widget().deleteLater()
-        for label, callback in actions:
-            button = QPushButton(label, objectName="bannerAction")
-            button.clicked.connect(self.hide)
-            button.clicked.connect(callback)
-            self.actions_row.addWidget(button, 0, Qt.AlignTop)
-        self.show()
-
-    def action_labels(self) -> list[str]:
-        return [self.actions_row.itemAt(i).widget().text() for i in range(self.actions_row.count())]
-
-    def trigger(self, label: str) -> None:
-        """Press the action button called ``label`` (tests, keyboard users)."""
-        for i in range(self.actions_row.count()):
-            button = self.actions_row.itemAt(i).widget()
-            if button.text() == label:
-                button.click()
-                return
-        raise KeyError(label)
-
-    def text(self) -> str:
-        return self.label.text() if self.isVisible() else ""
 
 
 class MainWindow(QMainWindow):
