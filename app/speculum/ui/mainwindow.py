@@ -10,19 +10,19 @@ from __future__ import annotations
 from PySide6.QtCore import QByteArray, QElapsedTimer, Qt, Signal
 from PySide6.QtGui import QAction, QKeySequence, QShortcut
 from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox, QHBoxLayout,
-                               QLabel, QListWidget, QListWidgetItem, QMainWindow,
+                               QLabel, QMainWindow,
                                QProgressBar, QPushButton, QSpinBox, QSplitter, QToolBar,
                                QVBoxLayout, QWidget)
 
 from .. import paths, summarise
-from ..conversations import DEFAULT_TITLE, Conversation, ConversationStore, Message
+from ..conversations import Conversation, ConversationStore, Message
 from . import look
 from .banner import Banner
+from .conversationlist import ConversationList
 from .document import DocumentPane
 from .inputbox import InputBox
 from .modelchoices import local_models
 from .replay import ReplayBar
-from .richtext import ask
 from .serve import ServePanel
 from .setaside import saved_state_notice
 from .settings import MODES, Settings
@@ -33,7 +33,6 @@ from ..engine import profiles
 from .worker import Engine, GenerationRequest, LoadRequest, replay_snapshots
 
 NO_DRAFT = "(no draft model)"
-TITLE_CHARS = 48
 # While generating (the speculation view updates every frame, see worker.FRAME_MS):
 ANSWER_UPDATE_MS = 200  # the Markdown answer
 STATS_UPDATE_MS = 1000  # the stats panel's numbers, bars and chart: a meter, read once a second
@@ -81,8 +80,6 @@ class MainWindow(QMainWindow):
         self.loaded = False
         self.loading = False
         self.generating = False
-        self.conversations: list[Conversation] = []
-        self.current: Conversation | None = None
         self._live: dict | None = None  # the generation being written
         self._replay: dict | None = None  # cycles, stages and stats of the answer being replayed
         self._replay_step = -1
@@ -93,7 +90,7 @@ class MainWindow(QMainWindow):
         self._build()
         self._connect()
         self._apply_settings()
-        self._load_conversations()
+        self.open_conversation(self.conversations.load(self.settings.conversation))
         style = paths.resource("style.qss")
         if style.is_file():
             self.setStyleSheet(style.read_text(encoding="utf-8"))
@@ -143,15 +140,9 @@ class MainWindow(QMainWindow):
         bar.addWidget(self.serve_panel)
 
         # Left: conversations and settings.
-        self.conversation_list = QListWidget(objectName="conversationList")
-        self.conversation_list.setTextElideMode(Qt.ElideRight)
-        self.conversation_list.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
-        self.new_button = QPushButton("New")
-        self.rename_button = QPushButton("Rename")
-        self.delete_button = QPushButton("Delete")
-        buttons = QHBoxLayout()
-        for b in (self.new_button, self.rename_button, self.delete_button):
-            buttons.addWidget(b)
+        self.conversations = ConversationList(self.store)
+        self.conversation_list = self.conversations.view
+        self.new_button = self.conversations.new_button
         self.temperature = QDoubleSpinBox(objectName="temperature", minimum=0.0, maximum=2.0, singleStep=0.1,
                                           decimals=2, toolTip="0 = greedy: always the most likely token")
         self.top_p = QDoubleSpinBox(objectName="topP", minimum=0.05, maximum=1.0, singleStep=0.05, decimals=2)
@@ -183,11 +174,7 @@ class MainWindow(QMainWindow):
             spin.setEnabled(False)
         left = QWidget(objectName="sidebar")
         lay = QVBoxLayout(left)
-        title = QLabel("Conversations")
-        title.setObjectName("paneTitle")
-        lay.addWidget(title)
-        lay.addWidget(self.conversation_list, 1)
-        lay.addLayout(buttons)
+        lay.addWidget(self.conversations, 1)
         lay.addWidget(generation)
         lay.addWidget(hardware)
 
@@ -291,11 +278,10 @@ class MainWindow(QMainWindow):
         self.input.stopRequested.connect(self.stop)
         self.stop_button.clicked.connect(self.stop)
         QShortcut(QKeySequence(Qt.Key_Escape), self, activated=self.stop)
-        self.new_button.clicked.connect(self.new_conversation)
-        self.rename_button.clicked.connect(self._edit_title)
-        self.delete_button.clicked.connect(lambda: self.delete_conversation())
-        self.conversation_list.currentItemChanged.connect(self._on_conversation_picked)
-        self.conversation_list.itemChanged.connect(self._on_title_edited)
+        self.conversations.picked.connect(self.open_conversation)
+        self.conversations.created.connect(self._on_conversation_created)
+        self.conversations.deleteRequested.connect(lambda: self.delete_conversation())
+        self.conversations.error.connect(self.show_error)
         self.document.summariseRequested.connect(self.summarise)
         self.document.editor.textChanged.connect(self._update_controls)  # Summarise needs text, and no generation
         self.document.error.connect(self.show_error)
@@ -581,46 +567,14 @@ class MainWindow(QMainWindow):
 
     # ------------------------------------------------------------------ conversations
 
-    def _load_conversations(self) -> None:
-        self.conversations = self.store.load_all()
-        if not self.conversations:
-            self.conversations = [Conversation()]
-        self._fill_list()
-        wanted = next((c for c in self.conversations if c.id == self.settings.conversation), self.conversations[0])
-        self.open_conversation(wanted.id)
-
-    def _fill_list(self) -> None:
-        self.conversation_list.blockSignals(True)
-        self.conversation_list.clear()
-        for c in self.conversations:
-            item = QListWidgetItem(c.title)
-            item.setData(Qt.UserRole, c.id)
-            item.setFlags(item.flags() | Qt.ItemIsEditable)
-            self.conversation_list.addItem(item)
-            if self.current is not None and c.id == self.current.id:
-                self.conversation_list.setCurrentItem(item)
-        self.conversation_list.blockSignals(False)
-
-    def _item(self, conversation_id: str) -> QListWidgetItem | None:
-        for row in range(self.conversation_list.count()):
-            item = self.conversation_list.item(row)
-            if item.data(Qt.UserRole) == conversation_id:
-                return item
-        return None
-
-    def conversation(self, conversation_id: str) -> Conversation | None:
-        return next((c for c in self.conversations if c.id == conversation_id), None)
+    @property
+    def current(self) -> Conversation | None:
+        return self.conversations.current
 
     def open_conversation(self, conversation_id: str) -> None:
-        conv = self.conversation(conversation_id)
+        conv = self.conversations.open(conversation_id)
         if conv is None:
             return
-        self.current = conv
-        item = self._item(conv.id)
-        if item is not None and self.conversation_list.currentItem() is not item:
-            self.conversation_list.blockSignals(True)
-            self.conversation_list.setCurrentItem(item)
-            self.conversation_list.blockSignals(False)
         self.transcript.show_messages(conv.messages)
         self.document.set_document(conv.document, conv.document_name)
         if conv.document:
@@ -637,72 +591,26 @@ class MainWindow(QMainWindow):
         self.settings.conversation = conv.id
         self._save_settings()
 
-    def _on_conversation_picked(self, item, _previous=None) -> None:
-        if item is not None:
-            self.open_conversation(item.data(Qt.UserRole))
-
     def new_conversation(self) -> Conversation:
-        conv = Conversation()
-        self.conversations.insert(0, conv)
-        self._fill_list()
-        self.open_conversation(conv.id)
-        self.input.setFocus()
-        return conv
+        return self.conversations.create()  # opened by _on_conversation_created
 
-    def _edit_title(self) -> None:
-        item = self.conversation_list.currentItem()
-        if item is not None:
-            self.conversation_list.editItem(item)
+    def _on_conversation_created(self, conversation_id: str) -> None:
+        self.open_conversation(conversation_id)
+        self.input.setFocus()
 
     def rename_conversation(self, conversation_id: str, title: str) -> None:
-        conv = self.conversation(conversation_id)
-        title = title.strip()
-        if conv is None or not title:
-            return
-        conv.title = title
-        self._save(conv)
-        item = self._item(conversation_id)
-        if item is not None and item.text() != title:
-            self.conversation_list.blockSignals(True)
-            item.setText(title)
-            self.conversation_list.blockSignals(False)
-
-    def _on_title_edited(self, item: QListWidgetItem) -> None:
-        conv = self.conversation(item.data(Qt.UserRole))
-        if conv is not None and item.text().strip() and item.text() != conv.title:
-            self.rename_conversation(conv.id, item.text())
-        elif conv is not None:
-            self.conversation_list.blockSignals(True)
-            item.setText(conv.title)
-            self.conversation_list.blockSignals(False)
+        self.conversations.rename(conversation_id, title)
 
     def delete_conversation(self, conversation_id: str | None = None, confirm: bool = True) -> None:
-        conv = self.conversation(conversation_id) if conversation_id else self.current
+        conv = self.conversations.conversation(conversation_id) if conversation_id else self.current
         if conv is None:
             return
         if self.generating and self._live and self._live["conversation"] is conv:
             self.show_error("Stop the generation before deleting its conversation.")
             return
-        if confirm and conv.messages:
-            if not ask(self, "Delete conversation",
-                       f"Delete “{conv.title}” and its {len(conv.messages)} messages?"):
-                return
-        self.store.delete(conv.id)
-        self.conversations.remove(conv)
-        if not self.conversations:
-            self.conversations.append(Conversation())
-        if self.current is conv:
-            self.current = None
-        self._fill_list()
-        self.open_conversation((self.current or self.conversations[0]).id)
-
-    def _save(self, conv: Conversation) -> None:
-        if not conv.messages and conv.title == DEFAULT_TITLE and not conv.document:
-            return  # an empty new conversation is kept in the list, written once it has content
-        try:
-            self.store.save(conv)
-        except OSError as exc:
-            self.show_error(f"Could not save the conversation: {exc.strerror or exc}. It stays open here.")
+        next_id = self.conversations.delete(conv, confirm)
+        if next_id is not None:
+            self.open_conversation(next_id)
 
     # ------------------------------------------------------------------ generating
 
@@ -712,9 +620,7 @@ class MainWindow(QMainWindow):
         self.document.summarise_button.setEnabled(not busy and bool(self.document.text().strip()))
         self.stop_button.setEnabled(self.generating)
         self.load_button.setEnabled(not busy)
-        self.conversation_list.setEnabled(not self.generating)
-        self.new_button.setEnabled(not self.generating)
-        self.delete_button.setEnabled(not self.generating)
+        self.conversations.set_generating(self.generating)
 
     def _request(self, conv: Conversation, **extra) -> GenerationRequest:
         return GenerationRequest(conversation_id=conv.id, messages=conv.history(),
@@ -739,14 +645,8 @@ class MainWindow(QMainWindow):
             return
         conv = self.current
         conv.messages.append(Message("user", text))
-        if conv.title == DEFAULT_TITLE:
-            conv.title = " ".join(text.split())[:TITLE_CHARS] + ("…" if len(text) > TITLE_CHARS else "")
-            item = self._item(conv.id)
-            if item is not None:
-                self.conversation_list.blockSignals(True)
-                item.setText(conv.title)
-                self.conversation_list.blockSignals(False)
-        self._save(conv)  # the question survives a crash; only the answer being written can be lost
+        self.conversations.title_from_question(conv, text)
+        self.conversations.save(conv)  # the question survives a crash; only the answer being written can be lost
         self.input.clear()
         self._begin(conv, self._request(conv), kind="chat", restore=text)
 
@@ -764,10 +664,8 @@ class MainWindow(QMainWindow):
 
         conv.messages.append(Message("user", document_message(text), display=f"Summarise {name} "
                                      f"({len(text.split()):,} words)"))
-        if conv.title == DEFAULT_TITLE:
-            conv.title = f"Summary of {name}"[:TITLE_CHARS]
-            self._fill_list()
-        self._save(conv)
+        self.conversations.title_from_document(conv, name)
+        self.conversations.save(conv)
         self.document_toggle.setChecked(True)
         self._begin(conv, self._request(conv, document=text), kind="summary")
 
@@ -844,7 +742,7 @@ class MainWindow(QMainWindow):
         self.generating = False
         self.document.show_progress("")
         self.statusBar().clearMessage()
-        conv = self.conversation(result.conversation_id) or (live and live["conversation"])
+        conv = self.conversations.conversation(result.conversation_id) or (live and live["conversation"])
         if conv is None:
             self._update_controls()
             return
@@ -866,7 +764,7 @@ class MainWindow(QMainWindow):
         conv.messages.append(Message("assistant", text, display=display, cycles=records,
                                      stats=answer_stats(result.snapshot), mode=result.mode,
                                      finish=result.finish, note=note))
-        self._save(conv)
+        self.conversations.save(conv)
         self._save_settings()
         if conv is self.current:
             self.transcript.show_messages(conv.messages)
@@ -891,7 +789,7 @@ class MainWindow(QMainWindow):
             # The question goes back to the box so nothing typed is lost; the conversation is unchanged.
             if conv.messages and conv.messages[-1].role == "user":
                 conv.messages.pop()
-                self._save(conv)
+                self.conversations.save(conv)
             if live["restore"] and not self.input.toPlainText().strip():
                 self.input.setPlainText(live["restore"])
             if conv is self.current:
@@ -998,7 +896,7 @@ class MainWindow(QMainWindow):
                                      cycles=cycle_records(live["cycles"], live["stages"]),
                                      stats=answer_stats(live["snapshot"]) if live["snapshot"] else {},
                                      mode=self.mode_combo.currentData(), finish="stopped", note=note))
-        self._save(conv)
+        self.conversations.save(conv)
 
     def closeEvent(self, event) -> None:
         if self._live is not None:
