@@ -9,10 +9,8 @@ from __future__ import annotations
 
 from PySide6.QtCore import QByteArray, QElapsedTimer, Qt, Signal
 from PySide6.QtGui import QAction, QKeySequence, QShortcut
-from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox, QHBoxLayout,
-                               QLabel, QMainWindow,
-                               QProgressBar, QPushButton, QSpinBox, QSplitter, QToolBar,
-                               QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QLabel, QMainWindow, QProgressBar, QPushButton, QSplitter,
+                               QToolBar, QVBoxLayout, QWidget)
 
 from .. import paths, summarise
 from ..conversations import Conversation, ConversationStore, Message
@@ -20,6 +18,7 @@ from . import look
 from .banner import Banner
 from .conversationlist import ConversationList
 from .document import DocumentPane
+from .generationform import GenerationForm
 from .inputbox import InputBox
 from .modelchoices import local_models
 from .replay import ReplayBar
@@ -143,40 +142,13 @@ class MainWindow(QMainWindow):
         self.conversations = ConversationList(self.store)
         self.conversation_list = self.conversations.view
         self.new_button = self.conversations.new_button
-        self.temperature = QDoubleSpinBox(objectName="temperature", minimum=0.0, maximum=2.0, singleStep=0.1,
-                                          decimals=2, toolTip="0 = greedy: always the most likely token")
-        self.top_p = QDoubleSpinBox(objectName="topP", minimum=0.05, maximum=1.0, singleStep=0.05, decimals=2)
-        self.max_tokens = QSpinBox(objectName="maxTokens", minimum=1, maximum=32768, singleStep=64)
-        self.k_spin = QSpinBox(objectName="draftLength", minimum=0, maximum=15, specialValueText="Adaptive",
-                               toolTip="Tokens drafted per cycle in Draft model and Prompt lookup modes; "
-                                       "Adaptive lets Speculum pick k from what it measures")
-        generation = QGroupBox("Generation")
-        form = QFormLayout(generation)
-        form.addRow("Temperature", self.temperature)
-        form.addRow("Top-p", self.top_p)
-        form.addRow("Max tokens", self.max_tokens)
-        form.addRow("Draft length k", self.k_spin)
-        self.n_ctx = QSpinBox(objectName="contextSize", minimum=128, maximum=131072, singleStep=512,
-                              toolTip="Context size in tokens (applies at the next Load)")
-        self.target_layers = QSpinBox(objectName="targetGpuLayers", minimum=-1, maximum=999, specialValueText="All")
-        self.draft_layers = QSpinBox(objectName="draftGpuLayers", minimum=-1, maximum=999, specialValueText="All")
-        hardware = QGroupBox("Hardware")
-        form = QFormLayout(hardware)
-        form.addRow("Context", self.n_ctx)
-        form.addRow("Target GPU layers", self.target_layers)
-        form.addRow("Draft GPU layers", self.draft_layers)
-        self.hardware_note = QLabel("Starting the engine…")
-        self.hardware_note.setObjectName("caption")
-        self.hardware_note.setTextFormat(Qt.PlainText)  # the GPU's name as the driver reports it
-        self.hardware_note.setWordWrap(True)
-        form.addRow(self.hardware_note)
-        for spin in (self.target_layers, self.draft_layers):
-            spin.setEnabled(False)
+        self.generation_form = GenerationForm()
+        form = self.generation_form
+        self.temperature, self.top_p, self.max_tokens, self.k_spin = form.temperature, form.top_p, form.max_tokens, form.k_spin
         left = QWidget(objectName="sidebar")
         lay = QVBoxLayout(left)
         lay.addWidget(self.conversations, 1)
-        lay.addWidget(generation)
-        lay.addWidget(hardware)
+        lay.addWidget(self.generation_form)
 
         # Centre: banner, transcript (and document), input.
         self.banner = Banner()
@@ -289,9 +261,7 @@ class MainWindow(QMainWindow):
         self.transcript.replayRequested.connect(self.replay_message)
         self.replay_bar.stepChanged.connect(self._render_replay_step)
         self.mode_combo.currentIndexChanged.connect(self._save_settings)
-        for spin in (self.temperature, self.top_p, self.max_tokens, self.k_spin, self.n_ctx,
-                     self.target_layers, self.draft_layers):
-            spin.valueChanged.connect(self._save_settings)
+        self.generation_form.changed.connect(self._save_settings)
         self.models_button.setEnabled(self._models_dialog_class() is not None)
         if not self.models_button.isEnabled():
             self.models_button.setToolTip("The model library is not part of this build")
@@ -305,13 +275,7 @@ class MainWindow(QMainWindow):
         self._applying = True  # each setter below fires valueChanged; save only the finished state
         self.refresh_models(s.target, s.draft)
         self.mode_combo.setCurrentIndex(max(0, self.mode_combo.findData(s.mode)))
-        self.temperature.setValue(s.temperature)
-        self.top_p.setValue(s.top_p)
-        self.max_tokens.setValue(s.max_tokens)
-        self.k_spin.setValue(s.k)
-        self.n_ctx.setValue(s.n_ctx)
-        self.target_layers.setValue(s.target_gpu_layers)
-        self.draft_layers.setValue(s.draft_gpu_layers)
+        self.generation_form.apply(s)
         self._applying = False
 
     def _save_settings(self, *_):
@@ -319,13 +283,7 @@ class MainWindow(QMainWindow):
             return
         s = self.settings
         s.mode = self.mode_combo.currentData()
-        s.temperature = self.temperature.value()
-        s.top_p = self.top_p.value()
-        s.max_tokens = self.max_tokens.value()
-        s.k = self.k_spin.value()
-        s.n_ctx = self.n_ctx.value()
-        s.target_gpu_layers = self.target_layers.value()
-        s.draft_gpu_layers = self.draft_layers.value()
+        self.generation_form.store(s)
         s.conversation = self.current.id if self.current else ""
         try:
             s.save()
@@ -379,9 +337,8 @@ class MainWindow(QMainWindow):
             self.show_error("Stop the generation before loading other models.")
             return
         draft = self.draft_combo.currentData() or None
-        layers = lambda v: None if v < 0 else v  # noqa: E731  (-1 shows as "All")
-        request = LoadRequest(str(target), str(draft) if draft else None, self.n_ctx.value(),
-                              layers(self.target_layers.value()), layers(self.draft_layers.value()))
+        request = LoadRequest(str(target), str(draft) if draft else None, self.generation_form.n_ctx.value(),
+                              *self.generation_form.gpu_layers())
         self.settings.target, self.settings.draft = request.target, request.draft or ""
         self._save_settings()
         self.banner.hide()
@@ -433,12 +390,7 @@ class MainWindow(QMainWindow):
 
     def _on_engine_ready(self, gpu: str | None, _threads: dict) -> None:
         self.gpu = gpu
-        self.hardware_note.setText(f"GPU: {gpu}. Changes apply at the next Load." if gpu
-                                   else "This llama.cpp build runs on the CPU only.")
-        for spin in (self.target_layers, self.draft_layers):
-            spin.setEnabled(bool(gpu))
-            spin.setToolTip("Layers on the GPU: All, or a number (0 = CPU only)" if gpu
-                            else "No GPU backend in this llama.cpp build")
+        self.generation_form.show_gpu(gpu)
         if not self.loaded:
             self._show_backend(None)
 
