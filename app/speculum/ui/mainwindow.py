@@ -14,14 +14,14 @@ from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QLabel, QMainWindow, QPro
 
 from .. import paths, summarise
 from ..conversations import Conversation, ConversationStore, Message
-from . import look
+from .answer import answer_so_far, answer_stats, cycle_records
 from .banner import Banner
 from .conversationlist import ConversationList
 from .document import DocumentPane
 from .generationform import GenerationForm
 from .inputbox import InputBox
 from .modelchoices import local_models
-from .replay import ReplayBar
+from .replaycontroller import ReplayController
 from .serve import ServePanel
 from .setaside import saved_state_notice
 from .settings import MODES, Settings
@@ -29,38 +29,12 @@ from .speculation import Legend, SpeculationView
 from .stats import StatsPanel
 from .transcript import Transcript
 from ..engine import profiles
-from .worker import Engine, GenerationRequest, LoadRequest, replay_snapshots
+from .worker import Engine, GenerationRequest, LoadRequest
 
 NO_DRAFT = "(no draft model)"
 # While generating (the speculation view updates every frame, see worker.FRAME_MS):
 ANSWER_UPDATE_MS = 200  # the Markdown answer
 STATS_UPDATE_MS = 1000  # the stats panel's numbers, bars and chart: a meter, read once a second
-
-
-def answer_so_far(cycles, stages) -> str:
-    """The answer as it stood after ``cycles``: while a long document is summarised in parts,
-    the part being written under its stage name."""
-    stage = stages[-1] if stages else ""
-    if not stage:
-        return "".join(c.text for c in cycles)
-    return f"*{stage}…*\n\n" + "".join(c.text for c, s in zip(cycles, stages) if s == stage)
-
-
-def cycle_records(cycles, stages) -> list[dict]:
-    """The cycles stored with an answer, each tagged with its stage of a long document."""
-    records = [cycle.to_json() for cycle in cycles]
-    for record, stage in zip(records, stages):
-        if stage:
-            record["stage"] = stage
-    return records
-
-
-def answer_stats(snap) -> dict:
-    """The numbers stored with an answer (shown in its header, used by replay)."""
-    return {"tokens_per_s": round(snap.tokens_per_s, 3), "tokens": snap.tokens,
-            "acceptance_rate": round(snap.acceptance_rate, 4), "tokens_per_pass": round(snap.tokens_per_pass, 4),
-            "prompt_tokens": snap.prompt_tokens, "prompt_total": snap.prompt_total,
-            "seconds": round(snap.seconds, 4)}
 
 
 class MainWindow(QMainWindow):
@@ -80,8 +54,6 @@ class MainWindow(QMainWindow):
         self.loading = False
         self.generating = False
         self._live: dict | None = None  # the generation being written
-        self._replay: dict | None = None  # cycles, stages and stats of the answer being replayed
-        self._replay_step = -1
 
         self.setWindowTitle("Speculum")
         self.setObjectName("mainWindow")
@@ -180,15 +152,9 @@ class MainWindow(QMainWindow):
 
         # Right: the speculation view, replay, stats.
         self.speculation = SpeculationView()
-        self.replay_bar = ReplayBar()
-        self.replay_bar.setEnabled(False)
-        self.replay_label = QLabel("Replay: finish a generation, then step through its cycles.")
-        self.replay_label.setObjectName("caption")
-        self.replay_label.setTextFormat(Qt.PlainText)  # names a saved cycle's drafter
-        self.replay_label.setWordWrap(True)
-        # Room for two lines, always: a step's description wraps, and the pane must not squeeze it.
-        self.replay_label.setMinimumHeight(2 * self.replay_label.fontMetrics().lineSpacing() + 4)
         self.stats = StatsPanel()
+        self.replay = ReplayController(self.speculation, self.stats, self.transcript, self)
+        self.replay_bar, self.replay_label = self.replay.bar, self.replay.label
         right = QWidget(objectName="speculationPane")
         lay = QVBoxLayout(right)
         title = QLabel("Speculation, cycle by cycle")
@@ -259,7 +225,6 @@ class MainWindow(QMainWindow):
         self.document.error.connect(self.show_error)
         self.document_toggle.toggled.connect(self._show_document)
         self.transcript.replayRequested.connect(self.replay_message)
-        self.replay_bar.stepChanged.connect(self._render_replay_step)
         self.mode_combo.currentIndexChanged.connect(self._save_settings)
         self.generation_form.changed.connect(self._save_settings)
         self.models_button.setEnabled(self._models_dialog_class() is not None)
@@ -537,9 +502,7 @@ class MainWindow(QMainWindow):
         if last is not None:
             self.replay_message(last, step=None)
         else:
-            self._replay = None
-            self.replay_bar.setEnabled(False)
-            self.replay_label.setText("Replay: finish a generation, then step through its cycles.")
+            self.replay.clear()
         self.settings.conversation = conv.id
         self._save_settings()
 
@@ -628,9 +591,7 @@ class MainWindow(QMainWindow):
         self._live = {"conversation": conv, "kind": kind, "restore": restore, "cycles": [],
                       "stages": [], "snapshot": None, "answer_clock": QElapsedTimer(),
                       "stats_clock": QElapsedTimer()}
-        self._replay = None
-        self.replay_bar.setEnabled(False)
-        self.replay_label.setText("Generating…")
+        self.replay.clear("Generating…")
         self.document.highlight([])
         self.transcript.show_messages(conv.messages)
         self.transcript.begin_answer("writing…")
@@ -757,83 +718,7 @@ class MainWindow(QMainWindow):
         """Load an answer's cycle records into the replay bar; step 0 starts before the first cycle."""
         if self.generating or self.current is None or not (0 <= index < len(self.current.messages)):
             return
-        from ..engine.cycle import Cycle  # a plain record type; nothing runs
-
-        message = self.current.messages[index]
-        try:
-            cycles = [Cycle.from_json(d) for d in message.cycles]
-        except ValueError:  # checked when the conversation was read; a damaged record replays nothing
-            cycles = []
-        rate = self.settings.plain_tokens_per_s.get(self.settings.target)
-        self._replay = {"cycles": cycles, "stages": [d.get("stage", "") for d in message.cycles],
-                        "snapshots": replay_snapshots(cycles, rate, message.stats.get("prompt_tokens", 0),
-                                                      message.stats.get("prompt_total", 0)),
-                        "message": index}
-        self._replay_step = -1
-        self.replay_bar.setEnabled(bool(cycles))
-        self.replay_bar.start(len(cycles), step)
-
-    def _render_replay_step(self, step: int) -> None:
-        replay = self._replay
-        if replay is None:
-            return
-        cycles, stages, snaps = replay["cycles"], replay["stages"], replay["snapshots"]
-        done = step // 2  # cycles fully verified at this step
-        previous = self._replay_step
-        if step == previous + 1 and previous >= 0:
-            if step % 2:
-                self.speculation.show_proposed(cycles[done], stages[done])
-            else:
-                self.speculation.append_cycles([cycles[done - 1]], [stages[done - 1]])
-        else:
-            self.speculation.clear_view()
-            self.speculation.append_cycles(cycles[:done], stages[:done])
-            if step % 2:
-                self.speculation.show_proposed(cycles[done], stages[done])
-        self._replay_step = step
-        self._show_replay_answer(done)
-        self.stats.show_history(snaps[:done])
-        self.replay_label.setText(self._describe_step(cycles, step))
-
-    def _show_replay_answer(self, done: int) -> None:
-        """The transcript as it stood after ``done`` cycles: the conversation up to the replayed
-        answer, then that answer so far. At the last step, the whole conversation again."""
-        replay, conv = self._replay, self.current
-        if conv is None:
-            return
-        if done >= len(replay["cycles"]):
-            if replay.get("rewound"):
-                self.transcript.show_messages(conv.messages)
-                replay["rewound"] = False
-            return
-        if not replay.get("rewound"):
-            self.transcript.show_messages(conv.messages[:replay["message"]])
-            self.transcript.begin_answer("replaying…")
-            replay["rewound"] = True
-        self.transcript.update_answer(answer_so_far(replay["cycles"][:done], replay["stages"][:done]))
-
-    @staticmethod
-    def _describe_step(cycles, step: int) -> str:
-        n = len(cycles)
-        if step == 0:
-            return f"Replay: before the first of {n} cycles. Press Play or step forward."
-        cycle = cycles[(step - 1) // 2]
-        head = f"Cycle {cycle.index + 1} of {n}"
-        drafter = look.DRAFTERS.get(cycle.source, cycle.source)
-        k = len(cycle.drafted)
-        if step % 2:
-            if not k:
-                return f"{head}: plain step, nothing drafted."
-            return (f"{head}: {drafter} proposed {k} token{'s' * (k != 1)}; the target checks "
-                    f"{'them' if k != 1 else 'it'} in one pass.")
-        if not k:
-            return f"{head}: the target wrote {len(cycle.emitted)} token{'s' * (len(cycle.emitted) != 1)} by itself."
-        rejected = k - cycle.n_accepted
-        tail = "then its correction" if rejected else "then a bonus token"
-        if len(cycle.emitted) == cycle.n_accepted:
-            tail = "and stopped there"
-        return (f"{head}: {cycle.n_accepted} of {k} accepted, {rejected} struck; "
-                f"the target kept the accepted ones {tail}.")
+        self.replay.load(self.current, index, step, self.settings.plain_tokens_per_s.get(self.settings.target))
 
     # ------------------------------------------------------------------ errors and closing
 
