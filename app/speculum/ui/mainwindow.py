@@ -14,7 +14,7 @@ from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QLabel, QMainWindow, QPro
 
 from .. import paths, summarise
 from ..conversations import Conversation, ConversationStore, Message
-from .answer import answer_so_far, answer_stats, cycle_records
+from .answer import LiveAnswer, answer_so_far, answer_stats, cycle_records, with_stages
 from .banner import Banner
 from .conversationlist import ConversationList
 from .document import DocumentPane
@@ -53,7 +53,7 @@ class MainWindow(QMainWindow):
         self.loaded = False
         self.loading = False
         self.generating = False
-        self._live: dict | None = None  # the generation being written
+        self._live: LiveAnswer | None = None
 
         self.setWindowTitle("Speculum")
         self.setObjectName("mainWindow")
@@ -396,7 +396,7 @@ class MainWindow(QMainWindow):
     def _on_served_batch(self, events: list) -> None:
         if self.generating:
             return
-        self.speculation.append_cycles([e.cycle for e in events], [e.stage for e in events])
+        self.speculation.append_cycles(events)
         self.stats.chart.add_points([(e.snapshot.seconds, e.snapshot.tokens_per_s) for e in events], redraw=False)
         self.stats.show_snapshot(events[-1].snapshot)
         self.stats.chart.update()
@@ -520,7 +520,7 @@ class MainWindow(QMainWindow):
         conv = self.conversations.conversation(conversation_id) if conversation_id else self.current
         if conv is None:
             return
-        if self.generating and self._live and self._live["conversation"] is conv:
+        if self.generating and self._live and self._live.conversation is conv:
             self.show_error("Stop the generation before deleting its conversation.")
             return
         next_id = self.conversations.delete(conv, confirm)
@@ -588,9 +588,7 @@ class MainWindow(QMainWindow):
         self.banner.hide()
         self.generating = True
         self._update_controls()
-        self._live = {"conversation": conv, "kind": kind, "restore": restore, "cycles": [],
-                      "stages": [], "snapshot": None, "answer_clock": QElapsedTimer(),
-                      "stats_clock": QElapsedTimer()}
+        self._live = LiveAnswer(conv, kind, restore)
         self.replay.clear("Generating…")
         self.document.highlight([])
         self.transcript.show_messages(conv.messages)
@@ -615,18 +613,14 @@ class MainWindow(QMainWindow):
         live = self._live
         if live is None:
             return
-        cycles = [e.cycle for e in events]
-        stages = [e.stage for e in events]
-        live["cycles"].extend(cycles)
-        live["stages"].extend(stages)
-        live["snapshot"] = events[-1].snapshot
+        live.events.extend(events)
         self.stats.chart.add_points([(e.snapshot.seconds, e.snapshot.tokens_per_s) for e in events], redraw=False)
         # The speculation view is the live one, every frame. The Markdown answer and the stats
         # panel are re-rendered less often: each costs the UI thread more than a frame of tokens.
-        self.speculation.append_cycles(cycles, stages)
-        if self._due(live["answer_clock"], ANSWER_UPDATE_MS):
+        self.speculation.append_cycles(events)
+        if self._due(live.answer_clock, ANSWER_UPDATE_MS):
             self._show_live_answer()
-        if self._due(live["stats_clock"], STATS_UPDATE_MS):
+        if self._due(live.stats_clock, STATS_UPDATE_MS):
             self._show_live_stats()
 
     @staticmethod
@@ -638,28 +632,28 @@ class MainWindow(QMainWindow):
 
     def _show_live_answer(self) -> None:
         if self._live is not None:
-            self.transcript.update_answer(answer_so_far(self._live["cycles"], self._live["stages"]))
+            self.transcript.update_answer(answer_so_far(self._live.events))
 
     def _show_live_stats(self) -> None:
         live = self._live
-        if live is None or live["snapshot"] is None:
+        if live is None or live.snapshot is None:
             return
-        self.stats.show_snapshot(live["snapshot"])
+        self.stats.show_snapshot(live.snapshot)
         self.stats.chart.update()
 
     def _on_finished(self, result) -> None:
-        # Cycles still waiting for the next frame go first: live["stages"] must be complete.
+        # Cycles still waiting for the next frame go first: live.events must be complete.
         # The answer itself is drawn below, whole, with the conversation.
         self.engine.batcher.flush()
         live, self._live = self._live, None
         self.generating = False
         self.document.show_progress("")
         self.statusBar().clearMessage()
-        conv = self.conversations.conversation(result.conversation_id) or (live and live["conversation"])
+        conv = self.conversations.conversation(result.conversation_id) or (live and live.conversation)
         if conv is None:
             self._update_controls()
             return
-        records = cycle_records(result.cycles, live["stages"] if live else [])
+        records = cycle_records(with_stages(result.cycles, live.events if live else []))
         note = result.note
         if result.finish == "stopped" and not note:
             note = "Stopped; the answer so far is kept."
@@ -681,7 +675,7 @@ class MainWindow(QMainWindow):
         self._save_settings()
         if conv is self.current:
             self.transcript.show_messages(conv.messages)
-            if live and live["kind"] == "summary":
+            if live and live.kind == "summary":
                 self._highlight_copies(conv, result.cycles)
             self.replay_message(len(conv.messages) - 1, step=None)
         self._update_controls()
@@ -698,13 +692,13 @@ class MainWindow(QMainWindow):
         self.document.show_progress("")
         self.statusBar().clearMessage()
         if live is not None:
-            conv = live["conversation"]
+            conv = live.conversation
             # The question goes back to the box so nothing typed is lost; the conversation is unchanged.
             if conv.messages and conv.messages[-1].role == "user":
                 conv.messages.pop()
                 self.conversations.save(conv)
-            if live["restore"] and not self.input.toPlainText().strip():
-                self.input.setPlainText(live["restore"])
+            if live.restore and not self.input.toPlainText().strip():
+                self.input.setPlainText(live.restore)
             if conv is self.current:
                 self.transcript.show_messages(conv.messages)
         self.replay_label.setText("")
@@ -728,10 +722,10 @@ class MainWindow(QMainWindow):
     def _keep_partial_answer(self, note: str) -> None:
         """Store the answer being written as it stands after the last cycle received."""
         live, self._live = self._live, None
-        conv = live["conversation"]
-        conv.messages.append(Message("assistant", "".join(c.text for c in live["cycles"]),
-                                     cycles=cycle_records(live["cycles"], live["stages"]),
-                                     stats=answer_stats(live["snapshot"]) if live["snapshot"] else {},
+        conv = live.conversation
+        conv.messages.append(Message("assistant", "".join(e.cycle.text for e in live.events),
+                                     cycles=cycle_records(live.events),
+                                     stats=answer_stats(live.snapshot) if live.snapshot else {},
                                      mode=self.mode_combo.currentData(), finish="stopped", note=note))
         self.conversations.save(conv)
 

@@ -9,9 +9,8 @@ from PySide6.QtCore import QObject, Qt
 from PySide6.QtWidgets import QLabel
 
 from ..conversations import Conversation
-from ..engine.cycle import Cycle
 from . import look
-from .answer import answer_so_far
+from .answer import StagedCycle, answer_so_far, staged_cycles
 from .replay import ReplayBar
 from .worker import replay_snapshots
 
@@ -22,18 +21,17 @@ IDLE_CAPTION = "Replay: finish a generation, then step through its cycles."
 class ReplayState:
     conversation: Conversation
     message: int  # index of the replayed answer in the conversation
-    cycles: list
-    stages: list[str]
+    cycles: list[StagedCycle]
     snapshots: list  # the stats after each cycle
     step: int = -1  # the step shown; -1 before the first
     rewound: bool = False  # the transcript shows the conversation up to the answer, then the answer so far
 
 
-def describe_step(cycles, step: int) -> str:
-    n = len(cycles)
+def describe_step(staged, step: int) -> str:
+    n = len(staged)
     if step == 0:
         return f"Replay: before the first of {n} cycles. Press Play or step forward."
-    cycle = cycles[(step - 1) // 2]
+    cycle = staged[(step - 1) // 2].cycle
     head = f"Cycle {cycle.index + 1} of {n}"
     drafter = look.DRAFTERS.get(cycle.source, cycle.source)
     k = len(cycle.drafted)
@@ -78,12 +76,10 @@ class ReplayController(QObject):
     def load(self, conv: Conversation, index: int, step: int | None, plain_tokens_per_s: float | None) -> None:
         """Load answer ``index``'s cycle records into the bar; step 0 starts before the first cycle."""
         message = conv.messages[index]
-        try:
-            cycles = [Cycle.from_json(d) for d in message.cycles]
-        except ValueError:  # checked when the conversation was read; a damaged record replays nothing
-            cycles = []
-        self.state = ReplayState(conv, index, cycles, [d.get("stage", "") for d in message.cycles],
-                                 replay_snapshots(cycles, plain_tokens_per_s, message.stats.get("prompt_tokens", 0),
+        cycles = staged_cycles(message.cycles)
+        self.state = ReplayState(conv, index, cycles,
+                                 replay_snapshots([s.cycle for s in cycles], plain_tokens_per_s,
+                                                  message.stats.get("prompt_tokens", 0),
                                                   message.stats.get("prompt_total", 0)))
         self.bar.setEnabled(bool(cycles))
         self.bar.start(len(cycles), step)
@@ -92,19 +88,19 @@ class ReplayController(QObject):
         replay = self.state
         if replay is None:
             return
-        cycles, stages, snaps = replay.cycles, replay.stages, replay.snapshots
+        cycles, snaps = replay.cycles, replay.snapshots
         done = step // 2  # cycles fully verified at this step
         previous = replay.step
         if step == previous + 1 and previous >= 0:
             if step % 2:
-                self.speculation.show_proposed(cycles[done], stages[done])
+                self.speculation.show_proposed(cycles[done])
             else:
-                self.speculation.append_cycles([cycles[done - 1]], [stages[done - 1]])
+                self.speculation.append_cycles([cycles[done - 1]])
         else:
             self.speculation.clear_view()
-            self.speculation.append_cycles(cycles[:done], stages[:done])
+            self.speculation.append_cycles(cycles[:done])
             if step % 2:
-                self.speculation.show_proposed(cycles[done], stages[done])
+                self.speculation.show_proposed(cycles[done])
         replay.step = step
         self._show_answer(done)
         self.stats.show_history(snaps[:done])
@@ -123,4 +119,4 @@ class ReplayController(QObject):
             self.transcript.show_messages(conv.messages[:replay.message])
             self.transcript.begin_answer("replaying…")
             replay.rewound = True
-        self.transcript.update_answer(answer_so_far(replay.cycles[:done], replay.stages[:done]))
+        self.transcript.update_answer(answer_so_far(replay.cycles[:done]))
