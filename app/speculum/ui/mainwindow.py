@@ -8,30 +8,23 @@ end, or an error message shown in the window's banner.
 from __future__ import annotations
 
 from PySide6.QtCore import QByteArray, QElapsedTimer, Qt, Signal
-from PySide6.QtGui import QAction, QKeySequence, QShortcut
-from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QLabel, QMainWindow, QProgressBar, QPushButton, QSplitter,
-                               QToolBar, QVBoxLayout, QWidget)
+from PySide6.QtGui import QKeySequence, QShortcut
+from PySide6.QtWidgets import QMainWindow, QSplitter, QVBoxLayout, QWidget
 
 from .. import paths, summarise
 from ..conversations import Conversation, ConversationStore, Message
-from .answer import LiveAnswer, answer_so_far, answer_stats, cycle_records, with_stages
-from .banner import Banner
-from .conversationlist import ConversationList
-from .document import DocumentPane
-from .generationform import GenerationForm
-from .inputbox import InputBox
-from .modelchoices import local_models
-from .replaycontroller import ReplayController
-from .serve import ServePanel
-from .setaside import saved_state_notice
-from .settings import MODES, Settings
-from .speculation import Legend, SpeculationView
-from .stats import StatsPanel
-from .transcript import Transcript
 from ..engine import profiles
+from .answer import LiveAnswer, answer_so_far, answer_stats, cycle_records, with_stages
+from .chatpane import ChatPane
+from .conversationlist import ConversationList
+from .generationform import GenerationForm
+from .loadstatus import LoadStatus
+from .modelbar import ModelBar
+from .setaside import saved_state_notice
+from .settings import Settings
+from .speculationpane import SpeculationPane
 from .worker import Engine, GenerationRequest, LoadRequest
 
-NO_DRAFT = "(no draft model)"
 # While generating (the speculation view updates every frame, see worker.FRAME_MS):
 ANSWER_UPDATE_MS = 200  # the Markdown answer
 STATS_UPDATE_MS = 1000  # the stats panel's numbers, bars and chart: a meter, read once a second
@@ -76,39 +69,12 @@ class MainWindow(QMainWindow):
     # ------------------------------------------------------------------ layout
 
     def _build(self) -> None:
-        bar = QToolBar("Models")
-        bar.setObjectName("modelBar")
-        bar.setMovable(False)
-        self.addToolBar(bar)
-        self.target_combo = QComboBox(objectName="targetCombo", toolTip="Target model: the one whose answer you get")
-        self.draft_combo = QComboBox(objectName="draftCombo",
-                                     toolTip="Draft model: a smaller model of the same vocabulary that proposes tokens")
-        for combo in (self.target_combo, self.draft_combo):
-            combo.setSizeAdjustPolicy(QComboBox.AdjustToContents)
-            combo.setMinimumContentsLength(22)
-        self.load_button = QPushButton("Load", objectName="loadButton", toolTip="Load the chosen target and draft")
-        self.models_button = QPushButton("Models…", objectName="modelsButton")
-        self.mode_combo = QComboBox(objectName="modeCombo")
-        for label, mode in MODES:
-            self.mode_combo.addItem(label, mode)
-        self.mode_combo.setToolTip("Auto: the policy picks the drafter and draft length from measurements.\n"
-                                   "Draft model: the small model drafts. Prompt lookup: drafts copied from\n"
-                                   "the prompt and answer so far. Off: plain decoding.")
-        self.document_toggle = QAction("Document", self, checkable=True, toolTip="Show the document pane")
-        self.serve_panel = ServePanel()
-        bar.addWidget(QLabel(" Target "))
-        bar.addWidget(self.target_combo)
-        bar.addWidget(QLabel("  ←  draft "))
-        bar.addWidget(self.draft_combo)
-        bar.addWidget(self.load_button)
-        bar.addWidget(self.models_button)
-        bar.addSeparator()
-        bar.addWidget(QLabel(" Mode "))
-        bar.addWidget(self.mode_combo)
-        bar.addSeparator()
-        bar.addAction(self.document_toggle)
-        bar.addSeparator()
-        bar.addWidget(self.serve_panel)
+        self.model_bar = ModelBar(self)
+        self.addToolBar(self.model_bar)
+        bar = self.model_bar
+        self.target_combo, self.draft_combo, self.mode_combo = bar.target_combo, bar.draft_combo, bar.mode_combo
+        self.load_button, self.models_button = bar.load_button, bar.models_button
+        self.document_toggle, self.serve_panel = bar.document_toggle, bar.serve_panel
 
         # Left: conversations and settings.
         self.conversations = ConversationList(self.store)
@@ -122,54 +88,19 @@ class MainWindow(QMainWindow):
         lay.addWidget(self.conversations, 1)
         lay.addWidget(self.generation_form)
 
-        # Centre: banner, transcript (and document), input.
-        self.banner = Banner()
-        self.transcript = Transcript()
-        self.document = DocumentPane()
-        self.document.hide()
-        # The document sits under the transcript: side by side, both were too narrow to read.
-        self.chat_split = QSplitter(Qt.Vertical)
-        self.chat_split.addWidget(self.transcript)
-        self.chat_split.addWidget(self.document)
-        self.chat_split.setChildrenCollapsible(False)
-        self.input = InputBox()
-        self.input.setFixedHeight(84)
-        self.send_button = QPushButton("Send", objectName="sendButton")
-        self.stop_button = QPushButton("Stop", objectName="stopButton", toolTip="Stop generating (Esc)")
-        self.stop_button.setEnabled(False)
-        side = QVBoxLayout()
-        side.addWidget(self.send_button)
-        side.addWidget(self.stop_button)
-        side.addStretch()
-        row = QHBoxLayout()
-        row.addWidget(self.input, 1)
-        row.addLayout(side)
-        centre = QWidget()
-        lay = QVBoxLayout(centre)
-        lay.addWidget(self.banner)
-        lay.addWidget(self.chat_split, 1)
-        lay.addLayout(row)
-
-        # Right: the speculation view, replay, stats.
-        self.speculation = SpeculationView()
-        self.stats = StatsPanel()
-        self.replay = ReplayController(self.speculation, self.stats, self.transcript, self)
+        self.chat = ChatPane()
+        chat = self.chat
+        self.banner, self.transcript, self.document, self.input = chat.banner, chat.transcript, chat.document, chat.input
+        self.send_button, self.stop_button = chat.send_button, chat.stop_button
+        self.speculation_pane = SpeculationPane(self.transcript)
+        pane = self.speculation_pane
+        self.speculation, self.stats, self.replay = pane.speculation, pane.stats, pane.replay
         self.replay_bar, self.replay_label = self.replay.bar, self.replay.label
-        right = QWidget(objectName="speculationPane")
-        lay = QVBoxLayout(right)
-        title = QLabel("Speculation, cycle by cycle")
-        title.setObjectName("paneTitle")
-        lay.addWidget(title)
-        lay.addWidget(Legend())
-        lay.addWidget(self.speculation, 1)
-        lay.addWidget(self.replay_bar)
-        lay.addWidget(self.replay_label)
-        lay.addWidget(self.stats)
 
         split = QSplitter(Qt.Horizontal)
         split.addWidget(left)
-        split.addWidget(centre)
-        split.addWidget(right)
+        split.addWidget(self.chat)
+        split.addWidget(self.speculation_pane)
         split.setStretchFactor(0, 0)
         split.setStretchFactor(1, 3)
         split.setStretchFactor(2, 2)
@@ -177,18 +108,11 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(split)
 
         # Status bar: what runs where, and load progress.
-        self.backend_label = QLabel(objectName="backendLabel")
-        self.model_label = QLabel("No model loaded", objectName="modelLabel", textFormat=Qt.PlainText)
-        self.load_progress = QProgressBar(objectName="loadProgress", maximum=1000, textVisible=True)
-        self.load_progress.setFixedWidth(220)
-        self.cancel_button = QPushButton("Cancel", objectName="cancelLoad", toolTip="Cancel loading")
-        self.load_progress.hide()
-        self.cancel_button.hide()
-        status = self.statusBar()
-        status.addWidget(self.model_label, 1)
-        status.addPermanentWidget(self.load_progress)
-        status.addPermanentWidget(self.cancel_button)
-        status.addPermanentWidget(self.backend_label)
+        self.load_status = LoadStatus()
+        self.setStatusBar(self.load_status)
+        status = self.load_status
+        self.model_label, self.backend_label = status.model_label, status.backend_label
+        self.load_progress, self.cancel_button = status.load_progress, status.cancel_button
         self._show_backend(None)
 
     def _connect(self) -> None:
@@ -210,7 +134,8 @@ class MainWindow(QMainWindow):
         self.engine.batcher.batchReady.connect(self._on_batch)
         self.load_button.clicked.connect(self.load_pair)
         self.cancel_button.clicked.connect(self.cancel_load)
-        self.models_button.clicked.connect(self.open_models_dialog)
+        self.model_bar.pairReady.connect(self._on_pair_ready)
+        self.model_bar.error.connect(self.show_error)
         self.send_button.clicked.connect(lambda: self.send(self.input.toPlainText()))
         self.input.submitted.connect(self.send)
         self.input.stopRequested.connect(self.stop)
@@ -223,22 +148,17 @@ class MainWindow(QMainWindow):
         self.document.summariseRequested.connect(self.summarise)
         self.document.editor.textChanged.connect(self._update_controls)  # Summarise needs text, and no generation
         self.document.error.connect(self.show_error)
-        self.document_toggle.toggled.connect(self._show_document)
+        self.document_toggle.toggled.connect(self.chat.show_document)
         self.transcript.replayRequested.connect(self.replay_message)
         self.mode_combo.currentIndexChanged.connect(self._save_settings)
         self.generation_form.changed.connect(self._save_settings)
-        self.models_button.setEnabled(self._models_dialog_class() is not None)
-        if not self.models_button.isEnabled():
-            self.models_button.setToolTip("The model library is not part of this build")
-        else:
-            self.models_button.setToolTip("Find, download and check model pairs")
 
     # ------------------------------------------------------------------ settings
 
     def _apply_settings(self) -> None:
         s = self.settings
         self._applying = True  # each setter below fires valueChanged; save only the finished state
-        self.refresh_models(s.target, s.draft)
+        self.model_bar.refresh_models(s.target, s.draft)
         self.mode_combo.setCurrentIndex(max(0, self.mode_combo.findData(s.mode)))
         self.generation_form.apply(s)
         self._applying = False
@@ -257,38 +177,8 @@ class MainWindow(QMainWindow):
 
     # ------------------------------------------------------------------ models
 
-    def refresh_models(self, target: str = "", draft: str = "") -> None:
-        """Fill the pair picker from the library, keeping (or setting) the chosen pair."""
-        target = target or (self.target_combo.currentData() or "")
-        draft = draft if draft is not None else (self.draft_combo.currentData() or "")
-        choices = local_models()
-        for combo, with_none in ((self.target_combo, False), (self.draft_combo, True)):
-            combo.blockSignals(True)
-            combo.clear()
-            if with_none:
-                combo.addItem(NO_DRAFT, "")
-            for choice in choices:
-                combo.addItem(choice.label, choice.path)
-            combo.blockSignals(False)
-        if not target and choices:
-            target = choices[0].path
-            if len(choices) > 1 and "demo target" in choices[0].label:
-                draft = draft or choices[1].path
-        self.set_pair(target, draft or None, load=False)
-
-    def _select(self, combo: QComboBox, path: str) -> None:
-        index = combo.findData(path)
-        if index < 0:
-            from pathlib import Path
-
-            combo.addItem(f"{Path(path).stem}  ·  (not in the library)", path)
-            index = combo.count() - 1
-        combo.setCurrentIndex(index)
-
     def set_pair(self, target: str, draft: str | None = None, load: bool = True) -> None:
-        if target:
-            self._select(self.target_combo, str(target))
-        self._select(self.draft_combo, str(draft) if draft else "")
+        self.model_bar.select_pair(target, draft)
         if load:
             self.load_pair()
 
@@ -310,11 +200,7 @@ class MainWindow(QMainWindow):
         self.loaded = False
         self.loading = True
         self._update_controls()
-        self.load_progress.setValue(0)
-        self.load_progress.setFormat("Loading target… %p%")
-        self.load_progress.show()
-        self.cancel_button.show()
-        self.model_label.setText("Loading models…")
+        self.load_status.begin_load()
         self.serve_panel.show_stopped()  # the new engine process serves nothing until asked
         self.engine.load(request, profile, why)
 
@@ -323,16 +209,13 @@ class MainWindow(QMainWindow):
         self.cancel_button.setEnabled(False)
 
     def _on_load_progress(self, stage: str, fraction: float) -> None:
-        self.load_progress.setFormat(f"Loading {stage}… %p%")
-        self.load_progress.setValue(int(fraction * 1000))
+        self.load_status.show_load_progress(stage, fraction)
 
     def _on_loaded(self, target, draft) -> None:
         self.loading = False
         self.loaded = True
-        self._end_load()
-        pair = f"{target.name} ({target.quantization})"
-        pair += f"  ←  {draft.name} ({draft.quantization})" if draft else "  ·  no draft model (prompt lookup only)"
-        self.model_label.setText(f"{pair}  ·  context {target.n_ctx:,} tokens")
+        self.load_status.end_load()
+        self.load_status.show_pair(target, draft)
         self._show_backend(target)
         rate = self.settings.plain_tokens_per_s.get(target.path)
         self.engine.set_plain_rate(rate)
@@ -342,16 +225,10 @@ class MainWindow(QMainWindow):
     def _on_load_failed(self, message: str) -> None:
         self.loading = False
         self.loaded = False
-        self._end_load()
-        self.model_label.setText("No model loaded")
+        self.load_status.end_load("No model loaded")
         self.show_error(message)
         self._update_controls()
         self.loadFailed.emit(message)
-
-    def _end_load(self) -> None:
-        self.load_progress.hide()
-        self.cancel_button.hide()
-        self.cancel_button.setEnabled(True)
 
     def _on_engine_ready(self, gpu: str | None, _threads: dict) -> None:
         self.gpu = gpu
@@ -385,21 +262,15 @@ class MainWindow(QMainWindow):
         """An API client's request: shown live in the speculation view and stats, like the window's own."""
         if self.generating:
             return
-        if kind == "started":
-            self.speculation.clear_view()
-            self.stats.reset()
-            self.replay_label.setText("Answering an API request…")
-        else:
-            self.engine.served_batcher.flush()
-            self.replay_label.setText(f"Answered an API request: {payload['completion_tokens']} tokens.")
+        if kind != "started":
+            self.engine.served_batcher.flush()  # its last cycles before its count
+        self.speculation_pane.show_served_request(kind, payload)
 
     def _on_served_batch(self, events: list) -> None:
         if self.generating:
             return
-        self.speculation.append_cycles(events)
-        self.stats.chart.add_points([(e.snapshot.seconds, e.snapshot.tokens_per_s) for e in events], redraw=False)
-        self.stats.show_snapshot(events[-1].snapshot)
-        self.stats.chart.update()
+        self.speculation_pane.add_events(events)
+        self.speculation_pane.show_snapshot(events[-1].snapshot)
 
     def _on_engine_died(self, death) -> None:
         """The engine process crashed: keep the window, the conversation and the answer so far."""
@@ -414,8 +285,7 @@ class MainWindow(QMainWindow):
                 self.transcript.show_messages(self.current.messages)
         self.loading = False
         self.loaded = False
-        self._end_load()
-        self.model_label.setText("No model loaded: the engine stopped")
+        self.load_status.end_load("No model loaded: the engine stopped")
         self.serve_panel.show_stopped()
         self._show_backend(None)
         actions = [("Reload", self.load_pair)]
@@ -433,54 +303,14 @@ class MainWindow(QMainWindow):
         self.engineDied.emit()
 
     def _show_backend(self, facts) -> None:
-        if facts is None:
-            text = f"Backend: {self.gpu or 'CPU'}"
-        elif facts.backend == "CPU":
-            text = "Backend: CPU"
-        else:
-            text = f"Backend: {facts.backend} · {facts.n_gpu_layers if facts.n_gpu_layers < 10**5 else 'all'} layers"
-        profile = self.engine.profile
-        if facts is not None and profile is not profiles.STANDARD:
-            text += f" · {profile.name} profile"
-            self.backend_label.setToolTip(profiles.describe(profile, self.engine.profile_why))
-        else:
-            self.backend_label.setToolTip("")
-        self.backend_label.setText(text)
+        self.load_status.show_backend(facts, self.gpu, self.engine.profile, self.engine.profile_why)
 
     def _on_plain_rate(self, target: str, tokens_per_s: float) -> None:
         self.settings.plain_tokens_per_s[target] = round(tokens_per_s, 3)
 
-    @staticmethod
-    def _models_dialog_class():
-        try:
-            from .models_dialog import ModelsDialog  # written separately; the window works without it
-        except Exception:
-            return None
-        return ModelsDialog
-
-    def open_models_dialog(self) -> None:
-        cls = self._models_dialog_class()
-        if cls is None:
-            self.show_error("The model library dialog is not available in this build.")
-            return
-        try:
-            dialog = cls(self)
-        except Exception as exc:
-            self.show_error(f"The model library could not open: {exc}")
-            return
-        dialog.pair_ready.connect(self._on_pair_ready)
-        dialog.open()
-
     def _on_pair_ready(self, target, draft) -> None:
-        self.refresh_models(str(target), str(draft) if draft else "")
+        self.model_bar.refresh_models(str(target), str(draft) if draft else "")
         self.load_pair()
-
-    def _show_document(self, on: bool) -> None:
-        self.document.setVisible(on)
-        if on:
-            # A pane shown after the splitter was laid out starts at zero width.
-            total = sum(self.chat_split.sizes()) or self.chat_split.height()
-            self.chat_split.setSizes([total * 9 // 20, total * 11 // 20])
 
     # ------------------------------------------------------------------ conversations
 
@@ -496,8 +326,7 @@ class MainWindow(QMainWindow):
         self.document.set_document(conv.document, conv.document_name)
         if conv.document:
             self.document_toggle.setChecked(True)
-        self.speculation.clear_view()
-        self.stats.reset()
+        self.speculation_pane.clear()
         last = next((i for i in range(len(conv.messages) - 1, -1, -1) if conv.messages[i].cycles), None)
         if last is not None:
             self.replay_message(last, step=None)
@@ -593,8 +422,7 @@ class MainWindow(QMainWindow):
         self.document.highlight([])
         self.transcript.show_messages(conv.messages)
         self.transcript.begin_answer("writing…")
-        self.speculation.clear_view()
-        self.stats.reset()
+        self.speculation_pane.clear()
         self.engine.generate(request)
 
     def stop(self) -> None:
@@ -614,10 +442,9 @@ class MainWindow(QMainWindow):
         if live is None:
             return
         live.events.extend(events)
-        self.stats.chart.add_points([(e.snapshot.seconds, e.snapshot.tokens_per_s) for e in events], redraw=False)
         # The speculation view is the live one, every frame. The Markdown answer and the stats
         # panel are re-rendered less often: each costs the UI thread more than a frame of tokens.
-        self.speculation.append_cycles(events)
+        self.speculation_pane.add_events(events)
         if self._due(live.answer_clock, ANSWER_UPDATE_MS):
             self._show_live_answer()
         if self._due(live.stats_clock, STATS_UPDATE_MS):
@@ -638,8 +465,7 @@ class MainWindow(QMainWindow):
         live = self._live
         if live is None or live.snapshot is None:
             return
-        self.stats.show_snapshot(live.snapshot)
-        self.stats.chart.update()
+        self.speculation_pane.show_snapshot(live.snapshot)
 
     def _on_finished(self, result) -> None:
         # Cycles still waiting for the next frame go first: live.events must be complete.
