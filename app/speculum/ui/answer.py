@@ -13,8 +13,9 @@ from typing import NamedTuple
 
 from PySide6.QtCore import QElapsedTimer
 
-from ..conversations import Conversation
+from ..conversations import Conversation, Message
 from ..engine.cycle import Cycle
+from ..engine.prompts import document_message
 
 
 class StagedCycle(NamedTuple):
@@ -36,6 +37,25 @@ class LiveAnswer:
     def snapshot(self):
         """The stats after the last cycle received; None before the first."""
         return self.events[-1].snapshot if self.events else None
+
+    def answer_due(self, interval_ms: int) -> bool:
+        return _due(self.answer_clock, interval_ms)
+
+    def stats_due(self, interval_ms: int) -> bool:
+        return _due(self.stats_clock, interval_ms)
+
+    def partial_message(self, mode: str, note: str) -> Message:
+        """The answer as it stands after the last cycle received, kept as a stopped one."""
+        return Message("assistant", "".join(e.cycle.text for e in self.events), cycles=cycle_records(self.events),
+                       stats=answer_stats(self.snapshot) if self.snapshot else {}, mode=mode, finish="stopped",
+                       note=note)
+
+
+def _due(clock: QElapsedTimer, interval_ms: int) -> bool:
+    if clock.isValid() and clock.elapsed() < interval_ms:
+        return False
+    clock.start()
+    return True
 
 
 def with_stages(cycles, events) -> list[StagedCycle]:
@@ -77,3 +97,29 @@ def answer_stats(snap) -> dict:
             "acceptance_rate": round(snap.acceptance_rate, 4), "tokens_per_pass": round(snap.tokens_per_pass, 4),
             "prompt_tokens": snap.prompt_tokens, "prompt_total": snap.prompt_total,
             "seconds": round(snap.seconds, 4)}
+
+
+def document_question(text: str, name: str) -> Message:
+    """The user's turn asking for a summary of ``text`` (shown by its name and length)."""
+    return Message("user", document_message(text), display=f"Summarise {name} ({len(text.split()):,} words)")
+
+
+def finished_answer(conv: Conversation, result, records: list[dict]) -> Message:
+    """The stored answer of a finished generation, with a note on how it ended. After a long
+    document summarised in parts, the question no longer carries the whole document."""
+    note = result.note
+    if result.finish == "stopped" and not note:
+        note = "Stopped; the answer so far is kept."
+    text = result.text
+    display = ""
+    if result.part_summaries:
+        n = len(result.part_summaries)
+        note = (note + " " if note else "") + f"Summarised in {n} parts, then combined."
+        # The whole document no longer fits the context: later turns see the summary instead.
+        user = conv.messages[-1] if conv.messages and conv.messages[-1].role == "user" else None
+        if user is not None:
+            user.content = f"Summarise the document {conv.document_name or ''} (too long to include here)."
+        if result.finish == "stopped":
+            display = "**Part summaries so far**\n\n" + text
+    return Message("assistant", text, display=display, cycles=records, stats=answer_stats(result.snapshot),
+                   mode=result.mode, finish=result.finish, note=note)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QHBoxLayout, QPushButton, QSplitter, QVBoxLayout, QWidget
 
+from .. import summarise
 from .banner import Banner
 from .document import DocumentPane
 from .inputbox import InputBox
@@ -12,6 +13,9 @@ from .transcript import Transcript
 
 
 class ChatPane(QWidget):
+    sendRequested = Signal(str)  # Send, or Enter in the input box
+    stopRequested = Signal()  # Stop, or Esc in the input box
+
     def __init__(self, parent=None):
         super().__init__(parent)
         self.banner = Banner()
@@ -39,6 +43,32 @@ class ChatPane(QWidget):
         lay.addWidget(self.banner)
         lay.addWidget(self.chat_split, 1)
         lay.addLayout(row)
+        self.send_button.clicked.connect(lambda: self.sendRequested.emit(self.input.toPlainText()))
+        self.input.submitted.connect(self.sendRequested)
+        self.input.stopRequested.connect(self.stopRequested)
+        self.stop_button.clicked.connect(self.stopRequested)
+
+    def set_busy(self, generating: bool, loading: bool) -> None:
+        busy = generating or loading
+        self.send_button.setEnabled(not busy)
+        self.document.summarise_button.setEnabled(not busy and bool(self.document.text().strip()))
+        self.stop_button.setEnabled(generating)
+
+    def begin_answer(self, messages) -> None:
+        """The conversation so far, and a place for the answer about to be written."""
+        self.document.highlight([])
+        self.transcript.show_messages(messages)
+        self.transcript.begin_answer("writing…")
+
+    def restore_question(self, text: str) -> None:
+        """A question whose answer failed goes back to the input box, unless the user typed anew."""
+        if text and not self.input.toPlainText().strip():
+            self.input.setPlainText(text)
+
+    def highlight_copies(self, cycles) -> None:
+        """Mark the document's passages that prompt lookup copied into the summary."""
+        copies = ["".join(c.drafted_text[:c.n_accepted]) for c in cycles if c.source == "lookup" and c.n_accepted]
+        self.document.highlight(summarise.copied_spans(self.document.text(), copies))
 
     def show_document(self, on: bool) -> None:
         self.document.setVisible(on)

@@ -6,6 +6,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QDoubleSpinBox, QFormLayout, QGroupBox, QLabel, QSpinBox, QVBoxLayout, QWidget
 
 from .settings import Settings
+from .worker import GenerationRequest
 
 
 class GenerationForm(QWidget):
@@ -78,6 +79,12 @@ class GenerationForm(QWidget):
         s.n_ctx = self.n_ctx.value()
         s.target_gpu_layers = self.target_layers.value()
         s.draft_gpu_layers = self.draft_layers.value()
+
+    def request(self, conversation, mode: str, **extra) -> GenerationRequest:
+        """A request to answer ``conversation`` with the values shown; ``extra``: e.g. the document."""
+        return GenerationRequest(conversation_id=conversation.id, messages=conversation.history(), mode=mode,
+                                 k=self.k_spin.value(), temperature=self.temperature.value(),
+                                 top_p=self.top_p.value(), max_tokens=self.max_tokens.value(), **extra)
 
     def gpu_layers(self) -> tuple[int | None, int | None]:
         """Target and draft layers for a load: None where the spinner shows "All" (-1)."""

@@ -10,6 +10,19 @@ from ..engine import profiles
 PROGRESS_SCALE = 1000  # the bar counts thousandths of the load
 
 
+def crash_offer(death, has_gpu: bool) -> tuple[str, profiles.Profile | None, str]:
+    """What to say when the engine process died, and the safer profile to offer (with why) when
+    it died loading or at the first decode."""
+    safer = profiles.safer_than(death.profile, has_gpu) if death.during_load else None
+    message = death.message()
+    if safer is None:
+        return message, None, ""
+    why = f"the {death.profile.name} profile crashed ({death.how}) while {death.activity}"
+    message += (f" This happened {'during the load' if death.activity.startswith('loading') else 'at the first decode'}"
+                f": the {safer.name} profile ({safer.description}) may avoid it.")
+    return message, safer, why
+
+
 class LoadStatus(QStatusBar):
     def __init__(self, parent=None):
         super().__init__(parent)

@@ -1,25 +1,26 @@
-"""The Speculum window: pair picker, conversations, transcript, speculation view, stats, replay.
+"""The Speculum window: its panes laid out, and wired to the engine process.
 
-The window owns no model. It sends requests to the engine thread (``worker.Engine``)
-and renders what comes back: batches of Cycle events while generating, a result at the
-end, or an error message shown in the window's banner.
+The window owns no model. It sends requests to the engine (``worker.Engine``) and hands
+what comes back to its panes: batches of Cycle events while an answer is written (the
+live answer, kept here), a result at the end, or a message in the banner.
 """
 
 from __future__ import annotations
 
-from PySide6.QtCore import QByteArray, QElapsedTimer, Qt, Signal
+from PySide6.QtCore import QByteArray, Qt, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import QMainWindow, QSplitter, QVBoxLayout, QWidget
 
-from .. import paths, summarise
+from .. import paths
 from ..conversations import Conversation, ConversationStore, Message
 from ..engine import profiles
-from .answer import LiveAnswer, answer_so_far, answer_stats, cycle_records, with_stages
+from .answer import LiveAnswer, answer_so_far, cycle_records, document_question, finished_answer, with_stages
 from .chatpane import ChatPane
 from .conversationlist import ConversationList
 from .generationform import GenerationForm
-from .loadstatus import LoadStatus
+from .loadstatus import LoadStatus, crash_offer
 from .modelbar import ModelBar
+from .serving import ApiServing
 from .setaside import saved_state_notice
 from .settings import Settings
 from .speculationpane import SpeculationPane
@@ -43,9 +44,7 @@ class MainWindow(QMainWindow):
         self.store = store or ConversationStore()
         self.engine = Engine(self)
         self.gpu: str | None = None  # the engine process reports its backend once it has started
-        self.loaded = False
-        self.loading = False
-        self.generating = False
+        self.loaded = self.loading = self.generating = False
         self._live: LiveAnswer | None = None
 
         self.setWindowTitle("Speculum")
@@ -69,9 +68,8 @@ class MainWindow(QMainWindow):
     # ------------------------------------------------------------------ layout
 
     def _build(self) -> None:
-        self.model_bar = ModelBar(self)
-        self.addToolBar(self.model_bar)
-        bar = self.model_bar
+        bar = self.model_bar = ModelBar(self)
+        self.addToolBar(bar)
         self.target_combo, self.draft_combo, self.mode_combo = bar.target_combo, bar.draft_combo, bar.mode_combo
         self.load_button, self.models_button = bar.load_button, bar.models_button
         self.document_toggle, self.serve_panel = bar.document_toggle, bar.serve_panel
@@ -80,20 +78,19 @@ class MainWindow(QMainWindow):
         self.conversations = ConversationList(self.store)
         self.conversation_list = self.conversations.view
         self.new_button = self.conversations.new_button
-        self.generation_form = GenerationForm()
-        form = self.generation_form
-        self.temperature, self.top_p, self.max_tokens, self.k_spin = form.temperature, form.top_p, form.max_tokens, form.k_spin
+        form = self.generation_form = GenerationForm()
+        self.temperature, self.top_p, self.max_tokens = form.temperature, form.top_p, form.max_tokens
+        self.k_spin = form.k_spin
         left = QWidget(objectName="sidebar")
         lay = QVBoxLayout(left)
         lay.addWidget(self.conversations, 1)
         lay.addWidget(self.generation_form)
 
-        self.chat = ChatPane()
-        chat = self.chat
-        self.banner, self.transcript, self.document, self.input = chat.banner, chat.transcript, chat.document, chat.input
+        chat = self.chat = ChatPane()
+        self.banner, self.transcript, self.document = chat.banner, chat.transcript, chat.document
+        self.input = chat.input
         self.send_button, self.stop_button = chat.send_button, chat.stop_button
-        self.speculation_pane = SpeculationPane(self.transcript)
-        pane = self.speculation_pane
+        pane = self.speculation_pane = SpeculationPane(self.transcript)
         self.speculation, self.stats, self.replay = pane.speculation, pane.stats, pane.replay
         self.replay_bar, self.replay_label = self.replay.bar, self.replay.label
 
@@ -108,23 +105,20 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(split)
 
         # Status bar: what runs where, and load progress.
-        self.load_status = LoadStatus()
-        self.setStatusBar(self.load_status)
-        status = self.load_status
+        status = self.load_status = LoadStatus()
+        self.setStatusBar(status)
         self.model_label, self.backend_label = status.model_label, status.backend_label
         self.load_progress, self.cancel_button = status.load_progress, status.cancel_button
         self._show_backend(None)
 
     def _connect(self) -> None:
+        self.serving = ApiServing(self.engine, self.serve_panel, self.speculation_pane, self.load_status,
+                                  lambda: self.loaded, lambda: self.generating, self.mode_combo.currentData, self)
+        self.serving.error.connect(self.show_error)
         w = self.engine.worker
         w.ready.connect(self._on_engine_ready)
         w.died.connect(self._on_engine_died)
-        w.serving.connect(self._on_serving)
-        w.serveFailed.connect(self._on_serve_failed)
-        w.servedRequest.connect(self._on_served_request)
-        self.engine.served_batcher.batchReady.connect(self._on_served_batch)
-        self.serve_panel.switched.connect(self._switch_serving)
-        w.loadProgress.connect(self._on_load_progress)
+        w.loadProgress.connect(self.load_status.show_load_progress)
         w.loaded.connect(self._on_loaded)
         w.loadFailed.connect(self._on_load_failed)
         w.finished.connect(self._on_finished)
@@ -136,10 +130,8 @@ class MainWindow(QMainWindow):
         self.cancel_button.clicked.connect(self.cancel_load)
         self.model_bar.pairReady.connect(self._on_pair_ready)
         self.model_bar.error.connect(self.show_error)
-        self.send_button.clicked.connect(lambda: self.send(self.input.toPlainText()))
-        self.input.submitted.connect(self.send)
-        self.input.stopRequested.connect(self.stop)
-        self.stop_button.clicked.connect(self.stop)
+        self.chat.sendRequested.connect(self.send)
+        self.chat.stopRequested.connect(self.stop)
         QShortcut(QKeySequence(Qt.Key_Escape), self, activated=self.stop)
         self.conversations.picked.connect(self.open_conversation)
         self.conversations.created.connect(self._on_conversation_created)
@@ -150,22 +142,16 @@ class MainWindow(QMainWindow):
         self.document.error.connect(self.show_error)
         self.document_toggle.toggled.connect(self.chat.show_document)
         self.transcript.replayRequested.connect(self.replay_message)
-        self.mode_combo.currentIndexChanged.connect(self._save_settings)
+        self.model_bar.changed.connect(self._save_settings)
         self.generation_form.changed.connect(self._save_settings)
 
     # ------------------------------------------------------------------ settings
 
     def _apply_settings(self) -> None:
-        s = self.settings
-        self._applying = True  # each setter below fires valueChanged; save only the finished state
-        self.model_bar.refresh_models(s.target, s.draft)
-        self.mode_combo.setCurrentIndex(max(0, self.mode_combo.findData(s.mode)))
-        self.generation_form.apply(s)
-        self._applying = False
+        self.model_bar.apply(self.settings)
+        self.generation_form.apply(self.settings)
 
     def _save_settings(self, *_):
-        if getattr(self, "_applying", False):
-            return
         s = self.settings
         s.mode = self.mode_combo.currentData()
         self.generation_form.store(s)
@@ -208,17 +194,13 @@ class MainWindow(QMainWindow):
         self.engine.cancel_load()
         self.cancel_button.setEnabled(False)
 
-    def _on_load_progress(self, stage: str, fraction: float) -> None:
-        self.load_status.show_load_progress(stage, fraction)
-
     def _on_loaded(self, target, draft) -> None:
         self.loading = False
         self.loaded = True
         self.load_status.end_load()
         self.load_status.show_pair(target, draft)
         self._show_backend(target)
-        rate = self.settings.plain_tokens_per_s.get(target.path)
-        self.engine.set_plain_rate(rate)
+        self.engine.set_plain_rate(self.settings.plain_tokens_per_s.get(target.path))
         self._update_controls()
         self.modelsLoaded.emit()
 
@@ -236,50 +218,11 @@ class MainWindow(QMainWindow):
         if not self.loaded:
             self._show_backend(None)
 
-    # ------------------------------------------------------------------ serving the API
-
-    def _switch_serving(self, on: bool, port: int) -> None:
-        if not on:
-            self.engine.stop_serving()
-        elif not self.loaded:
-            self.serve_panel.show_stopped()
-            self.show_error("Load a model first: the API serves the loaded models.")
-        else:
-            self.engine.serve(port, self.mode_combo.currentData())
-
-    def _on_serving(self, url: str, model_id: str) -> None:
-        if url:
-            self.serve_panel.show_serving(url, model_id)
-            self.statusBar().showMessage(f"Serving {model_id} at {url}", 5000)
-        else:
-            self.serve_panel.show_stopped()
-
-    def _on_serve_failed(self, message: str) -> None:
-        self.serve_panel.show_stopped()
-        self.show_error(message)
-
-    def _on_served_request(self, kind: str, payload) -> None:
-        """An API client's request: shown live in the speculation view and stats, like the window's own."""
-        if self.generating:
-            return
-        if kind != "started":
-            self.engine.served_batcher.flush()  # its last cycles before its count
-        self.speculation_pane.show_served_request(kind, payload)
-
-    def _on_served_batch(self, events: list) -> None:
-        if self.generating:
-            return
-        self.speculation_pane.add_events(events)
-        self.speculation_pane.show_snapshot(events[-1].snapshot)
-
     def _on_engine_died(self, death) -> None:
         """The engine process crashed: keep the window, the conversation and the answer so far."""
         if self._live is not None:
-            self.engine.batcher.flush()
-            self._keep_partial_answer(f"The engine stopped: {death.how}. The answer so far is kept.")
-            self.generating = False
-            self.document.show_progress("")
-            self.statusBar().clearMessage()
+            note = f"The engine stopped: {death.how}. The answer so far is kept."
+            self._keep_partial_answer(self._end_generation(), note)
             self.replay_label.setText("")
             if self.current is not None:
                 self.transcript.show_messages(self.current.messages)
@@ -288,16 +231,10 @@ class MainWindow(QMainWindow):
         self.load_status.end_load("No model loaded: the engine stopped")
         self.serve_panel.show_stopped()
         self._show_backend(None)
+        message, safer, why = crash_offer(death, bool(self.gpu))
         actions = [("Reload", self.load_pair)]
-        safer = profiles.safer_than(death.profile, bool(self.gpu)) if death.during_load else None
         if safer is not None:
-            why = f"the {death.profile.name} profile crashed ({death.how}) while {death.activity}"
-            actions.insert(0, (f"Reload with the {safer.name} profile",
-                               lambda: self.load_pair(profile=safer, why=why)))
-        message = death.message()
-        if safer is not None:
-            message += (f" This happened {'during the load' if death.activity.startswith('loading') else 'at the first decode'}"
-                        f": the {safer.name} profile ({safer.description}) may avoid it.")
+            actions.insert(0, (f"Reload with the {safer.name} profile", lambda: self.load_pair(profile=safer, why=why)))
         self.show_error(message, actions)
         self._update_controls()
         self.engineDied.emit()
@@ -356,21 +293,18 @@ class MainWindow(QMainWindow):
         if next_id is not None:
             self.open_conversation(next_id)
 
+    def replay_message(self, index: int, step: int | None = 0) -> None:
+        """Load an answer's cycle records into the replay bar; step 0 starts before the first cycle."""
+        if self.generating or self.current is None or not (0 <= index < len(self.current.messages)):
+            return
+        self.replay.load(self.current, index, step, self.settings.plain_tokens_per_s.get(self.settings.target))
+
     # ------------------------------------------------------------------ generating
 
     def _update_controls(self) -> None:
-        busy = self.generating or self.loading
-        self.send_button.setEnabled(not busy)
-        self.document.summarise_button.setEnabled(not busy and bool(self.document.text().strip()))
-        self.stop_button.setEnabled(self.generating)
-        self.load_button.setEnabled(not busy)
+        self.chat.set_busy(self.generating, self.loading)
+        self.load_button.setEnabled(not (self.generating or self.loading))
         self.conversations.set_generating(self.generating)
-
-    def _request(self, conv: Conversation, **extra) -> GenerationRequest:
-        return GenerationRequest(conversation_id=conv.id, messages=conv.history(),
-                                 mode=self.mode_combo.currentData(), k=self.k_spin.value(),
-                                 temperature=self.temperature.value(), top_p=self.top_p.value(),
-                                 max_tokens=self.max_tokens.value(), **extra)
 
     def _can_generate(self) -> bool:
         if self.generating:
@@ -392,7 +326,7 @@ class MainWindow(QMainWindow):
         self.conversations.title_from_question(conv, text)
         self.conversations.save(conv)  # the question survives a crash; only the answer being written can be lost
         self.input.clear()
-        self._begin(conv, self._request(conv), kind="chat", restore=text)
+        self._begin(conv, self.generation_form.request(conv, self.mode_combo.currentData()), "chat", text)
 
     def summarise(self) -> None:
         text = self.document.text()
@@ -404,14 +338,11 @@ class MainWindow(QMainWindow):
         conv = self.current
         conv.document, conv.document_name = text, self.document.name
         name = self.document.name or "the pasted document"
-        from ..engine.prompts import document_message  # a string template, no model involved
-
-        conv.messages.append(Message("user", document_message(text), display=f"Summarise {name} "
-                                     f"({len(text.split()):,} words)"))
+        conv.messages.append(document_question(text, name))
         self.conversations.title_from_document(conv, name)
         self.conversations.save(conv)
         self.document_toggle.setChecked(True)
-        self._begin(conv, self._request(conv, document=text), kind="summary")
+        self._begin(conv, self.generation_form.request(conv, self.mode_combo.currentData(), document=text), "summary")
 
     def _begin(self, conv: Conversation, request: GenerationRequest, kind: str, restore: str = "") -> None:
         self.banner.hide()
@@ -419,9 +350,7 @@ class MainWindow(QMainWindow):
         self._update_controls()
         self._live = LiveAnswer(conv, kind, restore)
         self.replay.clear("Generating…")
-        self.document.highlight([])
-        self.transcript.show_messages(conv.messages)
-        self.transcript.begin_answer("writing…")
+        self.chat.begin_answer(conv.messages)
         self.speculation_pane.clear()
         self.engine.generate(request)
 
@@ -445,86 +374,47 @@ class MainWindow(QMainWindow):
         # The speculation view is the live one, every frame. The Markdown answer and the stats
         # panel are re-rendered less often: each costs the UI thread more than a frame of tokens.
         self.speculation_pane.add_events(events)
-        if self._due(live.answer_clock, ANSWER_UPDATE_MS):
-            self._show_live_answer()
-        if self._due(live.stats_clock, STATS_UPDATE_MS):
-            self._show_live_stats()
-
-    @staticmethod
-    def _due(clock: QElapsedTimer, interval_ms: int) -> bool:
-        if clock.isValid() and clock.elapsed() < interval_ms:
-            return False
-        clock.start()
-        return True
-
-    def _show_live_answer(self) -> None:
-        if self._live is not None:
-            self.transcript.update_answer(answer_so_far(self._live.events))
-
-    def _show_live_stats(self) -> None:
-        live = self._live
-        if live is None or live.snapshot is None:
-            return
-        self.speculation_pane.show_snapshot(live.snapshot)
+        if live.answer_due(ANSWER_UPDATE_MS):
+            self.transcript.update_answer(answer_so_far(live.events))
+        if live.stats_due(STATS_UPDATE_MS):
+            self.speculation_pane.show_snapshot(live.snapshot)
 
     def _on_finished(self, result) -> None:
-        # Cycles still waiting for the next frame go first: live.events must be complete.
-        # The answer itself is drawn below, whole, with the conversation.
-        self.engine.batcher.flush()
-        live, self._live = self._live, None
-        self.generating = False
-        self.document.show_progress("")
-        self.statusBar().clearMessage()
+        live = self._end_generation()  # the answer itself is drawn below, whole, with the conversation
         conv = self.conversations.conversation(result.conversation_id) or (live and live.conversation)
         if conv is None:
             self._update_controls()
             return
         records = cycle_records(with_stages(result.cycles, live.events if live else []))
-        note = result.note
-        if result.finish == "stopped" and not note:
-            note = "Stopped; the answer so far is kept."
-        text = result.text
-        display = ""
-        if result.part_summaries:
-            n = len(result.part_summaries)
-            note = (note + " " if note else "") + f"Summarised in {n} parts, then combined."
-            # The whole document no longer fits the context: later turns see the summary instead.
-            user = conv.messages[-1] if conv.messages and conv.messages[-1].role == "user" else None
-            if user is not None:
-                user.content = f"Summarise the document {conv.document_name or ''} (too long to include here)."
-            if result.finish == "stopped":
-                display = "**Part summaries so far**\n\n" + text
-        conv.messages.append(Message("assistant", text, display=display, cycles=records,
-                                     stats=answer_stats(result.snapshot), mode=result.mode,
-                                     finish=result.finish, note=note))
+        conv.messages.append(finished_answer(conv, result, records))
         self.conversations.save(conv)
         self._save_settings()
         if conv is self.current:
             self.transcript.show_messages(conv.messages)
             if live and live.kind == "summary":
-                self._highlight_copies(conv, result.cycles)
+                self.chat.highlight_copies(result.cycles)
             self.replay_message(len(conv.messages) - 1, step=None)
         self._update_controls()
         self.generationFinished.emit()
 
-    def _highlight_copies(self, conv: Conversation, cycles) -> None:
-        copies = ["".join(c.drafted_text[:c.n_accepted]) for c in cycles if c.source == "lookup" and c.n_accepted]
-        self.document.highlight(summarise.copied_spans(self.document.text(), copies))
-
-    def _on_failed(self, message: str) -> None:
+    def _end_generation(self) -> LiveAnswer | None:
+        """The answer stops being written: the one that was, with the cycles still waiting for a frame."""
         self.engine.batcher.flush()
         live, self._live = self._live, None
         self.generating = False
         self.document.show_progress("")
         self.statusBar().clearMessage()
+        return live
+
+    def _on_failed(self, message: str) -> None:
+        live = self._end_generation()
         if live is not None:
             conv = live.conversation
             # The question goes back to the box so nothing typed is lost; the conversation is unchanged.
             if conv.messages and conv.messages[-1].role == "user":
                 conv.messages.pop()
                 self.conversations.save(conv)
-            if live.restore and not self.input.toPlainText().strip():
-                self.input.setPlainText(live.restore)
+            self.chat.restore_question(live.restore)
             if conv is self.current:
                 self.transcript.show_messages(conv.messages)
         self.replay_label.setText("")
@@ -532,34 +422,21 @@ class MainWindow(QMainWindow):
         self._update_controls()
         self.generationFinished.emit()
 
-    # ------------------------------------------------------------------ replay
-
-    def replay_message(self, index: int, step: int | None = 0) -> None:
-        """Load an answer's cycle records into the replay bar; step 0 starts before the first cycle."""
-        if self.generating or self.current is None or not (0 <= index < len(self.current.messages)):
-            return
-        self.replay.load(self.current, index, step, self.settings.plain_tokens_per_s.get(self.settings.target))
-
     # ------------------------------------------------------------------ errors and closing
 
     def show_error(self, message: str, actions=()) -> None:
         self.banner.show_message(message, actions=actions)
 
-    def _keep_partial_answer(self, note: str) -> None:
-        """Store the answer being written as it stands after the last cycle received."""
-        live, self._live = self._live, None
-        conv = live.conversation
-        conv.messages.append(Message("assistant", "".join(e.cycle.text for e in live.events),
-                                     cycles=cycle_records(live.events),
-                                     stats=answer_stats(live.snapshot) if live.snapshot else {},
-                                     mode=self.mode_combo.currentData(), finish="stopped", note=note))
-        self.conversations.save(conv)
+    def _keep_partial_answer(self, live: LiveAnswer, note: str) -> None:
+        live.conversation.messages.append(live.partial_message(self.mode_combo.currentData(), note))
+        self.conversations.save(live.conversation)
 
     def closeEvent(self, event) -> None:
         if self._live is not None:
             # Closing mid-generation: keep the partial answer, as Stop would.
             self.engine.stop()
-            self._keep_partial_answer("Stopped when the window closed; the answer so far is kept.")
+            live, self._live = self._live, None
+            self._keep_partial_answer(live, "Stopped when the window closed; the answer so far is kept.")
         self.settings.geometry = bytes(self.saveGeometry().toHex()).decode()
         self._save_settings()
         self.engine.shutdown()

@@ -14,7 +14,7 @@ from PySide6.QtWidgets import QComboBox, QLabel, QPushButton, QToolBar
 
 from .modelchoices import local_models
 from .serve import ServePanel
-from .settings import MODES
+from .settings import MODES, Settings
 
 NO_DRAFT = "(no draft model)"
 
@@ -28,6 +28,7 @@ def models_dialog_class():
 
 
 class ModelBar(QToolBar):
+    changed = Signal()  # the user picked another mode: the settings are worth saving
     pairReady = Signal(str, str)  # the Models dialog has a pair on disk: target path, draft path ("" for none)
     error = Signal(str)
 
@@ -65,11 +66,24 @@ class ModelBar(QToolBar):
         self.addSeparator()
         self.addWidget(self.serve_panel)
         self.models_button.clicked.connect(self.open_models_dialog)
+        self.mode_combo.currentIndexChanged.connect(self._on_mode_changed)
+        self._applying = False
         self.models_button.setEnabled(models_dialog_class() is not None)
         if not self.models_button.isEnabled():
             self.models_button.setToolTip("The model library is not part of this build")
         else:
             self.models_button.setToolTip("Find, download and check model pairs")
+
+    def _on_mode_changed(self, *_) -> None:
+        if not self._applying:
+            self.changed.emit()
+
+    def apply(self, s: Settings) -> None:
+        """Show the saved pair and mode (setting the mode fires currentIndexChanged: not a change)."""
+        self._applying = True
+        self.refresh_models(s.target, s.draft)
+        self.mode_combo.setCurrentIndex(max(0, self.mode_combo.findData(s.mode)))
+        self._applying = False
 
     def refresh_models(self, target: str = "", draft: str = "") -> None:
         """Fill the pair picker from the library, keeping (or setting) the chosen pair."""
