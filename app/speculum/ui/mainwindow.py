@@ -43,6 +43,7 @@ class MainWindow(QMainWindow):
         self.settings = settings or Settings.load()
         self.store = store or ConversationStore()
         self.engine = Engine(self)
+        self._connect_engine()  # first: the process reports "ready" as soon as it has started, unbuffered
         self.gpu: str | None = None  # the engine process reports its backend once it has started
         self.loaded = self.loading = self.generating = False
         self._live: LiveAnswer | None = None
@@ -52,7 +53,8 @@ class MainWindow(QMainWindow):
         self.resize(1440, 900)
         self._build()
         self._connect()
-        self._apply_settings()
+        self.model_bar.apply(self.settings)
+        self.generation_form.apply(self.settings)
         self.open_conversation(self.conversations.load(self.settings.conversation))
         style = paths.resource("style.qss")
         if style.is_file():
@@ -111,14 +113,10 @@ class MainWindow(QMainWindow):
         self.load_progress, self.cancel_button = status.load_progress, status.cancel_button
         self._show_backend(None)
 
-    def _connect(self) -> None:
-        self.serving = ApiServing(self.engine, self.serve_panel, self.speculation_pane, self.load_status,
-                                  lambda: self.loaded, lambda: self.generating, self.mode_combo.currentData, self)
-        self.serving.error.connect(self.show_error)
+    def _connect_engine(self) -> None:
         w = self.engine.worker
         w.ready.connect(self._on_engine_ready)
         w.died.connect(self._on_engine_died)
-        w.loadProgress.connect(self.load_status.show_load_progress)
         w.loaded.connect(self._on_loaded)
         w.loadFailed.connect(self._on_load_failed)
         w.finished.connect(self._on_finished)
@@ -126,6 +124,12 @@ class MainWindow(QMainWindow):
         w.stageChanged.connect(self._on_stage)
         w.plainRateMeasured.connect(self._on_plain_rate)
         self.engine.batcher.batchReady.connect(self._on_batch)
+
+    def _connect(self) -> None:
+        self.serving = ApiServing(self.engine, self.serve_panel, self.speculation_pane, self.load_status,
+                                  lambda: self.loaded, lambda: self.generating, self.mode_combo.currentData, self)
+        self.serving.error.connect(self.show_error)
+        self.engine.worker.loadProgress.connect(self.load_status.show_load_progress)
         self.load_button.clicked.connect(self.load_pair)
         self.cancel_button.clicked.connect(self.cancel_load)
         self.model_bar.pairReady.connect(self._on_pair_ready)
@@ -146,10 +150,6 @@ class MainWindow(QMainWindow):
         self.generation_form.changed.connect(self._save_settings)
 
     # ------------------------------------------------------------------ settings
-
-    def _apply_settings(self) -> None:
-        self.model_bar.apply(self.settings)
-        self.generation_form.apply(self.settings)
 
     def _save_settings(self, *_):
         s = self.settings
