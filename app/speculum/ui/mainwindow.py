@@ -43,10 +43,10 @@ class MainWindow(QMainWindow):
         self.settings = settings or Settings.load()
         self.store = store or ConversationStore()
         self.engine = Engine(self)
-        self._connect_engine()  # first: the process reports "ready" as soon as it has started, unbuffered
         self.gpu: str | None = None  # the engine process reports its backend once it has started
         self.loaded = self.loading = self.generating = False
         self._live: LiveAnswer | None = None
+        self._connect_engine()  # before anything slow: the process reports "ready" once, as soon as it starts
 
         self.setWindowTitle("Speculum")
         self.setObjectName("mainWindow")
