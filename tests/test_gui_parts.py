@@ -14,6 +14,7 @@ from speculum.conversations import Conversation, ConversationStore, Message
 from speculum.documents import html_to_text
 from speculum.engine.cycle import Cycle
 from speculum.ui import look
+from speculum.ui.answer import StagedCycle, answer_so_far, cycle_records, staged_cycles, with_stages
 from speculum.ui.speculation import SpeculationView, token_runs
 from speculum.ui.stats import StatsPanel
 from speculum.ui.transcript import Transcript, settled_length
@@ -112,15 +113,28 @@ def test_whitespace_is_visible():
 def test_speculation_view_formats(qtbot):
     view = SpeculationView()
     qtbot.addWidget(view)
-    view.append_cycles([cycle(0, "lookup", [1, 2], 1, [1, 9])])
+    view.append_cycles([StagedCycle(cycle(0, "lookup", [1, 2], 1, [1, 9]))])
     runs = view.runs()
     assert [k for _, k, _ in runs] == [look.ACCEPTED, look.REJECTED, look.CORRECTION]
     assert runs[1][2].fontStrikeOut() and not runs[0][2].fontStrikeOut()
     assert view.token_at(0)[1] == look.ACCEPTED
-    view.show_proposed(cycle(1, "lookup", [3, 4], 0, [5]))
+    view.show_proposed(StagedCycle(cycle(1, "lookup", [3, 4], 0, [5])))
     assert [k for _, k, _ in view.runs()][-2:] == [look.PROPOSED, look.PROPOSED]
-    view.append_cycles([cycle(1, "lookup", [3, 4], 0, [5])])  # the proposed draft is replaced, not kept
+    view.append_cycles([StagedCycle(cycle(1, "lookup", [3, 4], 0, [5]))])  # the proposed draft is replaced, not kept
     assert look.PROPOSED not in [k for _, k, _ in view.runs()]
+
+
+def test_each_cycle_keeps_its_stage_in_the_answer_and_its_stored_record():
+    staged = [StagedCycle(cycle(0, "none", [], 0, [1]), "Part 1 of 2"),
+              StagedCycle(cycle(1, "none", [], 0, [2]), "Part 2 of 2"), StagedCycle(cycle(2, "none", [], 0, [3]), "Part 2 of 2")]
+    assert answer_so_far(staged) == "*Part 2 of 2…*\n\nt2t3"
+    assert answer_so_far([StagedCycle(cycle(0, "none", [], 0, [1]))]) == "t1"
+    records = cycle_records(staged + [StagedCycle(cycle(3, "none", [], 0, [4]))])
+    assert [r.get("stage") for r in records] == ["Part 1 of 2", "Part 2 of 2", "Part 2 of 2", None]
+    assert staged_cycles(records)[1] == StagedCycle(Cycle.from_json(records[1]), "Part 2 of 2")
+    assert staged_cycles(records)[3].stage == ""  # one-part answers, and conversations saved before stages
+    events = [SimpleNamespace(cycle=s.cycle, stage=s.stage) for s in staged[:2]]
+    assert [s.stage for s in with_stages([s.cycle for s in staged], events)] == ["Part 1 of 2", "Part 2 of 2", ""]
 
 
 def test_replay_snapshots_follow_the_cycles():
@@ -229,7 +243,7 @@ def test_live_widgets_repaint_without_the_window_behind_them(qtbot):
     counter = Paints()
     window.installEventFilter(counter)
     for i in range(150):  # enough text to need the scroll bar
-        view.append_cycles([cycle(i, "lookup", [1, 2], 1, [1, 9])])
+        view.append_cycles([StagedCycle(cycle(i, "lookup", [1, 2], 1, [1, 9]))])
         qtbot.wait(5)
     # Once at most, when the scroll bar appears and the viewport narrows; not once per update.
     assert view.verticalScrollBar().maximum() > 0 and Paints.count <= 1

@@ -20,6 +20,7 @@ from ggufgen import write_gguf
 from speculum import paths
 from speculum.conversations import Conversation, ConversationStore, Message
 from speculum.engine.cycle import Cycle
+from speculum.ui.answer import StagedCycle
 from speculum.ui.transcript import Transcript
 from traps import FileTrap
 
@@ -125,7 +126,7 @@ def test_model_names_and_saved_drafter_names_show_as_text(qtbot, window, trap):
     conv = w.current
     conv.messages += [Message("user", "q"), Message("assistant", "ac", cycles=[cycle.to_json()])]
     w.replay_message(1, step=1)  # "Cycle 1 of 1: <drafter> proposed 2 tokens"
-    w.speculation.append_cycles([cycle])
+    w.speculation.append_cycles([StagedCycle(cycle)])
     settle(w)
     cursor = w.speculation.textCursor()
     cursor.setPosition(0)

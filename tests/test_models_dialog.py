@@ -14,7 +14,8 @@ from hubserver import hub, make_gguf  # noqa: F401  (hub is a fixture)
 from speculum.models import catalog
 from speculum.models.hardware import Machine
 from speculum.models.library import Library
-from speculum.ui.models_dialog import SCALE, ModelsDialog
+from speculum.ui.downloadrow import SCALE
+from speculum.ui.models_dialog import ModelsDialog
 
 MiB = 1 << 20
 GB = 1e9

@@ -1,7 +1,19 @@
 """The desktop window (PySide6). Widgets render Cycle events; the engine runs in worker.py's thread.
 
     app.py          run_app(): the QApplication and the window
-    mainwindow.py   MainWindow: layout, conversations, generation flow, replay
+    mainwindow.py   MainWindow: the panes laid out and wired to the engine; the live answer
+    modelbar.py     the toolbar: pair picker, Load, Models…, mode, document, Serve switch
+    conversationlist.py  the conversations: list, New/Rename/Delete, titles, saving
+    generationform.py    the Generation and Hardware groups, bound to the settings
+    chatpane.py     banner, transcript with the document under it, input
+    speculationpane.py   speculation view, replay bar and stats
+    replaycontroller.py  stepping through a finished answer's stored cycles
+    answer.py       an answer's cycles with their stages, and what is stored with it
+    banner.py       messages with action buttons
+    loadstatus.py   the status bar: loaded pair, load progress, backend; what a crash offers
+    serving.py      the Serve switch wired to the engine; API requests shown live
+    serve.py        the Serve switch and its URL
+    models_dialog.py  the Models dialog (downloadrow.py: a download and its thread; hubpair.py)
     worker.py       EngineWorker (owns the models, in a QThread), CycleBatcher (frames within a UI CPU budget), requests/results
     speculation.py  the token-by-token speculation view and its legend
     stats.py        the stats panel and its QPainter charts

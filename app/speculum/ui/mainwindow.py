@@ -1,118 +1,34 @@
-"""The Speculum window: pair picker, conversations, transcript, speculation view, stats, replay.
+"""The Speculum window: its panes laid out, and wired to the engine process.
 
-The window owns no model. It sends requests to the engine thread (``worker.Engine``)
-and renders what comes back: batches of Cycle events while generating, a result at the
-end, or an error message shown in the window's banner.
+The window owns no model. It sends requests to the engine (``worker.Engine``) and hands
+what comes back to its panes: batches of Cycle events while an answer is written (the
+live answer, kept here), a result at the end, or a message in the banner.
 """
 
 from __future__ import annotations
 
-from PySide6.QtCore import QByteArray, QElapsedTimer, Qt, Signal
-from PySide6.QtGui import QAction, QKeySequence, QShortcut
-from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFormLayout, QFrame, QGroupBox, QHBoxLayout,
-                               QLabel, QListWidget, QListWidgetItem, QMainWindow,
-                               QProgressBar, QPushButton, QSpinBox, QSplitter, QToolBar,
-                               QToolButton, QVBoxLayout, QWidget)
+from PySide6.QtCore import QByteArray, Qt, Signal
+from PySide6.QtGui import QKeySequence, QShortcut
+from PySide6.QtWidgets import QMainWindow, QSplitter, QVBoxLayout, QWidget
 
-from .. import paths, summarise
-from ..conversations import DEFAULT_TITLE, Conversation, ConversationStore, Message
-from . import look
-from .document import DocumentPane
-from .inputbox import InputBox
-from .modelchoices import local_models
-from .replay import ReplayBar
-from .richtext import ask
-from .serve import ServePanel
-from .setaside import saved_state_notice
-from .settings import MODES, Settings
-from .speculation import Legend, SpeculationView
-from .stats import StatsPanel
-from .transcript import Transcript
+from .. import paths
+from ..conversations import Conversation, ConversationStore, Message
 from ..engine import profiles
-from .worker import Engine, GenerationRequest, LoadRequest, replay_snapshots
+from .answer import LiveAnswer, answer_so_far, cycle_records, document_question, finished_answer, with_stages
+from .chatpane import ChatPane
+from .conversationlist import ConversationList
+from .generationform import GenerationForm
+from .loadstatus import LoadStatus, crash_offer
+from .modelbar import ModelBar
+from .serving import ApiServing
+from .setaside import saved_state_notice
+from .settings import Settings
+from .speculationpane import SpeculationPane
+from .worker import Engine, GenerationRequest, LoadRequest
 
-NO_DRAFT = "(no draft model)"
-TITLE_CHARS = 48
 # While generating (the speculation view updates every frame, see worker.FRAME_MS):
 ANSWER_UPDATE_MS = 200  # the Markdown answer
 STATS_UPDATE_MS = 1000  # the stats panel's numbers, bars and chart: a meter, read once a second
-
-
-def answer_so_far(cycles, stages) -> str:
-    """The answer as it stood after ``cycles``: while a long document is summarised in parts,
-    the part being written under its stage name."""
-    stage = stages[-1] if stages else ""
-    if not stage:
-        return "".join(c.text for c in cycles)
-    return f"*{stage}…*\n\n" + "".join(c.text for c, s in zip(cycles, stages) if s == stage)
-
-
-def cycle_records(cycles, stages) -> list[dict]:
-    """The cycles stored with an answer, each tagged with its stage of a long document."""
-    records = [cycle.to_json() for cycle in cycles]
-    for record, stage in zip(records, stages):
-        if stage:
-            record["stage"] = stage
-    return records
-
-
-def answer_stats(snap) -> dict:
-    """The numbers stored with an answer (shown in its header, used by replay)."""
-    return {"tokens_per_s": round(snap.tokens_per_s, 3), "tokens": snap.tokens,
-            "acceptance_rate": round(snap.acceptance_rate, 4), "tokens_per_pass": round(snap.tokens_per_pass, 4),
-            "prompt_tokens": snap.prompt_tokens, "prompt_total": snap.prompt_total,
-            "seconds": round(snap.seconds, 4)}
-
-
-class Banner(QFrame):
-    """A message across the top of the chat: errors the user can act on, never a console-only traceback."""
-
-    def __init__(self, parent=None):
-        super().__init__(parent)
-        self.setObjectName("banner")
-        self.label = QLabel()
-        self.label.setTextFormat(Qt.PlainText)  # messages quote file and model names
-        self.label.setWordWrap(True)
-        self.label.setTextInteractionFlags(Qt.TextSelectableByMouse)
-        close = QToolButton(text="✕", toolTip="Dismiss")
-        close.clicked.connect(self.hide)
-        self.actions_row = QHBoxLayout()
-        layout = QHBoxLayout(self)
-        layout.setContentsMargins(10, 6, 6, 6)
-        layout.addWidget(self.label, 1)
-        layout.addLayout(self.actions_row)
-        layout.addWidget(close, 0, Qt.AlignTop)
-        self.hide()
-
-    def show_message(self, text: str, kind: str = "error", actions=()) -> None:
-        """Show ``text``; ``actions`` are (label, callback) buttons that also dismiss the banner."""
-        self.setProperty("kind", kind)
-        self.style().unpolish(self)
-        self.style().polish(self)
-        self.label.setText(text)
-        while self.actions_row.count():
-            self.actions_row.takeAt(0).widget().deleteLater()
-        for label, callback in actions:
-            button = QPushButton(label, objectName="bannerAction")
-            button.clicked.connect(self.hide)
-            button.clicked.connect(callback)
-            self.actions_row.addWidget(button, 0, Qt.AlignTop)
-        self.show()
-
-    def action_labels(self) -> list[str]:
-        return [self.actions_row.itemAt(i).widget().text() for i in range(self.actions_row.count())]
-
-    def trigger(self, label: str) -> None:
-        """Press the action button called ``label`` (tests, keyboard users)."""
-        for i in range(self.actions_row.count()):
-            button = self.actions_row.itemAt(i).widget()
-            if button.text() == label:
-                button.click()
-                return
-        raise KeyError(label)
-
-    def text(self) -> str:
-        return self.label.text() if self.isVisible() else ""
 
 
 class MainWindow(QMainWindow):
@@ -128,22 +44,18 @@ class MainWindow(QMainWindow):
         self.store = store or ConversationStore()
         self.engine = Engine(self)
         self.gpu: str | None = None  # the engine process reports its backend once it has started
-        self.loaded = False
-        self.loading = False
-        self.generating = False
-        self.conversations: list[Conversation] = []
-        self.current: Conversation | None = None
-        self._live: dict | None = None  # the generation being written
-        self._replay: dict | None = None  # cycles, stages and stats of the answer being replayed
-        self._replay_step = -1
+        self.loaded = self.loading = self.generating = False
+        self._live: LiveAnswer | None = None
+        self._connect_engine()  # before anything slow: the process reports "ready" once, as soon as it starts
 
         self.setWindowTitle("Speculum")
         self.setObjectName("mainWindow")
         self.resize(1440, 900)
         self._build()
         self._connect()
-        self._apply_settings()
-        self._load_conversations()
+        self.model_bar.apply(self.settings)
+        self.generation_form.apply(self.settings)
+        self.open_conversation(self.conversations.load(self.settings.conversation))
         style = paths.resource("style.qss")
         if style.is_file():
             self.setStyleSheet(style.read_text(encoding="utf-8"))
@@ -158,143 +70,36 @@ class MainWindow(QMainWindow):
     # ------------------------------------------------------------------ layout
 
     def _build(self) -> None:
-        bar = QToolBar("Models")
-        bar.setObjectName("modelBar")
-        bar.setMovable(False)
+        bar = self.model_bar = ModelBar(self)
         self.addToolBar(bar)
-        self.target_combo = QComboBox(objectName="targetCombo", toolTip="Target model: the one whose answer you get")
-        self.draft_combo = QComboBox(objectName="draftCombo",
-                                     toolTip="Draft model: a smaller model of the same vocabulary that proposes tokens")
-        for combo in (self.target_combo, self.draft_combo):
-            combo.setSizeAdjustPolicy(QComboBox.AdjustToContents)
-            combo.setMinimumContentsLength(22)
-        self.load_button = QPushButton("Load", objectName="loadButton", toolTip="Load the chosen target and draft")
-        self.models_button = QPushButton("Models…", objectName="modelsButton")
-        self.mode_combo = QComboBox(objectName="modeCombo")
-        for label, mode in MODES:
-            self.mode_combo.addItem(label, mode)
-        self.mode_combo.setToolTip("Auto: the policy picks the drafter and draft length from measurements.\n"
-                                   "Draft model: the small model drafts. Prompt lookup: drafts copied from\n"
-                                   "the prompt and answer so far. Off: plain decoding.")
-        self.document_toggle = QAction("Document", self, checkable=True, toolTip="Show the document pane")
-        self.serve_panel = ServePanel()
-        bar.addWidget(QLabel(" Target "))
-        bar.addWidget(self.target_combo)
-        bar.addWidget(QLabel("  ←  draft "))
-        bar.addWidget(self.draft_combo)
-        bar.addWidget(self.load_button)
-        bar.addWidget(self.models_button)
-        bar.addSeparator()
-        bar.addWidget(QLabel(" Mode "))
-        bar.addWidget(self.mode_combo)
-        bar.addSeparator()
-        bar.addAction(self.document_toggle)
-        bar.addSeparator()
-        bar.addWidget(self.serve_panel)
+        self.target_combo, self.draft_combo, self.mode_combo = bar.target_combo, bar.draft_combo, bar.mode_combo
+        self.load_button, self.models_button = bar.load_button, bar.models_button
+        self.document_toggle, self.serve_panel = bar.document_toggle, bar.serve_panel
 
         # Left: conversations and settings.
-        self.conversation_list = QListWidget(objectName="conversationList")
-        self.conversation_list.setTextElideMode(Qt.ElideRight)
-        self.conversation_list.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
-        self.new_button = QPushButton("New")
-        self.rename_button = QPushButton("Rename")
-        self.delete_button = QPushButton("Delete")
-        buttons = QHBoxLayout()
-        for b in (self.new_button, self.rename_button, self.delete_button):
-            buttons.addWidget(b)
-        self.temperature = QDoubleSpinBox(objectName="temperature", minimum=0.0, maximum=2.0, singleStep=0.1,
-                                          decimals=2, toolTip="0 = greedy: always the most likely token")
-        self.top_p = QDoubleSpinBox(objectName="topP", minimum=0.05, maximum=1.0, singleStep=0.05, decimals=2)
-        self.max_tokens = QSpinBox(objectName="maxTokens", minimum=1, maximum=32768, singleStep=64)
-        self.k_spin = QSpinBox(objectName="draftLength", minimum=0, maximum=15, specialValueText="Adaptive",
-                               toolTip="Tokens drafted per cycle in Draft model and Prompt lookup modes; "
-                                       "Adaptive lets Speculum pick k from what it measures")
-        generation = QGroupBox("Generation")
-        form = QFormLayout(generation)
-        form.addRow("Temperature", self.temperature)
-        form.addRow("Top-p", self.top_p)
-        form.addRow("Max tokens", self.max_tokens)
-        form.addRow("Draft length k", self.k_spin)
-        self.n_ctx = QSpinBox(objectName="contextSize", minimum=128, maximum=131072, singleStep=512,
-                              toolTip="Context size in tokens (applies at the next Load)")
-        self.target_layers = QSpinBox(objectName="targetGpuLayers", minimum=-1, maximum=999, specialValueText="All")
-        self.draft_layers = QSpinBox(objectName="draftGpuLayers", minimum=-1, maximum=999, specialValueText="All")
-        hardware = QGroupBox("Hardware")
-        form = QFormLayout(hardware)
-        form.addRow("Context", self.n_ctx)
-        form.addRow("Target GPU layers", self.target_layers)
-        form.addRow("Draft GPU layers", self.draft_layers)
-        self.hardware_note = QLabel("Starting the engine…")
-        self.hardware_note.setObjectName("caption")
-        self.hardware_note.setTextFormat(Qt.PlainText)  # the GPU's name as the driver reports it
-        self.hardware_note.setWordWrap(True)
-        form.addRow(self.hardware_note)
-        for spin in (self.target_layers, self.draft_layers):
-            spin.setEnabled(False)
+        self.conversations = ConversationList(self.store)
+        self.conversation_list = self.conversations.view
+        self.new_button = self.conversations.new_button
+        form = self.generation_form = GenerationForm()
+        self.temperature, self.top_p, self.max_tokens = form.temperature, form.top_p, form.max_tokens
+        self.k_spin = form.k_spin
         left = QWidget(objectName="sidebar")
         lay = QVBoxLayout(left)
-        title = QLabel("Conversations")
-        title.setObjectName("paneTitle")
-        lay.addWidget(title)
-        lay.addWidget(self.conversation_list, 1)
-        lay.addLayout(buttons)
-        lay.addWidget(generation)
-        lay.addWidget(hardware)
+        lay.addWidget(self.conversations, 1)
+        lay.addWidget(self.generation_form)
 
-        # Centre: banner, transcript (and document), input.
-        self.banner = Banner()
-        self.transcript = Transcript()
-        self.document = DocumentPane()
-        self.document.hide()
-        # The document sits under the transcript: side by side, both were too narrow to read.
-        self.chat_split = QSplitter(Qt.Vertical)
-        self.chat_split.addWidget(self.transcript)
-        self.chat_split.addWidget(self.document)
-        self.chat_split.setChildrenCollapsible(False)
-        self.input = InputBox()
-        self.input.setFixedHeight(84)
-        self.send_button = QPushButton("Send", objectName="sendButton")
-        self.stop_button = QPushButton("Stop", objectName="stopButton", toolTip="Stop generating (Esc)")
-        self.stop_button.setEnabled(False)
-        side = QVBoxLayout()
-        side.addWidget(self.send_button)
-        side.addWidget(self.stop_button)
-        side.addStretch()
-        row = QHBoxLayout()
-        row.addWidget(self.input, 1)
-        row.addLayout(side)
-        centre = QWidget()
-        lay = QVBoxLayout(centre)
-        lay.addWidget(self.banner)
-        lay.addWidget(self.chat_split, 1)
-        lay.addLayout(row)
-
-        # Right: the speculation view, replay, stats.
-        self.speculation = SpeculationView()
-        self.replay_bar = ReplayBar()
-        self.replay_bar.setEnabled(False)
-        self.replay_label = QLabel("Replay: finish a generation, then step through its cycles.")
-        self.replay_label.setObjectName("caption")
-        self.replay_label.setTextFormat(Qt.PlainText)  # names a saved cycle's drafter
-        self.replay_label.setWordWrap(True)
-        # Room for two lines, always: a step's description wraps, and the pane must not squeeze it.
-        self.replay_label.setMinimumHeight(2 * self.replay_label.fontMetrics().lineSpacing() + 4)
-        self.stats = StatsPanel()
-        right = QWidget(objectName="speculationPane")
-        lay = QVBoxLayout(right)
-        title = QLabel("Speculation, cycle by cycle")
-        title.setObjectName("paneTitle")
-        lay.addWidget(title)
-        lay.addWidget(Legend())
-        lay.addWidget(self.speculation, 1)
-        lay.addWidget(self.replay_bar)
-        lay.addWidget(self.replay_label)
-        lay.addWidget(self.stats)
+        chat = self.chat = ChatPane()
+        self.banner, self.transcript, self.document = chat.banner, chat.transcript, chat.document
+        self.input = chat.input
+        self.send_button, self.stop_button = chat.send_button, chat.stop_button
+        pane = self.speculation_pane = SpeculationPane(self.transcript)
+        self.speculation, self.stats, self.replay = pane.speculation, pane.stats, pane.replay
+        self.replay_bar, self.replay_label = self.replay.bar, self.replay.label
 
         split = QSplitter(Qt.Horizontal)
         split.addWidget(left)
-        split.addWidget(centre)
-        split.addWidget(right)
+        split.addWidget(self.chat)
+        split.addWidget(self.speculation_pane)
         split.setStretchFactor(0, 0)
         split.setStretchFactor(1, 3)
         split.setStretchFactor(2, 2)
@@ -302,30 +107,16 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(split)
 
         # Status bar: what runs where, and load progress.
-        self.backend_label = QLabel(objectName="backendLabel")
-        self.model_label = QLabel("No model loaded", objectName="modelLabel", textFormat=Qt.PlainText)
-        self.load_progress = QProgressBar(objectName="loadProgress", maximum=1000, textVisible=True)
-        self.load_progress.setFixedWidth(220)
-        self.cancel_button = QPushButton("Cancel", objectName="cancelLoad", toolTip="Cancel loading")
-        self.load_progress.hide()
-        self.cancel_button.hide()
-        status = self.statusBar()
-        status.addWidget(self.model_label, 1)
-        status.addPermanentWidget(self.load_progress)
-        status.addPermanentWidget(self.cancel_button)
-        status.addPermanentWidget(self.backend_label)
+        status = self.load_status = LoadStatus()
+        self.setStatusBar(status)
+        self.model_label, self.backend_label = status.model_label, status.backend_label
+        self.load_progress, self.cancel_button = status.load_progress, status.cancel_button
         self._show_backend(None)
 
-    def _connect(self) -> None:
+    def _connect_engine(self) -> None:
         w = self.engine.worker
         w.ready.connect(self._on_engine_ready)
         w.died.connect(self._on_engine_died)
-        w.serving.connect(self._on_serving)
-        w.serveFailed.connect(self._on_serve_failed)
-        w.servedRequest.connect(self._on_served_request)
-        self.engine.served_batcher.batchReady.connect(self._on_served_batch)
-        self.serve_panel.switched.connect(self._switch_serving)
-        w.loadProgress.connect(self._on_load_progress)
         w.loaded.connect(self._on_loaded)
         w.loadFailed.connect(self._on_load_failed)
         w.finished.connect(self._on_finished)
@@ -333,63 +124,37 @@ class MainWindow(QMainWindow):
         w.stageChanged.connect(self._on_stage)
         w.plainRateMeasured.connect(self._on_plain_rate)
         self.engine.batcher.batchReady.connect(self._on_batch)
+
+    def _connect(self) -> None:
+        self.serving = ApiServing(self.engine, self.serve_panel, self.speculation_pane, self.load_status,
+                                  lambda: self.loaded, lambda: self.generating, self.mode_combo.currentData, self)
+        self.serving.error.connect(self.show_error)
+        self.engine.worker.loadProgress.connect(self.load_status.show_load_progress)
         self.load_button.clicked.connect(self.load_pair)
         self.cancel_button.clicked.connect(self.cancel_load)
-        self.models_button.clicked.connect(self.open_models_dialog)
-        self.send_button.clicked.connect(lambda: self.send(self.input.toPlainText()))
-        self.input.submitted.connect(self.send)
-        self.input.stopRequested.connect(self.stop)
-        self.stop_button.clicked.connect(self.stop)
+        self.model_bar.pairReady.connect(self._on_pair_ready)
+        self.model_bar.error.connect(self.show_error)
+        self.chat.sendRequested.connect(self.send)
+        self.chat.stopRequested.connect(self.stop)
         QShortcut(QKeySequence(Qt.Key_Escape), self, activated=self.stop)
-        self.new_button.clicked.connect(self.new_conversation)
-        self.rename_button.clicked.connect(self._edit_title)
-        self.delete_button.clicked.connect(lambda: self.delete_conversation())
-        self.conversation_list.currentItemChanged.connect(self._on_conversation_picked)
-        self.conversation_list.itemChanged.connect(self._on_title_edited)
+        self.conversations.picked.connect(self.open_conversation)
+        self.conversations.created.connect(self._on_conversation_created)
+        self.conversations.deleteRequested.connect(lambda: self.delete_conversation())
+        self.conversations.error.connect(self.show_error)
         self.document.summariseRequested.connect(self.summarise)
         self.document.editor.textChanged.connect(self._update_controls)  # Summarise needs text, and no generation
         self.document.error.connect(self.show_error)
-        self.document_toggle.toggled.connect(self._show_document)
+        self.document_toggle.toggled.connect(self.chat.show_document)
         self.transcript.replayRequested.connect(self.replay_message)
-        self.replay_bar.stepChanged.connect(self._render_replay_step)
-        self.mode_combo.currentIndexChanged.connect(self._save_settings)
-        for spin in (self.temperature, self.top_p, self.max_tokens, self.k_spin, self.n_ctx,
-                     self.target_layers, self.draft_layers):
-            spin.valueChanged.connect(self._save_settings)
-        self.models_button.setEnabled(self._models_dialog_class() is not None)
-        if not self.models_button.isEnabled():
-            self.models_button.setToolTip("The model library is not part of this build")
-        else:
-            self.models_button.setToolTip("Find, download and check model pairs")
+        self.model_bar.changed.connect(self._save_settings)
+        self.generation_form.changed.connect(self._save_settings)
 
     # ------------------------------------------------------------------ settings
 
-    def _apply_settings(self) -> None:
-        s = self.settings
-        self._applying = True  # each setter below fires valueChanged; save only the finished state
-        self.refresh_models(s.target, s.draft)
-        self.mode_combo.setCurrentIndex(max(0, self.mode_combo.findData(s.mode)))
-        self.temperature.setValue(s.temperature)
-        self.top_p.setValue(s.top_p)
-        self.max_tokens.setValue(s.max_tokens)
-        self.k_spin.setValue(s.k)
-        self.n_ctx.setValue(s.n_ctx)
-        self.target_layers.setValue(s.target_gpu_layers)
-        self.draft_layers.setValue(s.draft_gpu_layers)
-        self._applying = False
-
     def _save_settings(self, *_):
-        if getattr(self, "_applying", False):
-            return
         s = self.settings
         s.mode = self.mode_combo.currentData()
-        s.temperature = self.temperature.value()
-        s.top_p = self.top_p.value()
-        s.max_tokens = self.max_tokens.value()
-        s.k = self.k_spin.value()
-        s.n_ctx = self.n_ctx.value()
-        s.target_gpu_layers = self.target_layers.value()
-        s.draft_gpu_layers = self.draft_layers.value()
+        self.generation_form.store(s)
         s.conversation = self.current.id if self.current else ""
         try:
             s.save()
@@ -398,38 +163,8 @@ class MainWindow(QMainWindow):
 
     # ------------------------------------------------------------------ models
 
-    def refresh_models(self, target: str = "", draft: str = "") -> None:
-        """Fill the pair picker from the library, keeping (or setting) the chosen pair."""
-        target = target or (self.target_combo.currentData() or "")
-        draft = draft if draft is not None else (self.draft_combo.currentData() or "")
-        choices = local_models()
-        for combo, with_none in ((self.target_combo, False), (self.draft_combo, True)):
-            combo.blockSignals(True)
-            combo.clear()
-            if with_none:
-                combo.addItem(NO_DRAFT, "")
-            for choice in choices:
-                combo.addItem(choice.label, choice.path)
-            combo.blockSignals(False)
-        if not target and choices:
-            target = choices[0].path
-            if len(choices) > 1 and "demo target" in choices[0].label:
-                draft = draft or choices[1].path
-        self.set_pair(target, draft or None, load=False)
-
-    def _select(self, combo: QComboBox, path: str) -> None:
-        index = combo.findData(path)
-        if index < 0:
-            from pathlib import Path
-
-            combo.addItem(f"{Path(path).stem}  ·  (not in the library)", path)
-            index = combo.count() - 1
-        combo.setCurrentIndex(index)
-
     def set_pair(self, target: str, draft: str | None = None, load: bool = True) -> None:
-        if target:
-            self._select(self.target_combo, str(target))
-        self._select(self.draft_combo, str(draft) if draft else "")
+        self.model_bar.select_pair(target, draft)
         if load:
             self.load_pair()
 
@@ -443,20 +178,15 @@ class MainWindow(QMainWindow):
             self.show_error("Stop the generation before loading other models.")
             return
         draft = self.draft_combo.currentData() or None
-        layers = lambda v: None if v < 0 else v  # noqa: E731  (-1 shows as "All")
-        request = LoadRequest(str(target), str(draft) if draft else None, self.n_ctx.value(),
-                              layers(self.target_layers.value()), layers(self.draft_layers.value()))
+        request = LoadRequest(str(target), str(draft) if draft else None, self.generation_form.n_ctx.value(),
+                              *self.generation_form.gpu_layers())
         self.settings.target, self.settings.draft = request.target, request.draft or ""
         self._save_settings()
         self.banner.hide()
         self.loaded = False
         self.loading = True
         self._update_controls()
-        self.load_progress.setValue(0)
-        self.load_progress.setFormat("Loading target… %p%")
-        self.load_progress.show()
-        self.cancel_button.show()
-        self.model_label.setText("Loading models…")
+        self.load_status.begin_load()
         self.serve_panel.show_stopped()  # the new engine process serves nothing until asked
         self.engine.load(request, profile, why)
 
@@ -464,313 +194,117 @@ class MainWindow(QMainWindow):
         self.engine.cancel_load()
         self.cancel_button.setEnabled(False)
 
-    def _on_load_progress(self, stage: str, fraction: float) -> None:
-        self.load_progress.setFormat(f"Loading {stage}… %p%")
-        self.load_progress.setValue(int(fraction * 1000))
-
     def _on_loaded(self, target, draft) -> None:
         self.loading = False
         self.loaded = True
-        self._end_load()
-        pair = f"{target.name} ({target.quantization})"
-        pair += f"  ←  {draft.name} ({draft.quantization})" if draft else "  ·  no draft model (prompt lookup only)"
-        self.model_label.setText(f"{pair}  ·  context {target.n_ctx:,} tokens")
+        self.load_status.end_load()
+        self.load_status.show_pair(target, draft)
         self._show_backend(target)
-        rate = self.settings.plain_tokens_per_s.get(target.path)
-        self.engine.set_plain_rate(rate)
+        self.engine.set_plain_rate(self.settings.plain_tokens_per_s.get(target.path))
         self._update_controls()
         self.modelsLoaded.emit()
 
     def _on_load_failed(self, message: str) -> None:
         self.loading = False
         self.loaded = False
-        self._end_load()
-        self.model_label.setText("No model loaded")
+        self.load_status.end_load("No model loaded")
         self.show_error(message)
         self._update_controls()
         self.loadFailed.emit(message)
 
-    def _end_load(self) -> None:
-        self.load_progress.hide()
-        self.cancel_button.hide()
-        self.cancel_button.setEnabled(True)
-
     def _on_engine_ready(self, gpu: str | None, _threads: dict) -> None:
         self.gpu = gpu
-        self.hardware_note.setText(f"GPU: {gpu}. Changes apply at the next Load." if gpu
-                                   else "This llama.cpp build runs on the CPU only.")
-        for spin in (self.target_layers, self.draft_layers):
-            spin.setEnabled(bool(gpu))
-            spin.setToolTip("Layers on the GPU: All, or a number (0 = CPU only)" if gpu
-                            else "No GPU backend in this llama.cpp build")
+        self.generation_form.show_gpu(gpu)
         if not self.loaded:
             self._show_backend(None)
-
-    # ------------------------------------------------------------------ serving the API
-
-    def _switch_serving(self, on: bool, port: int) -> None:
-        if not on:
-            self.engine.stop_serving()
-        elif not self.loaded:
-            self.serve_panel.show_stopped()
-            self.show_error("Load a model first: the API serves the loaded models.")
-        else:
-            self.engine.serve(port, self.mode_combo.currentData())
-
-    def _on_serving(self, url: str, model_id: str) -> None:
-        if url:
-            self.serve_panel.show_serving(url, model_id)
-            self.statusBar().showMessage(f"Serving {model_id} at {url}", 5000)
-        else:
-            self.serve_panel.show_stopped()
-
-    def _on_serve_failed(self, message: str) -> None:
-        self.serve_panel.show_stopped()
-        self.show_error(message)
-
-    def _on_served_request(self, kind: str, payload) -> None:
-        """An API client's request: shown live in the speculation view and stats, like the window's own."""
-        if self.generating:
-            return
-        if kind == "started":
-            self.speculation.clear_view()
-            self.stats.reset()
-            self.replay_label.setText("Answering an API request…")
-        else:
-            self.engine.served_batcher.flush()
-            self.replay_label.setText(f"Answered an API request: {payload['completion_tokens']} tokens.")
-
-    def _on_served_batch(self, events: list) -> None:
-        if self.generating:
-            return
-        self.speculation.append_cycles([e.cycle for e in events], [e.stage for e in events])
-        self.stats.chart.add_points([(e.snapshot.seconds, e.snapshot.tokens_per_s) for e in events], redraw=False)
-        self.stats.show_snapshot(events[-1].snapshot)
-        self.stats.chart.update()
 
     def _on_engine_died(self, death) -> None:
         """The engine process crashed: keep the window, the conversation and the answer so far."""
         if self._live is not None:
-            self.engine.batcher.flush()
-            self._keep_partial_answer(f"The engine stopped: {death.how}. The answer so far is kept.")
-            self.generating = False
-            self.document.show_progress("")
-            self.statusBar().clearMessage()
+            note = f"The engine stopped: {death.how}. The answer so far is kept."
+            self._keep_partial_answer(self._end_generation(), note)
             self.replay_label.setText("")
             if self.current is not None:
                 self.transcript.show_messages(self.current.messages)
         self.loading = False
         self.loaded = False
-        self._end_load()
-        self.model_label.setText("No model loaded: the engine stopped")
+        self.load_status.end_load("No model loaded: the engine stopped")
         self.serve_panel.show_stopped()
         self._show_backend(None)
+        message, safer, why = crash_offer(death, bool(self.gpu))
         actions = [("Reload", self.load_pair)]
-        safer = profiles.safer_than(death.profile, bool(self.gpu)) if death.during_load else None
         if safer is not None:
-            why = f"the {death.profile.name} profile crashed ({death.how}) while {death.activity}"
-            actions.insert(0, (f"Reload with the {safer.name} profile",
-                               lambda: self.load_pair(profile=safer, why=why)))
-        message = death.message()
-        if safer is not None:
-            message += (f" This happened {'during the load' if death.activity.startswith('loading') else 'at the first decode'}"
-                        f": the {safer.name} profile ({safer.description}) may avoid it.")
+            actions.insert(0, (f"Reload with the {safer.name} profile", lambda: self.load_pair(profile=safer, why=why)))
         self.show_error(message, actions)
         self._update_controls()
         self.engineDied.emit()
 
     def _show_backend(self, facts) -> None:
-        if facts is None:
-            text = f"Backend: {self.gpu or 'CPU'}"
-        elif facts.backend == "CPU":
-            text = "Backend: CPU"
-        else:
-            text = f"Backend: {facts.backend} · {facts.n_gpu_layers if facts.n_gpu_layers < 10**5 else 'all'} layers"
-        profile = self.engine.profile
-        if facts is not None and profile is not profiles.STANDARD:
-            text += f" · {profile.name} profile"
-            self.backend_label.setToolTip(profiles.describe(profile, self.engine.profile_why))
-        else:
-            self.backend_label.setToolTip("")
-        self.backend_label.setText(text)
+        self.load_status.show_backend(facts, self.gpu, self.engine.profile, self.engine.profile_why)
 
     def _on_plain_rate(self, target: str, tokens_per_s: float) -> None:
         self.settings.plain_tokens_per_s[target] = round(tokens_per_s, 3)
 
-    @staticmethod
-    def _models_dialog_class():
-        try:
-            from .models_dialog import ModelsDialog  # written separately; the window works without it
-        except Exception:
-            return None
-        return ModelsDialog
-
-    def open_models_dialog(self) -> None:
-        cls = self._models_dialog_class()
-        if cls is None:
-            self.show_error("The model library dialog is not available in this build.")
-            return
-        try:
-            dialog = cls(self)
-        except Exception as exc:
-            self.show_error(f"The model library could not open: {exc}")
-            return
-        dialog.pair_ready.connect(self._on_pair_ready)
-        dialog.open()
-
     def _on_pair_ready(self, target, draft) -> None:
-        self.refresh_models(str(target), str(draft) if draft else "")
+        self.model_bar.refresh_models(str(target), str(draft) if draft else "")
         self.load_pair()
-
-    def _show_document(self, on: bool) -> None:
-        self.document.setVisible(on)
-        if on:
-            # A pane shown after the splitter was laid out starts at zero width.
-            total = sum(self.chat_split.sizes()) or self.chat_split.height()
-            self.chat_split.setSizes([total * 9 // 20, total * 11 // 20])
 
     # ------------------------------------------------------------------ conversations
 
-    def _load_conversations(self) -> None:
-        self.conversations = self.store.load_all()
-        if not self.conversations:
-            self.conversations = [Conversation()]
-        self._fill_list()
-        wanted = next((c for c in self.conversations if c.id == self.settings.conversation), self.conversations[0])
-        self.open_conversation(wanted.id)
-
-    def _fill_list(self) -> None:
-        self.conversation_list.blockSignals(True)
-        self.conversation_list.clear()
-        for c in self.conversations:
-            item = QListWidgetItem(c.title)
-            item.setData(Qt.UserRole, c.id)
-            item.setFlags(item.flags() | Qt.ItemIsEditable)
-            self.conversation_list.addItem(item)
-            if self.current is not None and c.id == self.current.id:
-                self.conversation_list.setCurrentItem(item)
-        self.conversation_list.blockSignals(False)
-
-    def _item(self, conversation_id: str) -> QListWidgetItem | None:
-        for row in range(self.conversation_list.count()):
-            item = self.conversation_list.item(row)
-            if item.data(Qt.UserRole) == conversation_id:
-                return item
-        return None
-
-    def conversation(self, conversation_id: str) -> Conversation | None:
-        return next((c for c in self.conversations if c.id == conversation_id), None)
+    @property
+    def current(self) -> Conversation | None:
+        return self.conversations.current
 
     def open_conversation(self, conversation_id: str) -> None:
-        conv = self.conversation(conversation_id)
+        conv = self.conversations.open(conversation_id)
         if conv is None:
             return
-        self.current = conv
-        item = self._item(conv.id)
-        if item is not None and self.conversation_list.currentItem() is not item:
-            self.conversation_list.blockSignals(True)
-            self.conversation_list.setCurrentItem(item)
-            self.conversation_list.blockSignals(False)
         self.transcript.show_messages(conv.messages)
         self.document.set_document(conv.document, conv.document_name)
         if conv.document:
             self.document_toggle.setChecked(True)
-        self.speculation.clear_view()
-        self.stats.reset()
+        self.speculation_pane.clear()
         last = next((i for i in range(len(conv.messages) - 1, -1, -1) if conv.messages[i].cycles), None)
         if last is not None:
             self.replay_message(last, step=None)
         else:
-            self._replay = None
-            self.replay_bar.setEnabled(False)
-            self.replay_label.setText("Replay: finish a generation, then step through its cycles.")
+            self.replay.clear()
         self.settings.conversation = conv.id
         self._save_settings()
 
-    def _on_conversation_picked(self, item, _previous=None) -> None:
-        if item is not None:
-            self.open_conversation(item.data(Qt.UserRole))
-
     def new_conversation(self) -> Conversation:
-        conv = Conversation()
-        self.conversations.insert(0, conv)
-        self._fill_list()
-        self.open_conversation(conv.id)
-        self.input.setFocus()
-        return conv
+        return self.conversations.create()  # opened by _on_conversation_created
 
-    def _edit_title(self) -> None:
-        item = self.conversation_list.currentItem()
-        if item is not None:
-            self.conversation_list.editItem(item)
+    def _on_conversation_created(self, conversation_id: str) -> None:
+        self.open_conversation(conversation_id)
+        self.input.setFocus()
 
     def rename_conversation(self, conversation_id: str, title: str) -> None:
-        conv = self.conversation(conversation_id)
-        title = title.strip()
-        if conv is None or not title:
-            return
-        conv.title = title
-        self._save(conv)
-        item = self._item(conversation_id)
-        if item is not None and item.text() != title:
-            self.conversation_list.blockSignals(True)
-            item.setText(title)
-            self.conversation_list.blockSignals(False)
-
-    def _on_title_edited(self, item: QListWidgetItem) -> None:
-        conv = self.conversation(item.data(Qt.UserRole))
-        if conv is not None and item.text().strip() and item.text() != conv.title:
-            self.rename_conversation(conv.id, item.text())
-        elif conv is not None:
-            self.conversation_list.blockSignals(True)
-            item.setText(conv.title)
-            self.conversation_list.blockSignals(False)
+        self.conversations.rename(conversation_id, title)
 
     def delete_conversation(self, conversation_id: str | None = None, confirm: bool = True) -> None:
-        conv = self.conversation(conversation_id) if conversation_id else self.current
+        conv = self.conversations.conversation(conversation_id) if conversation_id else self.current
         if conv is None:
             return
-        if self.generating and self._live and self._live["conversation"] is conv:
+        if self.generating and self._live and self._live.conversation is conv:
             self.show_error("Stop the generation before deleting its conversation.")
             return
-        if confirm and conv.messages:
-            if not ask(self, "Delete conversation",
-                       f"Delete “{conv.title}” and its {len(conv.messages)} messages?"):
-                return
-        self.store.delete(conv.id)
-        self.conversations.remove(conv)
-        if not self.conversations:
-            self.conversations.append(Conversation())
-        if self.current is conv:
-            self.current = None
-        self._fill_list()
-        self.open_conversation((self.current or self.conversations[0]).id)
+        next_id = self.conversations.delete(conv, confirm)
+        if next_id is not None:
+            self.open_conversation(next_id)
 
-    def _save(self, conv: Conversation) -> None:
-        if not conv.messages and conv.title == DEFAULT_TITLE and not conv.document:
-            return  # an empty new conversation is kept in the list, written once it has content
-        try:
-            self.store.save(conv)
-        except OSError as exc:
-            self.show_error(f"Could not save the conversation: {exc.strerror or exc}. It stays open here.")
+    def replay_message(self, index: int, step: int | None = 0) -> None:
+        """Load an answer's cycle records into the replay bar; step 0 starts before the first cycle."""
+        if self.generating or self.current is None or not (0 <= index < len(self.current.messages)):
+            return
+        self.replay.load(self.current, index, step, self.settings.plain_tokens_per_s.get(self.settings.target))
 
     # ------------------------------------------------------------------ generating
 
     def _update_controls(self) -> None:
-        busy = self.generating or self.loading
-        self.send_button.setEnabled(not busy)
-        self.document.summarise_button.setEnabled(not busy and bool(self.document.text().strip()))
-        self.stop_button.setEnabled(self.generating)
-        self.load_button.setEnabled(not busy)
-        self.conversation_list.setEnabled(not self.generating)
-        self.new_button.setEnabled(not self.generating)
-        self.delete_button.setEnabled(not self.generating)
-
-    def _request(self, conv: Conversation, **extra) -> GenerationRequest:
-        return GenerationRequest(conversation_id=conv.id, messages=conv.history(),
-                                 mode=self.mode_combo.currentData(), k=self.k_spin.value(),
-                                 temperature=self.temperature.value(), top_p=self.top_p.value(),
-                                 max_tokens=self.max_tokens.value(), **extra)
+        self.chat.set_busy(self.generating, self.loading)
+        self.load_button.setEnabled(not (self.generating or self.loading))
+        self.conversations.set_generating(self.generating)
 
     def _can_generate(self) -> bool:
         if self.generating:
@@ -789,16 +323,10 @@ class MainWindow(QMainWindow):
             return
         conv = self.current
         conv.messages.append(Message("user", text))
-        if conv.title == DEFAULT_TITLE:
-            conv.title = " ".join(text.split())[:TITLE_CHARS] + ("…" if len(text) > TITLE_CHARS else "")
-            item = self._item(conv.id)
-            if item is not None:
-                self.conversation_list.blockSignals(True)
-                item.setText(conv.title)
-                self.conversation_list.blockSignals(False)
-        self._save(conv)  # the question survives a crash; only the answer being written can be lost
+        self.conversations.title_from_question(conv, text)
+        self.conversations.save(conv)  # the question survives a crash; only the answer being written can be lost
         self.input.clear()
-        self._begin(conv, self._request(conv), kind="chat", restore=text)
+        self._begin(conv, self.generation_form.request(conv, self.mode_combo.currentData()), "chat", text)
 
     def summarise(self) -> None:
         text = self.document.text()
@@ -810,32 +338,20 @@ class MainWindow(QMainWindow):
         conv = self.current
         conv.document, conv.document_name = text, self.document.name
         name = self.document.name or "the pasted document"
-        from ..engine.prompts import document_message  # a string template, no model involved
-
-        conv.messages.append(Message("user", document_message(text), display=f"Summarise {name} "
-                                     f"({len(text.split()):,} words)"))
-        if conv.title == DEFAULT_TITLE:
-            conv.title = f"Summary of {name}"[:TITLE_CHARS]
-            self._fill_list()
-        self._save(conv)
+        conv.messages.append(document_question(text, name))
+        self.conversations.title_from_document(conv, name)
+        self.conversations.save(conv)
         self.document_toggle.setChecked(True)
-        self._begin(conv, self._request(conv, document=text), kind="summary")
+        self._begin(conv, self.generation_form.request(conv, self.mode_combo.currentData(), document=text), "summary")
 
     def _begin(self, conv: Conversation, request: GenerationRequest, kind: str, restore: str = "") -> None:
         self.banner.hide()
         self.generating = True
         self._update_controls()
-        self._live = {"conversation": conv, "kind": kind, "restore": restore, "cycles": [],
-                      "stages": [], "snapshot": None, "answer_clock": QElapsedTimer(),
-                      "stats_clock": QElapsedTimer()}
-        self._replay = None
-        self.replay_bar.setEnabled(False)
-        self.replay_label.setText("Generating…")
-        self.document.highlight([])
-        self.transcript.show_messages(conv.messages)
-        self.transcript.begin_answer("writing…")
-        self.speculation.clear_view()
-        self.stats.reset()
+        self._live = LiveAnswer(conv, kind, restore)
+        self.replay.clear("Generating…")
+        self.chat.begin_answer(conv.messages)
+        self.speculation_pane.clear()
         self.engine.generate(request)
 
     def stop(self) -> None:
@@ -854,96 +370,51 @@ class MainWindow(QMainWindow):
         live = self._live
         if live is None:
             return
-        cycles = [e.cycle for e in events]
-        stages = [e.stage for e in events]
-        live["cycles"].extend(cycles)
-        live["stages"].extend(stages)
-        live["snapshot"] = events[-1].snapshot
-        self.stats.chart.add_points([(e.snapshot.seconds, e.snapshot.tokens_per_s) for e in events], redraw=False)
+        live.events.extend(events)
         # The speculation view is the live one, every frame. The Markdown answer and the stats
         # panel are re-rendered less often: each costs the UI thread more than a frame of tokens.
-        self.speculation.append_cycles(cycles, stages)
-        if self._due(live["answer_clock"], ANSWER_UPDATE_MS):
-            self._show_live_answer()
-        if self._due(live["stats_clock"], STATS_UPDATE_MS):
-            self._show_live_stats()
-
-    @staticmethod
-    def _due(clock: QElapsedTimer, interval_ms: int) -> bool:
-        if clock.isValid() and clock.elapsed() < interval_ms:
-            return False
-        clock.start()
-        return True
-
-    def _show_live_answer(self) -> None:
-        if self._live is not None:
-            self.transcript.update_answer(answer_so_far(self._live["cycles"], self._live["stages"]))
-
-    def _show_live_stats(self) -> None:
-        live = self._live
-        if live is None or live["snapshot"] is None:
-            return
-        self.stats.show_snapshot(live["snapshot"])
-        self.stats.chart.update()
+        self.speculation_pane.add_events(events)
+        if live.answer_due(ANSWER_UPDATE_MS):
+            self.transcript.update_answer(answer_so_far(live.events))
+        if live.stats_due(STATS_UPDATE_MS):
+            self.speculation_pane.show_snapshot(live.snapshot)
 
     def _on_finished(self, result) -> None:
-        # Cycles still waiting for the next frame go first: live["stages"] must be complete.
-        # The answer itself is drawn below, whole, with the conversation.
-        self.engine.batcher.flush()
-        live, self._live = self._live, None
-        self.generating = False
-        self.document.show_progress("")
-        self.statusBar().clearMessage()
-        conv = self.conversation(result.conversation_id) or (live and live["conversation"])
+        live = self._end_generation()  # the answer itself is drawn below, whole, with the conversation
+        conv = self.conversations.conversation(result.conversation_id) or (live and live.conversation)
         if conv is None:
             self._update_controls()
             return
-        records = cycle_records(result.cycles, live["stages"] if live else [])
-        note = result.note
-        if result.finish == "stopped" and not note:
-            note = "Stopped; the answer so far is kept."
-        text = result.text
-        display = ""
-        if result.part_summaries:
-            n = len(result.part_summaries)
-            note = (note + " " if note else "") + f"Summarised in {n} parts, then combined."
-            # The whole document no longer fits the context: later turns see the summary instead.
-            user = conv.messages[-1] if conv.messages and conv.messages[-1].role == "user" else None
-            if user is not None:
-                user.content = f"Summarise the document {conv.document_name or ''} (too long to include here)."
-            if result.finish == "stopped":
-                display = "**Part summaries so far**\n\n" + text
-        conv.messages.append(Message("assistant", text, display=display, cycles=records,
-                                     stats=answer_stats(result.snapshot), mode=result.mode,
-                                     finish=result.finish, note=note))
-        self._save(conv)
+        records = cycle_records(with_stages(result.cycles, live.events if live else []))
+        conv.messages.append(finished_answer(conv, result, records))
+        self.conversations.save(conv)
         self._save_settings()
         if conv is self.current:
             self.transcript.show_messages(conv.messages)
-            if live and live["kind"] == "summary":
-                self._highlight_copies(conv, result.cycles)
+            if live and live.kind == "summary":
+                self.chat.highlight_copies(result.cycles)
             self.replay_message(len(conv.messages) - 1, step=None)
         self._update_controls()
         self.generationFinished.emit()
 
-    def _highlight_copies(self, conv: Conversation, cycles) -> None:
-        copies = ["".join(c.drafted_text[:c.n_accepted]) for c in cycles if c.source == "lookup" and c.n_accepted]
-        self.document.highlight(summarise.copied_spans(self.document.text(), copies))
-
-    def _on_failed(self, message: str) -> None:
+    def _end_generation(self) -> LiveAnswer | None:
+        """The answer stops being written: the one that was, with the cycles still waiting for a frame."""
         self.engine.batcher.flush()
         live, self._live = self._live, None
         self.generating = False
         self.document.show_progress("")
         self.statusBar().clearMessage()
+        return live
+
+    def _on_failed(self, message: str) -> None:
+        live = self._end_generation()
         if live is not None:
-            conv = live["conversation"]
+            conv = live.conversation
             # The question goes back to the box so nothing typed is lost; the conversation is unchanged.
             if conv.messages and conv.messages[-1].role == "user":
                 conv.messages.pop()
-                self._save(conv)
-            if live["restore"] and not self.input.toPlainText().strip():
-                self.input.setPlainText(live["restore"])
+                self.conversations.save(conv)
+            self.chat.restore_question(live.restore)
             if conv is self.current:
                 self.transcript.show_messages(conv.messages)
         self.replay_label.setText("")
@@ -951,110 +422,21 @@ class MainWindow(QMainWindow):
         self._update_controls()
         self.generationFinished.emit()
 
-    # ------------------------------------------------------------------ replay
-
-    def replay_message(self, index: int, step: int | None = 0) -> None:
-        """Load an answer's cycle records into the replay bar; step 0 starts before the first cycle."""
-        if self.generating or self.current is None or not (0 <= index < len(self.current.messages)):
-            return
-        from ..engine.cycle import Cycle  # a plain record type; nothing runs
-
-        message = self.current.messages[index]
-        try:
-            cycles = [Cycle.from_json(d) for d in message.cycles]
-        except ValueError:  # checked when the conversation was read; a damaged record replays nothing
-            cycles = []
-        rate = self.settings.plain_tokens_per_s.get(self.settings.target)
-        self._replay = {"cycles": cycles, "stages": [d.get("stage", "") for d in message.cycles],
-                        "snapshots": replay_snapshots(cycles, rate, message.stats.get("prompt_tokens", 0),
-                                                      message.stats.get("prompt_total", 0)),
-                        "message": index}
-        self._replay_step = -1
-        self.replay_bar.setEnabled(bool(cycles))
-        self.replay_bar.start(len(cycles), step)
-
-    def _render_replay_step(self, step: int) -> None:
-        replay = self._replay
-        if replay is None:
-            return
-        cycles, stages, snaps = replay["cycles"], replay["stages"], replay["snapshots"]
-        done = step // 2  # cycles fully verified at this step
-        previous = self._replay_step
-        if step == previous + 1 and previous >= 0:
-            if step % 2:
-                self.speculation.show_proposed(cycles[done], stages[done])
-            else:
-                self.speculation.append_cycles([cycles[done - 1]], [stages[done - 1]])
-        else:
-            self.speculation.clear_view()
-            self.speculation.append_cycles(cycles[:done], stages[:done])
-            if step % 2:
-                self.speculation.show_proposed(cycles[done], stages[done])
-        self._replay_step = step
-        self._show_replay_answer(done)
-        self.stats.show_history(snaps[:done])
-        self.replay_label.setText(self._describe_step(cycles, step))
-
-    def _show_replay_answer(self, done: int) -> None:
-        """The transcript as it stood after ``done`` cycles: the conversation up to the replayed
-        answer, then that answer so far. At the last step, the whole conversation again."""
-        replay, conv = self._replay, self.current
-        if conv is None:
-            return
-        if done >= len(replay["cycles"]):
-            if replay.get("rewound"):
-                self.transcript.show_messages(conv.messages)
-                replay["rewound"] = False
-            return
-        if not replay.get("rewound"):
-            self.transcript.show_messages(conv.messages[:replay["message"]])
-            self.transcript.begin_answer("replaying…")
-            replay["rewound"] = True
-        self.transcript.update_answer(answer_so_far(replay["cycles"][:done], replay["stages"][:done]))
-
-    @staticmethod
-    def _describe_step(cycles, step: int) -> str:
-        n = len(cycles)
-        if step == 0:
-            return f"Replay: before the first of {n} cycles. Press Play or step forward."
-        cycle = cycles[(step - 1) // 2]
-        head = f"Cycle {cycle.index + 1} of {n}"
-        drafter = look.DRAFTERS.get(cycle.source, cycle.source)
-        k = len(cycle.drafted)
-        if step % 2:
-            if not k:
-                return f"{head}: plain step, nothing drafted."
-            return (f"{head}: {drafter} proposed {k} token{'s' * (k != 1)}; the target checks "
-                    f"{'them' if k != 1 else 'it'} in one pass.")
-        if not k:
-            return f"{head}: the target wrote {len(cycle.emitted)} token{'s' * (len(cycle.emitted) != 1)} by itself."
-        rejected = k - cycle.n_accepted
-        tail = "then its correction" if rejected else "then a bonus token"
-        if len(cycle.emitted) == cycle.n_accepted:
-            tail = "and stopped there"
-        return (f"{head}: {cycle.n_accepted} of {k} accepted, {rejected} struck; "
-                f"the target kept the accepted ones {tail}.")
-
     # ------------------------------------------------------------------ errors and closing
 
     def show_error(self, message: str, actions=()) -> None:
         self.banner.show_message(message, actions=actions)
 
-    def _keep_partial_answer(self, note: str) -> None:
-        """Store the answer being written as it stands after the last cycle received."""
-        live, self._live = self._live, None
-        conv = live["conversation"]
-        conv.messages.append(Message("assistant", "".join(c.text for c in live["cycles"]),
-                                     cycles=cycle_records(live["cycles"], live["stages"]),
-                                     stats=answer_stats(live["snapshot"]) if live["snapshot"] else {},
-                                     mode=self.mode_combo.currentData(), finish="stopped", note=note))
-        self._save(conv)
+    def _keep_partial_answer(self, live: LiveAnswer, note: str) -> None:
+        live.conversation.messages.append(live.partial_message(self.mode_combo.currentData(), note))
+        self.conversations.save(live.conversation)
 
     def closeEvent(self, event) -> None:
         if self._live is not None:
             # Closing mid-generation: keep the partial answer, as Stop would.
             self.engine.stop()
-            self._keep_partial_answer("Stopped when the window closed; the answer so far is kept.")
+            live, self._live = self._live, None
+            self._keep_partial_answer(live, "Stopped when the window closed; the answer so far is kept.")
         self.settings.geometry = bytes(self.saveGeometry().toHex()).decode()
         self._save_settings()
         self.engine.shutdown()

@@ -110,25 +110,25 @@ class SpeculationView(OpaqueScrollArea, QTextEdit):
         for text, kind, tooltip in runs:
             cursor.insertText(text, _format(kind, tooltip))
 
-    def append_cycles(self, cycles, stages=None) -> None:
-        """Add verified cycles at the end (live generation)."""
+    def append_cycles(self, staged) -> None:
+        """Add verified cycles at the end, each a ``CycleEvent`` or ``answer.StagedCycle``: a cycle
+        with its stage of a long document, named once where the stage changes."""
         self._drop_pending()
         cursor = self._cursor()
         cursor.beginEditBlock()
-        for i, cycle in enumerate(cycles):
-            if stages is not None:
-                self._stage_line(cursor, stages[i])
-            self._insert(cursor, token_runs(cycle))
+        for item in staged:
+            self._stage_line(cursor, item.stage)
+            self._insert(cursor, token_runs(item.cycle))
         cursor.endEditBlock()
         self._follow()
 
-    def show_proposed(self, cycle, stage: str = "") -> None:
+    def show_proposed(self, staged) -> None:
         """Replay: show a cycle's draft as proposed, before the target checked it."""
         self._drop_pending()
         cursor = self._cursor()
-        self._stage_line(cursor, stage)
+        self._stage_line(cursor, staged.stage)
         self._pending_from = cursor.position()
-        self._insert(cursor, token_runs(cycle, verified=False))
+        self._insert(cursor, token_runs(staged.cycle, verified=False))
         self._follow()
 
     def _drop_pending(self) -> None:

@@ -1,0 +1,125 @@
+"""An answer as the window keeps it: its cycles, each with its stage of a long document.
+
+While a long document is summarised in parts, every cycle belongs to a stage ("Part 2 of 5",
+"Combining"); a one-part answer's stage is "". The stage travels with its cycle: as the
+``runner.CycleEvent`` received while generating, or as a ``StagedCycle`` read back for replay.
+Both have ``.cycle`` and ``.stage``, and everything here takes either.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from PySide6.QtCore import QElapsedTimer
+
+from ..conversations import Conversation, Message
+from ..engine.cycle import Cycle
+from ..engine.prompts import document_message
+
+
+class StagedCycle(NamedTuple):
+    cycle: Cycle
+    stage: str = ""
+
+
+@dataclass
+class LiveAnswer:
+    """The answer being written, and where it goes."""
+    conversation: Conversation
+    kind: str  # "chat" or "summary"
+    restore: str = ""  # the question, put back in the input box when the generation fails
+    events: list = field(default_factory=list)  # the CycleEvents received, in order
+    answer_clock: QElapsedTimer = field(default_factory=QElapsedTimer)  # since the Markdown answer was drawn
+    stats_clock: QElapsedTimer = field(default_factory=QElapsedTimer)  # since the stats panel was
+
+    @property
+    def snapshot(self):
+        """The stats after the last cycle received; None before the first."""
+        return self.events[-1].snapshot if self.events else None
+
+    def answer_due(self, interval_ms: int) -> bool:
+        return _due(self.answer_clock, interval_ms)
+
+    def stats_due(self, interval_ms: int) -> bool:
+        return _due(self.stats_clock, interval_ms)
+
+    def partial_message(self, mode: str, note: str) -> Message:
+        """The answer as it stands after the last cycle received, kept as a stopped one."""
+        return Message("assistant", "".join(e.cycle.text for e in self.events), cycles=cycle_records(self.events),
+                       stats=answer_stats(self.snapshot) if self.snapshot else {}, mode=mode, finish="stopped",
+                       note=note)
+
+
+def _due(clock: QElapsedTimer, interval_ms: int) -> bool:
+    if clock.isValid() and clock.elapsed() < interval_ms:
+        return False
+    clock.start()
+    return True
+
+
+def with_stages(cycles, events) -> list[StagedCycle]:
+    """A result's ``cycles`` (the ones whose ``events`` were received, in order) with their stages."""
+    return [StagedCycle(cycle, events[i].stage if i < len(events) else "") for i, cycle in enumerate(cycles)]
+
+
+def answer_so_far(staged) -> str:
+    """The answer as it stood after ``staged``: while a long document is summarised in parts,
+    the part being written under its stage name."""
+    stage = staged[-1].stage if staged else ""
+    if not stage:
+        return "".join(s.cycle.text for s in staged)
+    return f"*{stage}…*\n\n" + "".join(s.cycle.text for s in staged if s.stage == stage)
+
+
+def cycle_records(staged) -> list[dict]:
+    """The cycles stored with an answer, each tagged with its stage of a long document."""
+    records = []
+    for s in staged:
+        record = s.cycle.to_json()
+        if s.stage:
+            record["stage"] = s.stage
+        records.append(record)
+    return records
+
+
+def staged_cycles(records: list[dict]) -> list[StagedCycle]:
+    """Stored cycle records read back (older ones have no "stage"); a damaged record replays nothing."""
+    try:
+        return [StagedCycle(Cycle.from_json(d), d.get("stage", "")) for d in records]
+    except ValueError:  # checked when the conversation was read
+        return []
+
+
+def answer_stats(snap) -> dict:
+    """The numbers stored with an answer (shown in its header, used by replay)."""
+    return {"tokens_per_s": round(snap.tokens_per_s, 3), "tokens": snap.tokens,
+            "acceptance_rate": round(snap.acceptance_rate, 4), "tokens_per_pass": round(snap.tokens_per_pass, 4),
+            "prompt_tokens": snap.prompt_tokens, "prompt_total": snap.prompt_total,
+            "seconds": round(snap.seconds, 4)}
+
+
+def document_question(text: str, name: str) -> Message:
+    """The user's turn asking for a summary of ``text`` (shown by its name and length)."""
+    return Message("user", document_message(text), display=f"Summarise {name} ({len(text.split()):,} words)")
+
+
+def finished_answer(conv: Conversation, result, records: list[dict]) -> Message:
+    """The stored answer of a finished generation, with a note on how it ended. After a long
+    document summarised in parts, the question no longer carries the whole document."""
+    note = result.note
+    if result.finish == "stopped" and not note:
+        note = "Stopped; the answer so far is kept."
+    text = result.text
+    display = ""
+    if result.part_summaries:
+        n = len(result.part_summaries)
+        note = (note + " " if note else "") + f"Summarised in {n} parts, then combined."
+        # The whole document no longer fits the context: later turns see the summary instead.
+        user = conv.messages[-1] if conv.messages and conv.messages[-1].role == "user" else None
+        if user is not None:
+            user.content = f"Summarise the document {conv.document_name or ''} (too long to include here)."
+        if result.finish == "stopped":
+            display = "**Part summaries so far**\n\n" + text
+    return Message("assistant", text, display=display, cycles=records, stats=answer_stats(result.snapshot),
+                   mode=result.mode, finish=result.finish, note=note)

@@ -1,0 +1,77 @@
+"""The window's status bar: the loaded pair, load progress with Cancel, and where the engine runs."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QLabel, QProgressBar, QPushButton, QStatusBar
+
+from ..engine import profiles
+
+PROGRESS_SCALE = 1000  # the bar counts thousandths of the load
+
+
+def crash_offer(death, has_gpu: bool) -> tuple[str, profiles.Profile | None, str]:
+    """What to say when the engine process died, and the safer profile to offer (with why) when
+    it died loading or at the first decode."""
+    safer = profiles.safer_than(death.profile, has_gpu) if death.during_load else None
+    message = death.message()
+    if safer is None:
+        return message, None, ""
+    why = f"the {death.profile.name} profile crashed ({death.how}) while {death.activity}"
+    message += (f" This happened {'during the load' if death.activity.startswith('loading') else 'at the first decode'}"
+                f": the {safer.name} profile ({safer.description}) may avoid it.")
+    return message, safer, why
+
+
+class LoadStatus(QStatusBar):
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.backend_label = QLabel(objectName="backendLabel")
+        self.model_label = QLabel("No model loaded", objectName="modelLabel", textFormat=Qt.PlainText)
+        self.load_progress = QProgressBar(objectName="loadProgress", maximum=PROGRESS_SCALE, textVisible=True)
+        self.load_progress.setFixedWidth(220)
+        self.cancel_button = QPushButton("Cancel", objectName="cancelLoad", toolTip="Cancel loading")
+        self.load_progress.hide()
+        self.cancel_button.hide()
+        self.addWidget(self.model_label, 1)
+        self.addPermanentWidget(self.load_progress)
+        self.addPermanentWidget(self.cancel_button)
+        self.addPermanentWidget(self.backend_label)
+
+    def begin_load(self) -> None:
+        self.load_progress.setValue(0)
+        self.load_progress.setFormat("Loading target… %p%")
+        self.load_progress.show()
+        self.cancel_button.show()
+        self.model_label.setText("Loading models…")
+
+    def show_load_progress(self, stage: str, fraction: float) -> None:
+        self.load_progress.setFormat(f"Loading {stage}… %p%")
+        self.load_progress.setValue(int(fraction * PROGRESS_SCALE))
+
+    def end_load(self, model_text: str | None = None) -> None:
+        self.load_progress.hide()
+        self.cancel_button.hide()
+        self.cancel_button.setEnabled(True)
+        if model_text is not None:
+            self.model_label.setText(model_text)
+
+    def show_pair(self, target, draft) -> None:
+        pair = f"{target.name} ({target.quantization})"
+        pair += f"  ←  {draft.name} ({draft.quantization})" if draft else "  ·  no draft model (prompt lookup only)"
+        self.model_label.setText(f"{pair}  ·  context {target.n_ctx:,} tokens")
+
+    def show_backend(self, facts, gpu: str | None, profile: profiles.Profile, why: str) -> None:
+        """Where the loaded target runs (``facts``), or, with none loaded, what the engine offers."""
+        if facts is None:
+            text = f"Backend: {gpu or 'CPU'}"
+        elif facts.backend == "CPU":
+            text = "Backend: CPU"
+        else:
+            text = f"Backend: {facts.backend} · {facts.n_gpu_layers if facts.n_gpu_layers < 10**5 else 'all'} layers"
+        if facts is not None and profile is not profiles.STANDARD:
+            text += f" · {profile.name} profile"
+            self.backend_label.setToolTip(profiles.describe(profile, why))
+        else:
+            self.backend_label.setToolTip("")
+        self.backend_label.setText(text)

@@ -1,0 +1,131 @@
+"""The window's toolbar: the pair picker with Load and Models…, the mode, the document pane and the API switch.
+
+It only chooses; loading, generating and serving are the window's, which listens to its
+buttons and signals.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtCore import Signal
+from PySide6.QtGui import QAction
+from PySide6.QtWidgets import QComboBox, QLabel, QPushButton, QToolBar
+
+from .modelchoices import local_models
+from .serve import ServePanel
+from .settings import MODES, Settings
+
+NO_DRAFT = "(no draft model)"
+
+
+def models_dialog_class():
+    try:
+        from .models_dialog import ModelsDialog  # written separately; the window works without it
+    except Exception:
+        return None
+    return ModelsDialog
+
+
+class ModelBar(QToolBar):
+    changed = Signal()  # the user picked another mode: the settings are worth saving
+    pairReady = Signal(str, str)  # the Models dialog has a pair on disk: target path, draft path ("" for none)
+    error = Signal(str)
+
+    def __init__(self, parent=None):
+        super().__init__("Models", parent)
+        self.setObjectName("modelBar")
+        self.setMovable(False)
+        self.target_combo = QComboBox(objectName="targetCombo", toolTip="Target model: the one whose answer you get")
+        self.draft_combo = QComboBox(objectName="draftCombo",
+                                     toolTip="Draft model: a smaller model of the same vocabulary that proposes tokens")
+        for combo in (self.target_combo, self.draft_combo):
+            combo.setSizeAdjustPolicy(QComboBox.AdjustToContents)
+            combo.setMinimumContentsLength(22)
+        self.load_button = QPushButton("Load", objectName="loadButton", toolTip="Load the chosen target and draft")
+        self.models_button = QPushButton("Models…", objectName="modelsButton")
+        self.mode_combo = QComboBox(objectName="modeCombo")
+        for label, mode in MODES:
+            self.mode_combo.addItem(label, mode)
+        self.mode_combo.setToolTip("Auto: the policy picks the drafter and draft length from measurements.\n"
+                                   "Draft model: the small model drafts. Prompt lookup: drafts copied from\n"
+                                   "the prompt and answer so far. Off: plain decoding.")
+        self.document_toggle = QAction("Document", self, checkable=True, toolTip="Show the document pane")
+        self.serve_panel = ServePanel()
+        self.addWidget(QLabel(" Target "))
+        self.addWidget(self.target_combo)
+        self.addWidget(QLabel("  ←  draft "))
+        self.addWidget(self.draft_combo)
+        self.addWidget(self.load_button)
+        self.addWidget(self.models_button)
+        self.addSeparator()
+        self.addWidget(QLabel(" Mode "))
+        self.addWidget(self.mode_combo)
+        self.addSeparator()
+        self.addAction(self.document_toggle)
+        self.addSeparator()
+        self.addWidget(self.serve_panel)
+        self.models_button.clicked.connect(self.open_models_dialog)
+        self.mode_combo.currentIndexChanged.connect(self._on_mode_changed)
+        self._applying = False
+        self.models_button.setEnabled(models_dialog_class() is not None)
+        if not self.models_button.isEnabled():
+            self.models_button.setToolTip("The model library is not part of this build")
+        else:
+            self.models_button.setToolTip("Find, download and check model pairs")
+
+    def _on_mode_changed(self, *_) -> None:
+        if not self._applying:
+            self.changed.emit()
+
+    def apply(self, s: Settings) -> None:
+        """Show the saved pair and mode (setting the mode fires currentIndexChanged: not a change)."""
+        self._applying = True
+        self.refresh_models(s.target, s.draft)
+        self.mode_combo.setCurrentIndex(max(0, self.mode_combo.findData(s.mode)))
+        self._applying = False
+
+    def refresh_models(self, target: str = "", draft: str = "") -> None:
+        """Fill the pair picker from the library, keeping (or setting) the chosen pair."""
+        target = target or (self.target_combo.currentData() or "")
+        draft = draft if draft is not None else (self.draft_combo.currentData() or "")
+        choices = local_models()
+        for combo, with_none in ((self.target_combo, False), (self.draft_combo, True)):
+            combo.blockSignals(True)
+            combo.clear()
+            if with_none:
+                combo.addItem(NO_DRAFT, "")
+            for choice in choices:
+                combo.addItem(choice.label, choice.path)
+            combo.blockSignals(False)
+        if not target and choices:
+            target = choices[0].path
+            if len(choices) > 1 and "demo target" in choices[0].label:
+                draft = draft or choices[1].path
+        self.select_pair(target, draft or None)
+
+    def select_pair(self, target: str, draft: str | None = None) -> None:
+        if target:
+            self._select(self.target_combo, str(target))
+        self._select(self.draft_combo, str(draft) if draft else "")
+
+    @staticmethod
+    def _select(combo: QComboBox, path: str) -> None:
+        index = combo.findData(path)
+        if index < 0:
+            combo.addItem(f"{Path(path).stem}  ·  (not in the library)", path)
+            index = combo.count() - 1
+        combo.setCurrentIndex(index)
+
+    def open_models_dialog(self) -> None:
+        cls = models_dialog_class()
+        if cls is None:
+            self.error.emit("The model library dialog is not available in this build.")
+            return
+        try:
+            dialog = cls(self.window())
+        except Exception as exc:
+            self.error.emit(f"The model library could not open: {exc}")
+            return
+        dialog.pair_ready.connect(self.pairReady)
+        dialog.open()

@@ -1,0 +1,122 @@
+"""Replay of a finished answer: its stored cycles stepped through in the speculation view,
+the stats and the transcript, as they happened (see ``replay.ReplayBar`` for the steps)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from PySide6.QtCore import QObject, Qt
+from PySide6.QtWidgets import QLabel
+
+from ..conversations import Conversation
+from . import look
+from .answer import StagedCycle, answer_so_far, staged_cycles
+from .replay import ReplayBar
+from .worker import replay_snapshots
+
+IDLE_CAPTION = "Replay: finish a generation, then step through its cycles."
+
+
+@dataclass
+class ReplayState:
+    conversation: Conversation
+    message: int  # index of the replayed answer in the conversation
+    cycles: list[StagedCycle]
+    snapshots: list  # the stats after each cycle
+    step: int = -1  # the step shown; -1 before the first
+    rewound: bool = False  # the transcript shows the conversation up to the answer, then the answer so far
+
+
+def describe_step(staged, step: int) -> str:
+    n = len(staged)
+    if step == 0:
+        return f"Replay: before the first of {n} cycles. Press Play or step forward."
+    cycle = staged[(step - 1) // 2].cycle
+    head = f"Cycle {cycle.index + 1} of {n}"
+    drafter = look.DRAFTERS.get(cycle.source, cycle.source)
+    k = len(cycle.drafted)
+    if step % 2:
+        if not k:
+            return f"{head}: plain step, nothing drafted."
+        return (f"{head}: {drafter} proposed {k} token{'s' * (k != 1)}; the target checks "
+                f"{'them' if k != 1 else 'it'} in one pass.")
+    if not k:
+        return f"{head}: the target wrote {len(cycle.emitted)} token{'s' * (len(cycle.emitted) != 1)} by itself."
+    rejected = k - cycle.n_accepted
+    tail = "then its correction" if rejected else "then a bonus token"
+    if len(cycle.emitted) == cycle.n_accepted:
+        tail = "and stopped there"
+    return (f"{head}: {cycle.n_accepted} of {k} accepted, {rejected} struck; "
+            f"the target kept the accepted ones {tail}.")
+
+
+class ReplayController(QObject):
+    """Owns the replay bar and its caption; renders each step into the window's views."""
+
+    def __init__(self, speculation, stats, transcript, parent=None):
+        super().__init__(parent)
+        self.speculation, self.stats, self.transcript = speculation, stats, transcript
+        self.state: ReplayState | None = None
+        self.bar = ReplayBar()
+        self.bar.setEnabled(False)
+        self.label = QLabel(IDLE_CAPTION)
+        self.label.setObjectName("caption")
+        self.label.setTextFormat(Qt.PlainText)  # names a saved cycle's drafter
+        self.label.setWordWrap(True)
+        # Room for two lines, always: a step's description wraps, and the pane must not squeeze it.
+        self.label.setMinimumHeight(2 * self.label.fontMetrics().lineSpacing() + 4)
+        self.bar.stepChanged.connect(self._render_step)
+
+    def clear(self, caption: str = IDLE_CAPTION) -> None:
+        """Nothing to replay (a generation runs, or the conversation has no answer with cycles)."""
+        self.state = None
+        self.bar.setEnabled(False)
+        self.label.setText(caption)
+
+    def load(self, conv: Conversation, index: int, step: int | None, plain_tokens_per_s: float | None) -> None:
+        """Load answer ``index``'s cycle records into the bar; step 0 starts before the first cycle."""
+        message = conv.messages[index]
+        cycles = staged_cycles(message.cycles)
+        self.state = ReplayState(conv, index, cycles,
+                                 replay_snapshots([s.cycle for s in cycles], plain_tokens_per_s,
+                                                  message.stats.get("prompt_tokens", 0),
+                                                  message.stats.get("prompt_total", 0)))
+        self.bar.setEnabled(bool(cycles))
+        self.bar.start(len(cycles), step)
+
+    def _render_step(self, step: int) -> None:
+        replay = self.state
+        if replay is None:
+            return
+        cycles, snaps = replay.cycles, replay.snapshots
+        done = step // 2  # cycles fully verified at this step
+        previous = replay.step
+        if step == previous + 1 and previous >= 0:
+            if step % 2:
+                self.speculation.show_proposed(cycles[done])
+            else:
+                self.speculation.append_cycles([cycles[done - 1]])
+        else:
+            self.speculation.clear_view()
+            self.speculation.append_cycles(cycles[:done])
+            if step % 2:
+                self.speculation.show_proposed(cycles[done])
+        replay.step = step
+        self._show_answer(done)
+        self.stats.show_history(snaps[:done])
+        self.label.setText(describe_step(cycles, step))
+
+    def _show_answer(self, done: int) -> None:
+        """The transcript as it stood after ``done`` cycles: the conversation up to the replayed
+        answer, then that answer so far. At the last step, the whole conversation again."""
+        replay, conv = self.state, self.state.conversation
+        if done >= len(replay.cycles):
+            if replay.rewound:
+                self.transcript.show_messages(conv.messages)
+                replay.rewound = False
+            return
+        if not replay.rewound:
+            self.transcript.show_messages(conv.messages[:replay.message])
+            self.transcript.begin_answer("replaying…")
+            replay.rewound = True
+        self.transcript.update_answer(answer_so_far(replay.cycles[:done]))

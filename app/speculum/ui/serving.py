@@ -1,0 +1,66 @@
+"""Serving the loaded models over the OpenAI API from the engine process, behind the Serve switch.
+
+While the window writes no answer of its own, each API request is shown live in the
+speculation pane, as the window's own answers are.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from PySide6.QtCore import QObject, Signal
+
+from .serve import ServePanel
+from .speculationpane import SpeculationPane
+
+SERVING_MESSAGE_MS = 5000
+
+
+class ApiServing(QObject):
+    error = Signal(str)
+
+    def __init__(self, engine, panel: ServePanel, pane: SpeculationPane, status_bar,
+                 loaded: Callable[[], bool], answering: Callable[[], bool], mode: Callable[[], str], parent=None):
+        super().__init__(parent)
+        self.engine, self.panel, self.pane, self.status_bar = engine, panel, pane, status_bar
+        self._loaded, self._answering, self._mode = loaded, answering, mode
+        w = engine.worker
+        w.serving.connect(self._on_serving)
+        w.serveFailed.connect(self._on_serve_failed)
+        w.servedRequest.connect(self._on_served_request)
+        engine.served_batcher.batchReady.connect(self._on_served_batch)
+        panel.switched.connect(self._switch)
+
+    def _switch(self, on: bool, port: int) -> None:
+        if not on:
+            self.engine.stop_serving()
+        elif not self._loaded():
+            self.panel.show_stopped()
+            self.error.emit("Load a model first: the API serves the loaded models.")
+        else:
+            self.engine.serve(port, self._mode())
+
+    def _on_serving(self, url: str, model_id: str) -> None:
+        if url:
+            self.panel.show_serving(url, model_id)
+            self.status_bar.showMessage(f"Serving {model_id} at {url}", SERVING_MESSAGE_MS)
+        else:
+            self.panel.show_stopped()
+
+    def _on_serve_failed(self, message: str) -> None:
+        self.panel.show_stopped()
+        self.error.emit(message)
+
+    def _on_served_request(self, kind: str, payload) -> None:
+        """An API client's request: shown live in the speculation view and stats, like the window's own."""
+        if self._answering():
+            return
+        if kind != "started":
+            self.engine.served_batcher.flush()  # its last cycles before its count
+        self.pane.show_served_request(kind, payload)
+
+    def _on_served_batch(self, events: list) -> None:
+        if self._answering():
+            return
+        self.pane.add_events(events)
+        self.pane.show_snapshot(events[-1].snapshot)
