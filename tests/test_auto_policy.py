@@ -107,9 +107,9 @@ def test_cost_model_interpolates_and_the_formula():
 
 def test_policy_is_remembered_between_runs(tmp_path):
     dec = make_pair(CPU)
-    policy = AutoPolicy(dec, store=tmp_path / "p.json", clock=dec.clock)
+    policy = AutoPolicy(dec.drafters, store=tmp_path / "p.json", clock=dec.clock)
     list(dec.generate([1, 2, 3], max_tokens=30, policy=policy))
     assert (tmp_path / "p.json").is_file()
-    again = AutoPolicy(make_pair(CPU), store=tmp_path / "p.json")
+    again = AutoPolicy(make_pair(CPU).drafters, store=tmp_path / "p.json")
     assert abs(again.costs.verify(1) - 0.030) < 0.003
     assert again.costs.verify(5) > 2 * again.costs.verify(1)

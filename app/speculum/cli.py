@@ -8,7 +8,14 @@ import platform
 import sys
 
 from . import __version__, paths
+from .bench import load_prompts, print_table, run_bench
+from .documents import read_document
+from .engine.loading import LoadOptions, load_decoder
+from .engine.prompts import build_messages
+from .engine.sampling import SamplingParams
+from .engine.vocabulary import Mode
 from .errors import SpeculumError
+from .termview import TerminalView
 
 
 def _add_model_options(p: argparse.ArgumentParser, draft: bool = True) -> None:
@@ -22,7 +29,7 @@ def _add_model_options(p: argparse.ArgumentParser, draft: bool = True) -> None:
 
 
 def _add_sampling_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--mode", choices=("auto", "off", "draft", "lookup"), default="auto")
+    p.add_argument("--mode", choices=[m.value for m in Mode], default=Mode.AUTO.value)
     p.add_argument("-k", type=int, default=4, help="tokens drafted per cycle with --fixed-k (otherwise adapted)")
     p.add_argument("--fixed-k", action="store_true", help="draft and lookup modes draft exactly k tokens every cycle")
     p.add_argument("--temperature", type=float, default=0.0)
@@ -33,20 +40,25 @@ def _add_sampling_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=256)
 
 
-def _load(args):
-    from .engine.session import LoadOptions, load_decoder
+def _fixed_k(args) -> int | None:
+    """The CLI's contract: ``-k N`` is the draft length only with ``--fixed-k``; else it adapts."""
+    return args.k if args.fixed_k else None
 
+
+def _load(args):
     options = LoadOptions(n_ctx=args.ctx, n_threads=args.threads, target_gpu_layers=args.gpu_layers,
                           draft_gpu_layers=getattr(args, "draft_gpu_layers", None))
     return load_decoder(args.target, getattr(args, "draft", None), options)
 
 
-def cmd_generate(args) -> int:
-    from .documents import read_document
-    from .engine.prompts import build_messages
-    from .engine.sampling import SamplingParams
-    from .termview import TerminalView
+def _mode(name: str) -> Mode:
+    try:
+        return Mode(name)
+    except ValueError:
+        raise SpeculumError(f"Unknown mode {name!r}: choose from {', '.join(Mode)}.") from None
 
+
+def cmd_generate(args) -> int:
     user = sys.stdin.read() if args.prompt == "-" else args.prompt
     document = read_document(args.document) if args.document else None
     decoder = _load(args)
@@ -58,7 +70,7 @@ def cmd_generate(args) -> int:
     text = []
     try:
         for cycle in decoder.generate(prompt, max_tokens=args.max_tokens, sampling=sampling,
-                                      policy=args.mode, k=args.k, fixed_k=args.fixed_k):
+                                      policy=Mode(args.mode), k=_fixed_k(args)):
             last = cycle
             text.append(cycle.text)
             if args.json:
@@ -71,7 +83,8 @@ def cmd_generate(args) -> int:
     if args.json:
         print(json.dumps({"type": "summary", **stats.summary(), "mode": args.mode,
                           "finish": last.finish if last else None, "message": last.message if last else "",
-                          "text": "".join(text), "policy": last.policy if last else {}},
+                          "text": "".join(text),
+                          "policy": last.policy.to_json() if last and last.policy else {}},
                          ensure_ascii=False))
     else:
         view.summary(stats, last.finish if last else None, last.message if last else "",
@@ -80,13 +93,11 @@ def cmd_generate(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from .bench import load_prompts, print_table, run_bench
-
     prompts = load_prompts(args.prompts)
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    modes = [_mode(m.strip()) for m in args.modes.split(",") if m.strip()]
     decoder = _load(args)
     results = run_bench(decoder, prompts, modes, max_tokens=args.max_tokens, repeat=args.repeat,
-                        k=args.k, fixed_k=args.fixed_k, progress=sys.stderr)
+                        k=_fixed_k(args), progress=sys.stderr)
     if args.json:
         print(json.dumps({"results": results}, indent=1))
     else:

@@ -2,19 +2,63 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
-# Why a generation ended.
-EOG = "eog"
-MAX_TOKENS = "max_tokens"
-STOPPED = "stopped"
-CONTEXT_FULL = "context_full"
+from .vocabulary import Finish, Mode, Source
+
+
+@dataclass(frozen=True)
+class PolicyReport:
+    """The policy's choice for a cycle and, in the measured modes, its estimates.
+
+    Serialises to the dict ``Cycle.policy`` always held: an estimate the policy did not
+    give is left out, not written as null.
+    """
+
+    source: Source
+    k: int
+    mode: Mode | None = None
+    plain_tokens_per_s: float | None = None
+    verify_cost: dict[int, float] | None = None  # pass time with n tokens, in single steps
+    draft_cost: dict[int, float] | None = None  # draft model time for k tokens, in single steps
+    model_acceptance: list[float] | None = None  # per draft position
+    min_confidence: float | None = None
+    expected_tokens_per_s: float | None = None
+    expected_tokens_per_pass: float | None = None
+    lookup_match: int | None = None
+    expected_speedup: float | None = None
+
+    def to_json(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "PolicyReport":
+        """From ``to_json`` output, or from the dict an older version stored."""
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in d.items() if k in known}
+        values.setdefault("source", Source.NONE)
+        values.setdefault("k", 0)
+        values["source"] = _word(Source, values["source"])
+        if values.get("mode") is not None:
+            values["mode"] = _word(Mode, values["mode"])
+        for cost in ("verify_cost", "draft_cost"):  # JSON object keys come back as strings
+            if isinstance(values.get(cost), dict):
+                values[cost] = {int(n): c for n, c in values[cost].items()}
+        return cls(**values)
+
+
+def _word(enum, value):
+    """The member for a stored string; an unknown string (a newer drafter) stays as it is."""
+    try:
+        return enum(value)
+    except ValueError:
+        return value
 
 
 @dataclass
 class Cycle:
     index: int
-    source: str  # drafter that proposed: "model", "lookup" or "none" (a plain step)
+    source: Source  # drafter that proposed; Source.NONE for a plain step
     k: int  # draft length the policy asked for
     drafted: list[int]
     drafted_text: list[str]
@@ -31,9 +75,9 @@ class Cycle:
     verify_s: float = 0.0
     overhead_s: float = 0.0
     n_generated: int = 0  # tokens generated up to and including this cycle
-    finish: str | None = None
+    finish: Finish | None = None
     message: str = ""  # plain words for the user when the generation ended early
-    policy: dict = field(default_factory=dict)  # the policy's choice and estimates
+    policy: PolicyReport | None = None  # the policy's choice and estimates
 
     @property
     def rejected(self) -> list[int]:
@@ -50,10 +94,18 @@ class Cycle:
 
     def to_json(self) -> dict:
         d = asdict(self)
+        d["policy"] = self.policy.to_json() if self.policy is not None else {}
         d["rejected"] = self.rejected
         return d
 
     @classmethod
     def from_json(cls, d: dict) -> "Cycle":
         names = cls.__dataclass_fields__.keys()
-        return cls(**{k: v for k, v in d.items() if k in names})
+        values = {k: v for k, v in d.items() if k in names}
+        if "source" in values:
+            values["source"] = _word(Source, values["source"])
+        if values.get("finish"):
+            values["finish"] = _word(Finish, values["finish"])
+        policy = values.get("policy")
+        values["policy"] = PolicyReport.from_json(policy) if isinstance(policy, dict) and policy else None
+        return cls(**values)

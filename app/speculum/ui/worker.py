@@ -86,12 +86,12 @@ class GenerationResult:
 
 def snapshot_of(stats, cycle, plain_tokens_per_s: float | None, prompt_total: int = 0) -> StatsSnapshot:
     """Stats after ``cycle``; the speedup comes from the policy's estimate when it gives one."""
-    policy = dict(cycle.policy or {})
+    policy = cycle.policy
     speedup, source = None, ""
-    if policy.get("expected_speedup"):
-        speedup, source = float(policy["expected_speedup"]), "policy estimate"
+    if policy is not None and policy.expected_speedup:
+        speedup, source = float(policy.expected_speedup), "policy estimate"
     else:
-        plain = policy.get("plain_tokens_per_s") or plain_tokens_per_s
+        plain = (policy.plain_tokens_per_s if policy is not None else None) or plain_tokens_per_s
         if plain and stats.tokens_per_s:
             speedup, source = stats.tokens_per_s / plain, "measured"
     return StatsSnapshot(
@@ -104,7 +104,7 @@ def snapshot_of(stats, cycle, plain_tokens_per_s: float | None, prompt_total: in
         drafted=stats.drafted,
         speedup=speedup,
         speedup_source=source,
-        policy=policy,
+        policy=policy.to_json() if policy is not None else {},
         prompt_tokens=stats.prompt_tokens,
         prompt_total=prompt_total,
         # The prompt's last token is decoded with the first cycle, so it is neither.
@@ -160,7 +160,7 @@ class EngineWorker(QObject):
 
     @Slot(object)
     def load(self, request: LoadRequest) -> None:
-        from ..engine.session import LoadOptions, load_decoder
+        from ..engine.loading import LoadOptions, load_decoder
 
         self.close_models()
         self.cancel_load.clear()
@@ -233,8 +233,7 @@ class EngineWorker(QObject):
         sampling = SamplingParams(temperature=request.temperature, top_p=request.top_p)
         text, cycles, last, snap = [], [], None, StatsSnapshot()
         for cycle in self.decoder.generate(prompt, max_tokens=max_tokens or request.max_tokens,
-                                           sampling=sampling, policy=request.mode, k=request.k or 4,
-                                           fixed_k=request.k > 0,
+                                           sampling=sampling, policy=request.mode, k=request.k or None,
                                            stop=self.stop_event, want_probs=True):
             self.plain.observe(cycle)
             snap = snapshot_of(self.decoder.stats, cycle, self.plain.tokens_per_s, len(prompt))
