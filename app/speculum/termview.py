@@ -45,7 +45,8 @@ class TerminalView:
             self.out.write("".join(parts))
         self.out.flush()
 
-    def summary(self, stats: Stats, finish: Finish | None, message: str = "", policy: PolicyReport | None = None) -> None:
+    def summary(self, stats: Stats, finish: Finish | None, message: str = "",
+                policy: PolicyReport | None = None) -> None:
         line = (f"{stats.tokens} tokens, {stats.tokens_per_s:.1f} tok/s, "
                 f"acceptance {100 * stats.acceptance_rate:.0f}% "
                 f"({stats.accepted}/{stats.drafted}), {stats.tokens_per_pass:.2f} tokens/pass, "

@@ -105,9 +105,10 @@ class Decoder:
             self._trim(context)
 
             text = "".join(detok.feed(t) for t in emitted if not self.target.is_eog(t))
+            text += detok.flush() if finish else ""
             policy.observe(draft, n_accepted, t_drafted - start, t_verified - t_drafted)
-            cycle = self._record(index, policy, draft, k_now, emitted, n_accepted, text + (detok.flush() if finish else ""),
-                                 generated, finish, times=(start, t_drafted, t_verified), probs=probs)
+            cycle = self._record(index, policy, draft, k_now, emitted, n_accepted, text, generated, finish,
+                                 times=(start, t_drafted, t_verified), probs=probs)
             self.stats.add(cycle)
             yield cycle
             if finish:

@@ -21,6 +21,7 @@ import numpy as np
 from ..errors import ContextFullError, SpeculumError
 from ..models.gguf import GGUFHeader, check_gguf_file
 from .backend import TokenPieces
+from .chat import render_chat
 
 import llama_cpp as lc  # noqa: E402  (after our imports: its own logger is replaced below)
 
@@ -244,8 +245,6 @@ class LlamaModel(TokenPieces):
         return bool(lc.llama_vocab_is_eog(self._vocab, token))
 
     def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
-        from .chat import render_chat
-
         return render_chat(self, messages, add_generation_prompt)
 
     # -- decoding --
