@@ -55,6 +55,9 @@ class Draft:
 class Drafter(Protocol):
     source: Source
 
+    @classmethod
+    def build(cls, inputs: "DrafterInputs") -> "Drafter | None": ...  # None: the inputs do not allow it
+
     def begin(self, context: Sequence[int]) -> None: ...  # a generation starts from context
 
     def propose(self, context: Sequence[int], k: int, choice: Choice, sampling: SamplingParams,
