@@ -30,6 +30,7 @@ from typing import Callable, Sequence, TextIO
 import speculum
 
 from . import __version__
+from .engine.vocabulary import Mode
 from .errors import SpeculumError
 from .models.gguf import check_gguf_file
 
@@ -51,7 +52,7 @@ IDENTICAL, TIE, MISMATCH = "identical", "numerical tie", "mismatch"
 
 @dataclass
 class Run:
-    mode: str
+    mode: Mode
     tokens: list[int]
     text: str
     tokens_per_s: float
@@ -134,7 +135,7 @@ def compare(plain: Sequence[int], speculative: Sequence[int],
     return Verdict(MISMATCH, i, detail)
 
 
-def _generate(decoder, prompt: list[int], mode: str) -> Run:
+def _generate(decoder, prompt: list[int], mode: Mode) -> Run:
     tokens: list[int] = []
     text: list[str] = []
     for cycle in decoder.generate(prompt, max_tokens=MAX_TOKENS, policy=mode):
@@ -174,8 +175,8 @@ def run_self_test(model_path: str | Path) -> SelfTestResult:
     target = decoder.target
     try:
         prompt = target.tokenize(target.apply_chat_template([{"role": "user", "content": PROMPT}]))
-        plain = _generate(decoder, prompt, "off")
-        speculative = _generate(decoder, prompt, "lookup")
+        plain = _generate(decoder, prompt, Mode.OFF)
+        speculative = _generate(decoder, prompt, Mode.LOOKUP)
         # Last: replaying moves the KV cache under the decoder, which is not used after this.
         verdict = compare(plain.tokens, speculative.tokens, _replay_plain(target, prompt, plain.tokens))
         notes = []
