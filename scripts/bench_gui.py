@@ -84,7 +84,7 @@ def main() -> int:
 
     from speculum import paths
     from speculum.engine.prompts import build_messages
-    from speculum.engine.session import LoadOptions, load_decoder
+    from speculum.engine.loading import LoadOptions, load_decoder
     from speculum.ui.mainwindow import MainWindow
     from speculum.ui.settings import Settings
 
@@ -178,7 +178,7 @@ def main() -> int:
         first = None
         cycles = []
         # k = 4 fixed on both sides (the window setting k=4 means exactly 4): same work, window cost alone
-        for cycle in decoder.generate(tokens, max_tokens=args.max_tokens, policy=mode, k=4, fixed_k=True,
+        for cycle in decoder.generate(tokens, max_tokens=args.max_tokens, policy=mode, k=4,
                                       want_probs=True):
             first = first or time.perf_counter()
             cycles.append(cycle)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import speculum
 from speculum.engine.decoder import Decoder
-from speculum.engine.session import LoadOptions, load_decoder
+from speculum.engine.loading import LoadOptions, load_decoder
 
 CODE_PROMPT = "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring."
 COPY_PROMPT = ("Rename the variable `total` to `running_sum` in this code and show the full result:\n\n"

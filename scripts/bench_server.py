@@ -75,7 +75,7 @@ def main() -> int:
     import uvicorn
 
     from speculum.engine.prompts import build_messages
-    from speculum.engine.session import LoadOptions, load_decoder
+    from speculum.engine.loading import LoadOptions, load_decoder
     from speculum.server.api import create_app
     from speculum.server.service import ServedModel
 

@@ -49,7 +49,7 @@ def smollm(smollm_path):
 @pytest.fixture(scope="session")
 def qwen_pair(qwen_target_path, qwen_draft_path):
     """A Decoder over the real Qwen2.5-Coder 1.5B / 0.5B pair, shared by the session."""
-    from speculum.engine.session import LoadOptions, load_decoder
+    from speculum.engine.loading import LoadOptions, load_decoder
 
     decoder = load_decoder(qwen_target_path, qwen_draft_path, LoadOptions(n_ctx=4096))
     yield decoder

@@ -107,9 +107,16 @@ def test_cost_model_interpolates_and_the_formula():
 
 def test_policy_is_remembered_between_runs(tmp_path):
     dec = make_pair(CPU)
-    policy = AutoPolicy(dec, store=tmp_path / "p.json", clock=dec.clock)
+    policy = AutoPolicy(dec.drafters, store=tmp_path / "p.json", clock=dec.clock)
     list(dec.generate([1, 2, 3], max_tokens=30, policy=policy))
     assert (tmp_path / "p.json").is_file()
-    again = AutoPolicy(make_pair(CPU), store=tmp_path / "p.json")
+    again = AutoPolicy(make_pair(CPU).drafters, store=tmp_path / "p.json")
     assert abs(again.costs.verify(1) - 0.030) < 0.003
     assert again.costs.verify(5) > 2 * again.costs.verify(1)
+
+
+def test_auto_mode_picks_k_itself_even_when_a_fixed_k_is_given():
+    # `speculum bench --fixed-k` runs every mode with k: auto must not fail on it (it did).
+    dec = make_pair(CPU)
+    assert isinstance(dec.policy_for("auto", 3), AutoPolicy)
+    assert [c.emitted for c in dec.generate([1, 2, 3], max_tokens=20, policy="auto", k=3)]

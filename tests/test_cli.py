@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 
 def speculum(*args, stdin=None, timeout=300):
     return subprocess.run([sys.executable, "-m", "speculum.cli", *map(str, args)], input=stdin,
@@ -71,6 +73,20 @@ def test_bench_table(smollm_path, tmp_path):
     proc = speculum("bench", "--target", smollm_path, "--prompts", suite, "--modes", "off,lookup")
     assert proc.returncode == 0, proc.stderr
     assert "vs off" in proc.stdout and "hello" in proc.stdout and "lookup" in proc.stdout
+
+
+def test_bench_repeats(smollm_path, tmp_path):
+    suite = tmp_path / "suite.jsonl"
+    suite.write_text(json.dumps({"name": "copy", "user": "Repeat: red green blue red green", "max_tokens": 12}) + "\n")
+    proc = speculum("bench", "--target", smollm_path, "--prompts", suite, "--modes", "off,lookup", "--repeat", "3",
+                    "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("[3/3]") == 2  # every repeat ran, each mode
+    results = json.loads(proc.stdout)["results"]
+    assert sorted(r["mode"] for r in results) == ["lookup", "off"]
+    for r in results:
+        assert 0 < r["tokens"] <= 12 and r["tokens_per_s"] > 0
+        assert sum(r["choices"].values()) == pytest.approx(1, abs=0.01)
 
 
 def test_draft_mode_without_a_draft_is_a_clear_error(smollm_path):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from speculum.engine.llama import LlamaModel
-from speculum.engine.session import LoadOptions, load_decoder
+from speculum.engine.loading import LoadOptions, load_decoder
 from speculum.errors import SpeculumError
 from test_backend import QWEN_MAX_NOISE
 
@@ -48,7 +48,7 @@ def test_qwen_greedy_speculation_equals_plain_up_to_ties(qwen_pair, user):
     prompt = tokens_of(qwen_pair, user)
     plain, _ = generate(qwen_pair, prompt, max_tokens=48, policy="off")
     for mode in ("draft", "lookup"):
-        spec, cycles = generate(qwen_pair, prompt, max_tokens=48, policy=mode, k=4)
+        spec, cycles = generate(qwen_pair, prompt, max_tokens=48, policy=mode)
         assert any(c.drafted for c in cycles), mode
         i = first_difference(plain, spec)
         if i is not None:
@@ -64,7 +64,7 @@ def test_qwen_draft_acceptance_on_the_default_code_prompt(qwen_pair):
 
     code = next(p for p in load_prompts() if p.name == "code-writing")
     prompt = qwen_pair.target.tokenize(qwen_pair.target.apply_chat_template(code.messages()))
-    generate(qwen_pair, prompt, max_tokens=code.max_tokens, policy="draft", k=4)
+    generate(qwen_pair, prompt, max_tokens=code.max_tokens, policy="draft")
     assert qwen_pair.stats.acceptance_rate >= 0.85, qwen_pair.stats.summary()
 
 
@@ -86,7 +86,7 @@ def test_stop_from_another_thread_within_one_pass(smollm_path):
     after_stop = []
 
     def consume():
-        for c in decoder.generate(prompt, max_tokens=400, policy="draft", k=3, stop=stop):
+        for c in decoder.generate(prompt, max_tokens=400, policy="draft", stop=stop):
             (after_stop if stop.is_set() else seen).append(c)
 
     worker = threading.Thread(target=consume)
@@ -103,7 +103,7 @@ def test_stop_from_another_thread_within_one_pass(smollm_path):
     assert 5 <= len(partial) < 400
 
     # The caches are consistent: the same decoder now gives what a fresh one gives.
-    again, _ = generate(decoder, prompt, max_tokens=40, policy="draft", k=3)
+    again, _ = generate(decoder, prompt, max_tokens=40, policy="draft")
     fresh = load_decoder(smollm_path, smollm_path, LoadOptions(n_ctx=1024))
     expected, _ = generate(fresh, prompt, max_tokens=40, policy="off")
     assert again == expected
@@ -126,7 +126,7 @@ def test_lookup_copies_from_the_prompt(smollm_path):
             "november oscar papa quebec romeo sierra tango uniform victor whiskey xray yankee zulu")
     prompt = tokens_of(decoder, f"Repeat exactly, word for word: {text}")
     plain, _ = generate(decoder, prompt, max_tokens=60, policy="off")
-    spec, cycles = generate(decoder, prompt, max_tokens=60, policy="lookup", k=6)
+    spec, cycles = generate(decoder, prompt, max_tokens=60, policy="lookup")
     assert spec == plain  # SmolLM2 Q4_1 logits do not depend on batch shape
     s = decoder.stats
     assert s.acceptance_rate > 0.5 and s.tokens_per_pass > 1.5, s.summary()
@@ -150,7 +150,7 @@ def test_second_turn_reuses_the_kv_cache(smollm_path):
 def test_cycles_carry_texts_timings_and_probabilities(smollm_path):
     decoder = load_decoder(smollm_path, smollm_path, LoadOptions(n_ctx=1024))
     prompt = tokens_of(decoder, "Say hello.")
-    _, cycles = generate(decoder, prompt, max_tokens=20, policy="draft", k=3, want_probs=True)
+    _, cycles = generate(decoder, prompt, max_tokens=20, policy="draft", want_probs=True)
     for c in cycles:
         assert len(c.drafted_text) == len(c.drafted) and len(c.emitted_text) == len(c.emitted)
         assert len(c.p_emitted) == len(c.emitted) and all(0 <= p <= 1 for p in c.p_emitted)

@@ -7,6 +7,7 @@ from speculum.engine.decoder import Decoder
 from speculum.engine.drafters import Draft
 from speculum.engine.sampling import SamplingParams, distribution
 from speculum.engine.verify import verify
+from speculum.engine.vocabulary import Source
 from synthetic import SyntheticModel, noisy_copy
 
 
@@ -21,7 +22,7 @@ def test_greedy_model_draft_equals_plain(noise, k):
     target = SyntheticModel(n_vocab=16, seed=1)
     plain, _ = run(Decoder(SyntheticModel(n_vocab=16, seed=1)), [1, 2, 3], max_tokens=80, policy="off")
     spec, cycles = run(Decoder(target, noisy_copy(target, seed=5, noise=noise)), [1, 2, 3],
-                       max_tokens=80, policy="draft", k=k, fixed_k=True)
+                       max_tokens=80, policy="draft", k=k)
     assert spec == plain
     assert len(spec) == 80
     drafted = sum(len(c.drafted) for c in cycles)
@@ -47,7 +48,7 @@ def test_greedy_random_drafts_of_every_quality_equal_plain():
             def begin(self, context):
                 pass
 
-            def propose(self, context, k, sampling, rng_, min_confidence=0.0):
+            def propose(self, context, k, choice, sampling, rng_):
                 ctx = list(context)
                 out = []
                 for _ in range(k):
@@ -60,8 +61,8 @@ def test_greedy_random_drafts_of_every_quality_equal_plain():
             def accept(self, context):
                 pass
 
-        dec.model_drafter = RandomDrafter()
-        spec, cycles = run(dec, [4, 5], max_tokens=60, policy="draft", k=4, fixed_k=True)
+        dec.drafters[Source.MODEL] = RandomDrafter()  # replaces the registered model drafter
+        spec, cycles = run(dec, [4, 5], max_tokens=60, policy="draft", k=4)
         assert spec == plain, quality
 
 
@@ -77,7 +78,7 @@ def test_greedy_lookup_equals_plain():
     target = SyntheticModel(n_vocab=6, seed=7, order=1)
     prompt = [1, 2, 3, 4, 5, 1, 2, 3, 0, 1, 2]
     plain, _ = run(Decoder(SyntheticModel(n_vocab=6, seed=7, order=1)), prompt, max_tokens=70, policy="off")
-    spec, cycles = run(Decoder(target), prompt, max_tokens=70, policy="lookup", k=5, fixed_k=True)
+    spec, cycles = run(Decoder(target), prompt, max_tokens=70, policy="lookup", k=5)
     assert spec == plain
     assert any(c.source == "lookup" for c in cycles)
     assert sum(c.n_accepted for c in cycles) > 0
@@ -124,7 +125,7 @@ def test_sampled_distribution_matches_target(drafter):
     drafted = 0
     for seed in range(n):
         out = []
-        for c in dec.generate(prompt, max_tokens=steps, policy=drafter, k=3, fixed_k=True,
+        for c in dec.generate(prompt, max_tokens=steps, policy=drafter, k=3,
                               sampling=SamplingParams(seed=seed, **sampling_kw)):
             out.extend(c.emitted)
             drafted += len(c.drafted)

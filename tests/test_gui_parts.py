@@ -12,7 +12,7 @@ from PySide6.QtCore import QObject, Signal
 from speculum import summarise
 from speculum.conversations import Conversation, ConversationStore, Message
 from speculum.documents import html_to_text
-from speculum.engine.cycle import Cycle
+from speculum.engine.cycle import Cycle, PolicyReport
 from speculum.ui import look
 from speculum.ui.answer import StagedCycle, answer_so_far, cycle_records, staged_cycles, with_stages
 from speculum.ui.speculation import SpeculationView, token_runs
@@ -88,7 +88,7 @@ def cycle(index, source, drafted, n_accepted, emitted, finish=None):
     return Cycle(index, source, len(drafted), drafted, [f"t{t}" for t in drafted], n_accepted, emitted,
                  [f"t{t}" for t in emitted], "".join(f"t{t}" for t in emitted),
                  p_drafted=[0.5] * len(drafted), p_emitted=[0.25] * len(emitted), verify_s=0.01,
-                 n_generated=0, finish=finish, policy={"source": source, "k": len(drafted)})
+                 n_generated=0, finish=finish, policy=PolicyReport(source, len(drafted)))
 
 
 def test_token_kinds_of_a_cycle():

@@ -24,7 +24,7 @@ import pytest
 import speculum
 from speculum.engine import rpc
 from speculum.engine.llama import LlamaModel, gpu_backend
-from speculum.engine.session import LoadOptions, load_decoder
+from speculum.engine.loading import LoadOptions, load_decoder
 from speculum.errors import SpeculumError
 from speculum.rpc_worker import exposure_warning
 from test_backend import QWEN_MAX_NOISE

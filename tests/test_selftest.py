@@ -95,7 +95,7 @@ def test_a_speculative_run_that_changes_the_output_fails(monkeypatch, smollm_pat
 
 
 def test_replay_reproduces_the_plain_runs_logits(smollm_path):
-    from speculum.engine.session import LoadOptions, load_decoder
+    from speculum.engine.loading import LoadOptions, load_decoder
 
     decoder = load_decoder(smollm_path, None, LoadOptions(n_ctx=selftest.N_CTX))
     try:

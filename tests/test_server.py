@@ -15,7 +15,7 @@ import pytest
 import uvicorn
 
 from speculum import cli
-from speculum.engine.session import LoadOptions, load_decoder
+from speculum.engine.loading import LoadOptions, load_decoder
 from speculum.server.api import create_app
 from speculum.server.service import ServedModel, StopSequences
 

@@ -7,6 +7,7 @@ same model), because shared machines are noisy.
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -16,6 +17,8 @@ from .documents import read_document
 from .engine.decoder import Decoder
 from .engine.prompts import build_messages
 from .engine.sampling import SamplingParams
+from .engine.stats import Stats
+from .engine.vocabulary import Mode, Source
 from .errors import SpeculumError
 
 DEFAULT_SUITE = "bench/default.jsonl"
@@ -56,56 +59,47 @@ def load_prompts(path: str | None = None) -> list[BenchPrompt]:
     return prompts
 
 
-def run_one(decoder: Decoder, prompt_tokens: list[int], mode: str, prompt: BenchPrompt,
-            max_tokens: int, k: int, fixed_k: bool = False) -> dict:
+def run_one(decoder: Decoder, prompt_tokens: list[int], mode: Mode, prompt: BenchPrompt,
+            max_tokens: int, k: int | None = None) -> Stats:
+    """One generation; its Stats."""
     sampling = SamplingParams(temperature=prompt.temperature, seed=prompt.seed)
-    last = None
-    for cycle in decoder.generate(prompt_tokens, max_tokens=max_tokens, sampling=sampling, policy=mode, k=k, fixed_k=fixed_k):
-        last = cycle
-    s = decoder.stats
-    return {"name": prompt.name, "mode": mode, "tokens": s.tokens, "seconds": s.seconds,
-            "passes": s.passes, "drafted": s.drafted, "accepted": s.accepted,
-            "overhead_s": s.overhead_s, "draft_s": s.draft_s, "verify_s": s.verify_s,
-            "finish": last.finish if last else None, "choices": dict(s.passes_by_source)}
+    for _ in decoder.generate(prompt_tokens, max_tokens=max_tokens, sampling=sampling, policy=mode, k=k):
+        pass
+    return decoder.stats
 
 
-def run_bench(decoder: Decoder, prompts: list[BenchPrompt], modes: list[str], max_tokens: int | None = None,
-              repeat: int = 1, k: int = 4, fixed_k: bool = False, progress: TextIO | None = None) -> list[dict]:
-    """Interleave modes per prompt and repetition; aggregate per (prompt, mode)."""
-    if decoder.model_drafter is None:
-        modes = [m for m in modes if m != "draft"]
-    totals: dict[tuple[str, str], dict] = {}
+def run_bench(decoder: Decoder, prompts: list[BenchPrompt], modes: list[Mode], max_tokens: int | None = None,
+              repeat: int = 1, k: int | None = None, progress: TextIO | None = None) -> list[dict]:
+    """Interleave modes per prompt and repetition; per (prompt, mode) the median tokens/s of
+    the repeats, and the other figures over all of them."""
+    if Source.MODEL not in decoder.drafters:
+        modes = [m for m in modes if m != Mode.DRAFT]
+    merged: dict[tuple[str, Mode], Stats] = {}
+    rates: dict[tuple[str, Mode], list[float]] = {}
     tokenized = {p.name: decoder.target.tokenize(decoder.target.apply_chat_template(p.messages())) for p in prompts}
     # Warm-up: the first decode after loading is slower (page faults, thread start).
-    list(decoder.generate(tokenized[prompts[0].name], max_tokens=4, policy="off"))
+    list(decoder.generate(tokenized[prompts[0].name], max_tokens=4, policy=Mode.OFF))
     for r in range(repeat):
         for p in prompts:
             for mode in modes:
-                res = run_one(decoder, tokenized[p.name], mode, p, max_tokens or p.max_tokens, k, fixed_k)
+                stats = run_one(decoder, tokenized[p.name], mode, p, max_tokens or p.max_tokens, k)
                 if progress:
-                    rate = res["tokens"] / res["seconds"] if res["seconds"] else 0
-                    progress.write(f"[{r + 1}/{repeat}] {p.name:<22} {mode:<7} {rate:6.1f} tok/s\n")
+                    progress.write(f"[{r + 1}/{repeat}] {p.name:<22} {mode:<7} {stats.tokens_per_s:6.1f} tok/s\n")
                     progress.flush()
-                agg = totals.setdefault((p.name, mode), {k2: 0 for k2 in res
-                                                          if k2 not in ("name", "mode", "finish", "choices")})
-                for key in agg:
-                    agg[key] += res[key]
-                choices = agg.setdefault("choices", {})
-                for source, n in res["choices"].items():
-                    choices[source] = choices.get(source, 0) + n
+                merged.setdefault((p.name, mode), Stats()).merge(stats)
+                rates.setdefault((p.name, mode), []).append(stats.tokens_per_s)
     results = []
-    for (name, mode), a in totals.items():
+    for (name, mode), s in merged.items():
         results.append({
-            "name": name, "mode": mode, "tokens": a["tokens"] // repeat,
-            "tokens_per_s": round(a["tokens"] / a["seconds"], 3) if a["seconds"] else 0.0,
-            "acceptance_rate": round(a["accepted"] / a["drafted"], 4) if a["drafted"] else 0.0,
-            "tokens_per_pass": round(a["tokens"] / a["passes"], 4) if a["passes"] else 0.0,
-            "overhead_ms_per_cycle": round(1000 * a["overhead_s"] / a["passes"], 4) if a["passes"] else 0.0,
-            "draft_share": round(a["draft_s"] / a["seconds"], 4) if a["seconds"] else 0.0,
-            # What the policy chose: share of target passes per drafter ("none" = plain step).
-            "choices": {src: round(n / a["passes"], 3) for src, n in sorted(a["choices"].items())},
+            "name": name, "mode": mode, "tokens": s.tokens // repeat,
+            "tokens_per_s": round(statistics.median(rates[name, mode]), 3),
+            "acceptance_rate": round(s.acceptance_rate, 4),
+            "tokens_per_pass": round(s.tokens_per_pass, 4),
+            "overhead_ms_per_cycle": round(s.overhead_ms_per_cycle, 4),
+            "draft_share": round(s.draft_share, 4),
+            "choices": {source: round(share, 3) for source, share in s.choices.items()},
         })
-    off = {r["name"]: r["tokens_per_s"] for r in results if r["mode"] == "off"}
+    off = {r["name"]: r["tokens_per_s"] for r in results if r["mode"] == Mode.OFF}
     for r in results:
         base = off.get(r["name"])
         r["speedup_vs_off"] = round(r["tokens_per_s"] / base, 3) if base else None
@@ -118,7 +112,7 @@ def print_table(results: list[dict], out: TextIO) -> None:
     out.write(head + "\n" + "-" * len(head) + "\n")
     for r in results:
         sp = f"{r['speedup_vs_off']:.2f}x" if r["speedup_vs_off"] is not None else "-"
-        acc = f"{100 * r['acceptance_rate']:.0f}%" if r["mode"] != "off" else "-"
+        acc = f"{100 * r['acceptance_rate']:.0f}%" if r["mode"] != Mode.OFF else "-"
         out.write(f"{r['name']:<22} {r['mode']:<7} {r['tokens']:>6} {r['tokens_per_s']:>7.1f} {acc:>7} "
                   f"{r['tokens_per_pass']:>8.2f} {r['overhead_ms_per_cycle']:>7.3f} {sp:>7}  "
                   + " ".join(f"{src} {100 * share:.0f}%" for src, share in r["choices"].items()) + "\n")

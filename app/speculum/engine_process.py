@@ -62,7 +62,7 @@ def _crash() -> None:
 def _engine_main(conn, stop, cancel_load) -> None:
     """The engine process: run commands until told to quit or the window's end of the pipe closes."""
     from .engine import llama, profiles, threads
-    from .engine.session import LoadOptions
+    from .engine.loading import LoadOptions
     from .runner import EngineRunner
 
     crash_at = os.environ.get(CRASH_SWITCH, "")

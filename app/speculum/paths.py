@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -80,8 +81,6 @@ def set_aside(path: Path, why: str, keep_original: bool = False) -> None:
 
     ``keep_original``: the valid part of the file is still in use, so copy rather than move.
     """
-    import shutil
-
     bad = path.with_name(path.name + ".bad")
     try:
         if keep_original:

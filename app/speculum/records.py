@@ -7,6 +7,7 @@ reported in plain words, never passed on to code that would fail on it later.
 
 from __future__ import annotations
 
+import enum
 import math
 import types
 import typing
@@ -58,6 +59,12 @@ def checked(value, hint):
     elif hint is str:
         if isinstance(value, str):
             return value
+    elif isinstance(hint, type) and issubclass(hint, enum.Enum):
+        if isinstance(value, str):
+            try:
+                return hint(value)
+            except ValueError:
+                return value  # a word a newer version wrote (a drafter this one lacks): kept as text
     elif hint is list or origin is list:
         if isinstance(value, list):
             try:

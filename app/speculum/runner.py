@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from . import summarise
-from .engine.session import LoadOptions, load_decoder
+from .engine.loading import LoadOptions, load_decoder
 from .engine.sampling import SamplingParams
 from .engine.stats import Stats
 from .errors import SpeculumError
@@ -78,12 +78,12 @@ class GenerationResult:
 
 def snapshot_of(stats, cycle, plain_tokens_per_s: float | None, prompt_total: int = 0) -> StatsSnapshot:
     """Stats after ``cycle``; the speedup comes from the policy's estimate when it gives one."""
-    policy = dict(cycle.policy or {})
+    policy = cycle.policy
     speedup, source = None, ""
-    if policy.get("expected_speedup"):
-        speedup, source = float(policy["expected_speedup"]), "policy estimate"
+    if policy is not None and policy.expected_speedup:
+        speedup, source = float(policy.expected_speedup), "policy estimate"
     else:
-        plain = policy.get("plain_tokens_per_s") or plain_tokens_per_s
+        plain = (policy.plain_tokens_per_s if policy is not None else None) or plain_tokens_per_s
         if plain and stats.tokens_per_s:
             speedup, source = stats.tokens_per_s / plain, "measured"
     return StatsSnapshot(
@@ -96,7 +96,7 @@ def snapshot_of(stats, cycle, plain_tokens_per_s: float | None, prompt_total: in
         drafted=stats.drafted,
         speedup=speedup,
         speedup_source=source,
-        policy=policy,
+        policy=policy.to_json() if policy is not None else {},
         prompt_tokens=stats.prompt_tokens,
         prompt_total=prompt_total,
         # The prompt's last token is decoded with the first cycle, so it is neither.
@@ -257,7 +257,7 @@ class EngineRunner:
         self._prompt_total = len(prompt)
         sampling = SamplingParams(temperature=request.temperature, top_p=request.top_p)
         return self.decoder.generate(prompt, max_tokens=request.max_tokens, sampling=sampling,
-                                     policy=request.mode, k=request.k or 4, fixed_k=request.k > 0,
+                                     policy=request.mode, k=request.k or None,
                                      stop=self.stop, want_probs=True)
 
     def _follow(self, request: GenerationRequest, steps, on_cycle) -> GenerationResult:

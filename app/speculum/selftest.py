@@ -27,15 +27,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence, TextIO
 
+import speculum
+
 from . import __version__
+from .engine.vocabulary import Mode
 from .errors import SpeculumError
+from .models.gguf import check_gguf_file
 
 # Asks the model to copy: greedy small models then repeat n-grams of the prompt, which is
 # what prompt lookup drafts from, so the speculative run really verifies multi-token drafts.
 PROMPT = ("Copy this list exactly, one item per line, and nothing else: apple, banana, cherry, "
           "date, elderberry, fig, grape, honeydew, kiwi, lemon, mango, nectarine, orange, papaya.")
 MAX_TOKENS = 64
-DRAFT_K = 4
 N_CTX = 1024
 
 # Largest logit difference measured between batch shapes on CPU (design.md, "Numerics").
@@ -49,7 +52,7 @@ IDENTICAL, TIE, MISMATCH = "identical", "numerical tie", "mismatch"
 
 @dataclass
 class Run:
-    mode: str
+    mode: Mode
     tokens: list[int]
     text: str
     tokens_per_s: float
@@ -90,8 +93,6 @@ def speculum_modules() -> list[str]:
 
     Inside a bundle this proves PyInstaller collected them (and what they import).
     """
-    import speculum
-
     names: list[str] = []
 
     def walk(path: Sequence[str], prefix: str) -> None:
@@ -134,10 +135,10 @@ def compare(plain: Sequence[int], speculative: Sequence[int],
     return Verdict(MISMATCH, i, detail)
 
 
-def _generate(decoder, prompt: list[int], mode: str) -> Run:
+def _generate(decoder, prompt: list[int], mode: Mode) -> Run:
     tokens: list[int] = []
     text: list[str] = []
-    for cycle in decoder.generate(prompt, max_tokens=MAX_TOKENS, policy=mode, k=DRAFT_K):
+    for cycle in decoder.generate(prompt, max_tokens=MAX_TOKENS, policy=mode):
         tokens.extend(cycle.emitted)
         text.append(cycle.text)
     stats = decoder.stats
@@ -166,7 +167,7 @@ def _replay_plain(target, prompt: list[int], plain: list[int]) -> Callable[[int]
 def run_self_test(model_path: str | Path) -> SelfTestResult:
     """Load, generate twice, compare. Raises SpeculumError for a missing or bad model."""
     from .engine.llama import gpu_backend
-    from .engine.session import LoadOptions, load_decoder
+    from .engine.loading import LoadOptions, load_decoder
 
     modules = speculum_modules()
     path = Path(model_path).expanduser()
@@ -174,8 +175,8 @@ def run_self_test(model_path: str | Path) -> SelfTestResult:
     target = decoder.target
     try:
         prompt = target.tokenize(target.apply_chat_template([{"role": "user", "content": PROMPT}]))
-        plain = _generate(decoder, prompt, "off")
-        speculative = _generate(decoder, prompt, "lookup")
+        plain = _generate(decoder, prompt, Mode.OFF)
+        speculative = _generate(decoder, prompt, Mode.LOOKUP)
         # Last: replaying moves the KV cache under the decoder, which is not used after this.
         verdict = compare(plain.tokens, speculative.tokens, _replay_plain(target, prompt, plain.tokens))
         notes = []
@@ -222,8 +223,6 @@ def report(result: SelfTestResult, out: TextIO) -> None:
 
 def self_test(model_path: str | Path, out: TextIO | None = None) -> int:
     """The CLI's --self-test: 0 on success, 1 on failure; SpeculumError (exit 2) for a bad model."""
-    from .models.gguf import check_gguf_file
-
     out = out or sys.stdout
     check_gguf_file(Path(model_path).expanduser())  # a missing or foreign file: one line, exit 2
     where = "bundle" if getattr(sys, "frozen", False) else "installed"

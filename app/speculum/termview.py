@@ -6,8 +6,9 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
-from .engine.cycle import Cycle
+from .engine.cycle import Cycle, PolicyReport
 from .engine.stats import Stats
+from .engine.vocabulary import Finish
 
 GREEN = "\x1b[32m"
 RED_STRUCK = "\x1b[9;31m"
@@ -44,17 +45,18 @@ class TerminalView:
             self.out.write("".join(parts))
         self.out.flush()
 
-    def summary(self, stats: Stats, finish: str | None, message: str = "", policy: dict | None = None) -> None:
+    def summary(self, stats: Stats, finish: Finish | None, message: str = "",
+                policy: PolicyReport | None = None) -> None:
         line = (f"{stats.tokens} tokens, {stats.tokens_per_s:.1f} tok/s, "
                 f"acceptance {100 * stats.acceptance_rate:.0f}% "
                 f"({stats.accepted}/{stats.drafted}), {stats.tokens_per_pass:.2f} tokens/pass, "
                 f"overhead {stats.overhead_ms_per_cycle:.2f} ms/cycle, ended: {finish}")
         if stats.passes_by_source:
             line += "\npasses: " + ", ".join(f"{src} {n}" for src, n in sorted(stats.passes_by_source.items()))
-        if policy and "plain_tokens_per_s" in policy:
-            line += (f"; policy now: {policy.get('source')} k={policy.get('k')}, plain decoding "
-                     f"~{policy['plain_tokens_per_s']:.1f} tok/s here, verify cost by batch "
-                     + " ".join(f"{n}:{c:.2f}x" for n, c in policy.get("verify_cost", {}).items()))
+        if policy is not None and policy.plain_tokens_per_s is not None:
+            line += (f"; policy now: {policy.source} k={policy.k}, plain decoding "
+                     f"~{policy.plain_tokens_per_s:.1f} tok/s here, verify cost by batch "
+                     + " ".join(f"{n}:{c:.2f}x" for n, c in (policy.verify_cost or {}).items()))
         self.out.write("\n")
         if message:
             self.out.write(message + "\n")

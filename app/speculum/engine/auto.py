@@ -21,21 +21,19 @@ import hashlib
 import json
 import platform
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Mapping, Sequence
 
 from .. import paths
-from .cycle import Cycle
-from .drafters import LOOKUP, MODEL, NONE
-from .policy import Choice
+from .backend import Backend
+from .costs import MAX_BATCH, CostModel
+from .cycle import PolicyReport
+from .drafters import Choice, Draft, Drafter
+from .vocabulary import Mode, Source
 
 MAX_K = 15  # lookup drafts are nearly free to make: long copies can pay
 MAX_K_MODEL = 8
-MAX_BATCH = 16
-# Batch sizes measured once per machine and pair: CPU kernels make some sizes cheaper
-# than smaller ones (4 rows at once with repacked weights), so no curve is assumed.
-CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16)
 DECAY = 0.8  # per observation: old evidence fades, a collapse shows within a few cycles
 CONFIDENCE_BINS = 10
 # Now and then the runner-up is tried even if the cost model says no: a load spike
@@ -74,67 +72,6 @@ class Rate:
         return self.accepted + self.rejected
 
 
-@dataclass
-class CostModel:
-    """Seconds per target pass by batch size, and per draft-model token."""
-
-    verify_s: dict[int, float] = field(default_factory=dict)
-    draft_first_s: float | None = None
-    draft_step_s: float | None = None
-    lookup_s: float = 2e-5
-    gpu: bool = False
-
-    # A pass the OS preempted can take 10x longer; clipping keeps one hiccup from
-    # steering several cycles, while a real slowdown still shows within a few passes.
-    def observe_verify(self, n: int, seconds: float) -> None:
-        self.verify_s[n] = _ema(self.verify_s.get(n), seconds)
-
-    def observe_draft(self, k: int, seconds: float, first_s: float) -> None:
-        self.draft_first_s = _ema(self.draft_first_s, first_s)
-        if k > 1:
-            self.draft_step_s = _ema(self.draft_step_s, (seconds - first_s) / (k - 1))
-
-    def draft(self, k: int) -> float:
-        """Seconds for the draft model to propose k tokens."""
-        first = self.draft_first_s if self.draft_first_s is not None else 0.6 * self.verify(1)
-        step = self.draft_step_s if self.draft_step_s is not None else 0.4 * self.verify(1)
-        return first + (k - 1) * step
-
-    def verify(self, n: int) -> float:
-        if n in self.verify_s:
-            return self.verify_s[n]
-        known = sorted(self.verify_s.items())
-        if not known:
-            return 0.05 * (1 + (0.05 if self.gpu else 0.5) * (n - 1))
-        # Linear in the batch size between / beyond the measured sizes; never cheaper than one fewer.
-        lower = [(k, v) for k, v in known if k < n]
-        upper = [(k, v) for k, v in known if k > n]
-        if lower and upper:
-            (k0, v0), (k1, v1) = lower[-1], upper[0]
-            return v0 + (v1 - v0) * (n - k0) / (k1 - k0)
-        if len(known) >= 2:
-            (k0, v0), (k1, v1) = (known[-2], known[-1]) if lower else (known[0], known[1])
-            slope = max((v1 - v0) / (k1 - k0), 0.0)
-            base_k, base_v = (k1, v1) if lower else (k0, v0)
-            return max(base_v + slope * (n - base_k), base_v if n > base_k else 0.0)
-        k0, v0 = known[0]
-        per = v0 / (1 + (0.05 if self.gpu else 0.5) * (k0 - 1))
-        return per * (1 + (0.05 if self.gpu else 0.5) * (n - 1))
-
-    def to_json(self) -> dict:
-        return {"verify_s": {str(k): v for k, v in self.verify_s.items()}, "draft_first_s": self.draft_first_s,
-                "draft_step_s": self.draft_step_s, "gpu": self.gpu}
-
-    @classmethod
-    def from_json(cls, d: dict) -> "CostModel":
-        return cls({int(k): float(v) for k, v in d.get("verify_s", {}).items()}, d.get("draft_first_s"),
-                   d.get("draft_step_s"), gpu=bool(d.get("gpu", False)))
-
-
-def _ema(old: float | None, new: float) -> float:
-    return new if old is None else 0.8 * old + 0.2 * min(new, 3 * old)
-
-
 def chained(rates: Sequence[Rate]) -> list[float]:
     """Acceptance per position; a position with little evidence leans on the one before it
     (after a run of accepted copies the next is usually right too)."""
@@ -154,44 +91,51 @@ def expected_tokens(rates: Sequence[float]) -> float:
 
 
 class AutoPolicy:
-    """Picks (drafter, k) per cycle by expected tokens per second; k = 0 when nothing pays."""
+    """Picks (drafter, k) per cycle by expected tokens per second; k = 0 when nothing pays.
 
-    def __init__(self, decoder, allowed: Sequence[str] = (MODEL, LOOKUP), min_k: int = 0,
-                 store: Path | None = None, clock=time.perf_counter):
-        self.decoder = decoder
-        self.allowed = [s for s in allowed if decoder.drafter(s) is not None]
-        self.min_k = min_k  # forced modes keep drafting; auto may choose plain decoding
+    Its inputs are narrow: the drafters it may choose from, the compute backend's name,
+    a clock and a file to remember costs and acceptance in; ``calibrated`` hands it the
+    costs the decoder measured.
+    """
+
+    # auto: any drafter or none; draft / lookup: that drafter only, always drafting.
+    MODE_SOURCES = {Mode.AUTO: (Source.MODEL, Source.LOOKUP), Mode.DRAFT: (Source.MODEL,),
+                    Mode.LOOKUP: (Source.LOOKUP,)}
+
+    def __init__(self, drafters: Mapping[Source, Drafter], mode: Mode = Mode.AUTO, backend: str = "CPU",
+                 store: Path | None = None, clock: Callable[[], float] = time.perf_counter):
+        self.mode = Mode(mode)
+        self.sources = [s for s in self.MODE_SOURCES[self.mode] if s in drafters]
+        self.lookup = drafters.get(Source.LOOKUP)
+        self.min_k = 0 if self.mode == Mode.AUTO else 1  # forced modes keep drafting; auto may choose plain decoding
         self.store = store
         self.clock = clock
-        gpu = getattr(getattr(decoder.target, "facts", None), "backend", "CPU") != "CPU"
-        self.costs = CostModel(gpu=gpu)
+        self.costs = CostModel(gpu=backend != "CPU")
         self.model_rates = [Rate(prior=0.6) for _ in range(MAX_K_MODEL)]
         # Lookup acceptance by n-gram match length (1..max) and position.
         # Priors from the default bench suite: 1- and 2-token matches are right ~20% and
         # ~35% of the time; the longest matches are where copying pays, so they start
         # optimistic and are tried at once (a miss is learned within a few cycles).
-        n_max = decoder.lookup.max_ngram
+        n_max = self.lookup.max_ngram if self.lookup is not None else 3
         self.lookup_rates = {n: [Rate(prior=0.7 if n == n_max else 0.05 + 0.15 * n) for _ in range(MAX_K)]
                              for n in range(1, n_max + 1)}
         # Draft-model acceptance by its own confidence, to tune the early-stop threshold.
         self.confidence_rates = [Rate(prior=(i + 0.5) / CONFIDENCE_BINS) for i in range(CONFIDENCE_BINS)]
         self.min_confidence = 0.0
-        self.last: Choice = Choice(NONE, 0)
+        self.last: Choice = Choice(Source.NONE, 0)
         self.last_estimate: dict = {}
         self.cycles_since_explore = 0
-        self.mode = "auto"
         self._load()
 
-    # -- construction ---------------------------------------------------------------------
+    # -- costs ----------------------------------------------------------------------------
 
-    @classmethod
-    def for_decoder(cls, decoder, mode: str = "auto") -> "AutoPolicy":
-        """auto: any drafter or none; draft / lookup: that drafter only, always drafting."""
-        allowed = {"auto": (MODEL, LOOKUP), "draft": (MODEL,), "lookup": (LOOKUP,)}[mode]
-        policy = cls(decoder, allowed, min_k=0 if mode == "auto" else 1, store=default_store(decoder),
-                     clock=decoder.clock)
-        policy.mode = mode
-        return policy
+    @property
+    def needs_calibration(self) -> bool:
+        """Once per machine and pair: a remembered cost model is not measured again."""
+        return not self.costs.calibrated
+
+    def calibrated(self, measured: CostModel) -> None:
+        self.costs.update(measured)
 
     # -- choosing -------------------------------------------------------------------------
 
@@ -203,26 +147,26 @@ class AutoPolicy:
         c = self.costs
         options = []
         if self.min_k == 0:
-            options.append((1.0 / c.verify(1), Choice(NONE, 0), 1.0))
-        if LOOKUP in self.allowed:
-            end, n = self.decoder.lookup.match(context)
-            if n > 0:
-                available = len(self.decoder.lookup.tokens) - end - 1
-                rates = chained(self.lookup_rates[n])
-                for k in range(1, min(MAX_K, available, MAX_BATCH - 1) + 1):
+            options.append((1.0 / c.verify(1), Choice(Source.NONE, 0), 1.0))
+        if Source.LOOKUP in self.sources:
+            match = self.lookup.match(context)
+            if match.length > 0:
+                rates = chained(self.lookup_rates[match.length])
+                for k in range(1, min(MAX_K, match.available, MAX_BATCH - 1) + 1):
                     e = expected_tokens(rates[:k])
-                    options.append((e / (c.verify(k + 1) + c.lookup_s), Choice(LOOKUP, k, min_match=n), e))
-        if MODEL in self.allowed:
+                    options.append((e / (c.verify(k + 1) + c.lookup_s),
+                                    Choice(Source.LOOKUP, k, min_match=match.length), e))
+        if Source.MODEL in self.sources:
             rates = chained(self.model_rates)
             for k in range(1, min(MAX_K_MODEL, MAX_BATCH - 1) + 1):
                 e = expected_tokens(rates[:k])
-                options.append((e / (c.verify(k + 1) + c.draft(k)), Choice(MODEL, k, self.min_confidence), e))
+                options.append((e / (c.verify(k + 1) + c.draft(k)), Choice(Source.MODEL, k, self.min_confidence), e))
         return options
 
     def choose(self, context: Sequence[int] = ()) -> Choice:
         options = self._options(context)
         if not options:  # forced lookup with no match: a plain step
-            self.last = Choice(NONE, 0)
+            self.last = Choice(Source.NONE, 0)
             self.last_estimate = {"expected_tokens_per_s": round(self.plain_tokens_per_s(), 2)}
             return self.last
         options.sort(key=lambda o: o[0], reverse=True)
@@ -234,45 +178,45 @@ class AutoPolicy:
             if runner is not None:
                 self.cycles_since_explore = 0
                 speed, choice, e = runner
-        if choice.source == MODEL:
+        if choice.source == Source.MODEL:
             # Hybrid: a confident lookup match goes first, the model drafts when it has none.
-            look = [o for o in options if o[1].source == LOOKUP]
+            look = [o for o in options if o[1].source == Source.LOOKUP]
             if look:
                 best_look = max(look, key=lambda o: o[0])
                 if best_look[0] >= 0.9 * speed:
                     speed, choice, e = best_look
-                    choice = Choice(LOOKUP, choice.k, min_match=choice.min_match, fallback=MODEL)
+                    choice = Choice(Source.LOOKUP, choice.k, min_match=choice.min_match, fallback=Source.MODEL)
         self.last = choice
         self.last_estimate = {"expected_tokens_per_s": round(speed, 2), "expected_tokens_per_pass": round(e, 3)}
         return choice
 
     # -- learning -------------------------------------------------------------------------
 
-    def observe(self, cycle: Cycle) -> None:
-        n = 1 + len(cycle.drafted)
-        if n <= MAX_BATCH and cycle.verify_s > 0:
-            self.costs.observe_verify(n, cycle.verify_s)
-        if not cycle.drafted:
+    def observe(self, draft: Draft, n_accepted: int, draft_s: float, verify_s: float) -> None:
+        n = 1 + len(draft.tokens)
+        if n <= MAX_BATCH and verify_s > 0:
+            self.costs.observe_verify(n, verify_s)
+        if not draft.tokens:
             return
-        if cycle.source == MODEL:
-            self.costs.observe_draft(len(cycle.drafted), cycle.draft_s, cycle.draft_first_s or cycle.draft_s)
+        if draft.source == Source.MODEL:
+            self.costs.observe_draft(len(draft.tokens), draft_s, draft.first_s or draft_s)
             rates = self.model_rates
         else:
-            self.costs.lookup_s = 0.8 * self.costs.lookup_s + 0.2 * cycle.draft_s
-            match = max(1, min(cycle.match_length, len(self.lookup_rates)))
+            self.costs.lookup_s = 0.8 * self.costs.lookup_s + 0.2 * draft_s
+            match = max(1, min(draft.match_length, len(self.lookup_rates)))
             rates = self.lookup_rates[match]
-        seen = min(len(cycle.drafted), cycle.n_accepted + 1, len(rates))
+        seen = min(len(draft.tokens), n_accepted + 1, len(rates))
         for i, rate in enumerate(rates):
             if i < seen:
-                rate.observe(i < cycle.n_accepted)
+                rate.observe(i < n_accepted)
             else:  # unseen positions forget too, so an old low estimate cannot trap k short
                 rate.forget()
-        if cycle.source == MODEL and cycle.draft_confidence:
-            self._tune_confidence(cycle)
+        if draft.source == Source.MODEL and draft.confidence:
+            self._tune_confidence(draft.confidence, n_accepted)
 
-    def _tune_confidence(self, cycle: Cycle) -> None:
-        for i, c in enumerate(cycle.draft_confidence[: cycle.n_accepted + 1]):
-            self.confidence_rates[min(int(c * CONFIDENCE_BINS), CONFIDENCE_BINS - 1)].observe(i < cycle.n_accepted)
+    def _tune_confidence(self, confidence: Sequence[float], n_accepted: int) -> None:
+        for i, c in enumerate(confidence[: n_accepted + 1]):
+            self.confidence_rates[min(int(c * CONFIDENCE_BINS), CONFIDENCE_BINS - 1)].observe(i < n_accepted)
         # Stop drafting where one more token is expected to cost more than it returns:
         # it returns a(c) tokens for (T_draft + dT_verify) seconds, vs plain speed.
         c = self.costs
@@ -284,21 +228,22 @@ class AutoPolicy:
         else:
             self.min_confidence = 1.0
 
-    def describe(self) -> dict:
+    def report(self) -> PolicyReport:
         c = self.last
         plain = self.plain_tokens_per_s()
-        d = {"source": c.source if c.k else NONE, "k": c.k, "mode": self.mode,
-             "plain_tokens_per_s": round(plain, 2),
-             "verify_cost": {n: round(self.costs.verify(n) / self.costs.verify(1), 3) for n in (2, 3, 5, 9)},
-             "draft_cost": {k: round(self.costs.draft(k) / self.costs.verify(1), 3) for k in (1, 3)},
-             "model_acceptance": [round(r.value, 3) for r in self.model_rates[:4]],
-             "min_confidence": round(self.min_confidence, 2), **self.last_estimate}
-        if c.source == LOOKUP:
-            d["lookup_match"] = c.min_match
-        exp = self.last_estimate.get("expected_tokens_per_s")
-        if exp:
-            d["expected_speedup"] = round(exp / plain, 3)
-        return d
+        expected = self.last_estimate.get("expected_tokens_per_s")
+        return PolicyReport(
+            source=c.source if c.k else Source.NONE, k=c.k, mode=self.mode,
+            plain_tokens_per_s=round(plain, 2),
+            verify_cost={n: round(self.costs.verify(n) / self.costs.verify(1), 3) for n in (2, 3, 5, 9)},
+            draft_cost={k: round(self.costs.draft(k) / self.costs.verify(1), 3) for k in (1, 3)},
+            model_acceptance=[round(r.value, 3) for r in self.model_rates[:4]],
+            min_confidence=round(self.min_confidence, 2),
+            expected_tokens_per_s=expected,
+            expected_tokens_per_pass=self.last_estimate.get("expected_tokens_per_pass"),
+            lookup_match=c.min_match if c.source == Source.LOOKUP else None,
+            expected_speedup=round(expected / plain, 3) if expected else None,
+        )
 
     # -- memory between runs --------------------------------------------------------------
 
@@ -329,47 +274,18 @@ class AutoPolicy:
     def finish(self) -> None:
         self.save()
 
-    def prepare(self, sequence, last_token: int) -> None:
-        """Measure pass time by batch size once per machine and pair, before the first cycle."""
-        if all(n in self.costs.verify_s for n in CALIBRATION_SIZES[:6]):
-            return
-        model = sequence.model
 
-        def timed(seq, tokens: list[int]) -> float:
-            keep = len(seq.tokens)
-            t = self.clock()
-            seq.decode(tokens, rows=range(len(tokens)))
-            seconds = self.clock() - t
-            seq.trim(keep)
-            return seconds
-
-        timed(sequence, [last_token])  # warm-up: the first pass after loading pages weights in
-        sizes = [n for n in CALIBRATION_SIZES if model.n_past + n <= model.n_ctx]
-        best: dict[int, float] = {}
-        for _ in range(3):  # rounds across all sizes: a passing hiccup spoils one sample, not a size
-            for n in sizes:
-                best[n] = min(best.get(n, float("inf")), timed(sequence, [last_token] * n))
-        self.costs.verify_s.update(best)
-        draft = self.decoder.model_drafter
-        if getattr(draft, "sequence", None) is not None and MODEL in self.allowed:
-            if draft.model.n_past + 2 <= draft.model.n_ctx:
-                timed(draft.sequence, [last_token])
-                # A cycle's first draft token follows a catch-up on ~2 new tokens.
-                self.costs.draft_first_s = min(timed(draft.sequence, [last_token] * 2) for _ in range(2))
-                self.costs.draft_step_s = min(timed(draft.sequence, [last_token]) for _ in range(3))
-
-
-def default_store(decoder) -> Path | None:
+def default_store(target: Backend, draft: Backend | None) -> Path | None:
     """One small file per model pair and machine under the user data folder."""
-    target = getattr(decoder.target, "path", None)
-    if target is None:
+    target_path = getattr(target, "path", None)
+    if target_path is None:
         return None
-    draft = getattr(decoder.draft, "path", None)
-    facts = getattr(decoder.target, "facts", None)
+    draft_path = getattr(draft, "path", None)
+    facts = getattr(target, "facts", None)
     ident = "|".join([
-        Path(target).name, str(Path(target).stat().st_size),
-        Path(draft).name if draft else "-", str(Path(draft).stat().st_size) if draft else "-",
+        Path(target_path).name, str(Path(target_path).stat().st_size),
+        Path(draft_path).name if draft_path else "-", str(Path(draft_path).stat().st_size) if draft_path else "-",
         platform.node(), platform.machine(), getattr(facts, "backend", "?"),
-        str(getattr(decoder.target, "n_threads", "?")),
+        str(getattr(target, "n_threads", "?")),
     ])
     return paths.data_dir() / "policy" / (hashlib.sha1(ident.encode()).hexdigest()[:16] + ".json")

@@ -2,21 +2,65 @@
 
 from __future__ import annotations
 
-from dataclasses import MISSING, asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 
 from ..records import RecordError, field_types, typed_fields, zero
 
-# Why a generation ended.
-EOG = "eog"
-MAX_TOKENS = "max_tokens"
-STOPPED = "stopped"
-CONTEXT_FULL = "context_full"
+from .vocabulary import Finish, Mode, Source
+
+
+@dataclass(frozen=True)
+class PolicyReport:
+    """The policy's choice for a cycle and, in the measured modes, its estimates.
+
+    Serialises to the dict ``Cycle.policy`` always held: an estimate the policy did not
+    give is left out, not written as null.
+    """
+
+    source: Source
+    k: int
+    mode: Mode | None = None
+    plain_tokens_per_s: float | None = None
+    verify_cost: dict[int, float] | None = None  # pass time with n tokens, in single steps
+    draft_cost: dict[int, float] | None = None  # draft model time for k tokens, in single steps
+    model_acceptance: list[float] | None = None  # per draft position
+    min_confidence: float | None = None
+    expected_tokens_per_s: float | None = None
+    expected_tokens_per_pass: float | None = None
+    lookup_match: int | None = None
+    expected_speedup: float | None = None
+
+    def to_json(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "PolicyReport":
+        """From ``to_json`` output, or from the dict an older version stored."""
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in d.items() if k in known}
+        values.setdefault("source", Source.NONE)
+        values.setdefault("k", 0)
+        values["source"] = _word(Source, values["source"])
+        if values.get("mode") is not None:
+            values["mode"] = _word(Mode, values["mode"])
+        for cost in ("verify_cost", "draft_cost"):  # JSON object keys come back as strings
+            if isinstance(values.get(cost), dict):
+                values[cost] = {int(n): c for n, c in values[cost].items()}
+        return cls(**values)
+
+
+def _word(enum, value):
+    """The member for a stored string; an unknown string (a newer drafter) stays as it is."""
+    try:
+        return enum(value)
+    except ValueError:
+        return value
 
 
 @dataclass
 class Cycle:
     index: int
-    source: str  # drafter that proposed: "model", "lookup" or "none" (a plain step)
+    source: Source  # drafter that proposed; Source.NONE for a plain step
     k: int  # draft length the policy asked for
     drafted: list[int]
     drafted_text: list[str]
@@ -33,9 +77,9 @@ class Cycle:
     verify_s: float = 0.0
     overhead_s: float = 0.0
     n_generated: int = 0  # tokens generated up to and including this cycle
-    finish: str | None = None
+    finish: Finish | None = None
     message: str = ""  # plain words for the user when the generation ended early
-    policy: dict = field(default_factory=dict)  # the policy's choice and estimates
+    policy: PolicyReport | None = None  # the policy's choice and estimates
 
     @property
     def rejected(self) -> list[int]:
@@ -52,6 +96,7 @@ class Cycle:
 
     def to_json(self) -> dict:
         d = asdict(self)
+        d["policy"] = self.policy.to_json() if self.policy is not None else {}
         d["rejected"] = self.rejected
         return d
 
@@ -59,15 +104,22 @@ class Cycle:
     def from_json(cls, d: dict) -> "Cycle":
         """A stored cycle. A field an older version did not write takes its empty value, so a
         new field never breaks old conversations; a field of the wrong type, or counts that
-        disagree, raise RecordError: a damaged record is refused whole, never half drawn."""
+        disagree, raise RecordError: a damaged record is refused whole, never half drawn.
+        Words a newer version wrote (a drafter this one does not know) stay as strings."""
         if not isinstance(d, dict):
             raise RecordError("a stored cycle is not an object")
-        kept, problems = typed_fields(cls, d)
+        kept, problems = typed_fields(cls, {k: v for k, v in d.items() if k != "policy"})
         if problems:
             raise RecordError("a stored cycle's " + "; ".join(problems))
         for name, spec in cls.__dataclass_fields__.items():
             if name not in kept and spec.default is MISSING and spec.default_factory is MISSING:
-                kept[name] = zero(field_types(cls)[name])
+                kept[name] = Source.NONE if name == "source" else zero(field_types(cls)[name])
+        policy = d.get("policy")
+        if isinstance(policy, dict) and policy:
+            try:
+                kept["policy"] = PolicyReport.from_json(policy)
+            except (TypeError, ValueError):
+                raise RecordError("a stored cycle's policy report is damaged") from None
         cycle = cls(**kept)
         if not 0 <= cycle.n_accepted <= len(cycle.drafted) or len(cycle.drafted_text) > len(cycle.drafted):
             raise RecordError("a stored cycle's counts disagree (more accepted or drafted text than drafted)")

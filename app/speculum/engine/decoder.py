@@ -7,6 +7,7 @@ target's own token; the target's KV cache is trimmed to what was kept.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from typing import Iterator, Sequence
@@ -14,13 +15,16 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from ..errors import ContextFullError
+from .auto import AutoPolicy, default_store
 from .backend import Backend, CachedSequence
-from .cycle import CONTEXT_FULL, EOG, MAX_TOKENS, STOPPED, Cycle
-from .drafters import LOOKUP, MODEL, NONE, Draft, ModelDrafter, PromptLookup
-from .policy import Choice, FixedPolicy, Policy
+from .costs import calibrate
+from .cycle import Cycle
+from .drafters import Choice, Draft, Drafter, DrafterInputs, build_drafters
+from .policy import FixedPolicy, Policy
 from .sampling import RowProbs, SamplingParams
 from .stats import Stats
-from .verify import verify
+from .verify import Verdict, verify
+from .vocabulary import Finish, Mode, Source
 
 
 class Decoder:
@@ -32,38 +36,23 @@ class Decoder:
         self.target = target
         self.draft = draft
         self.sequence = CachedSequence(target)
-        self.model_drafter = ModelDrafter(draft, clock) if draft is not None else None
-        self.lookup = PromptLookup(max_ngram=max_ngram)
+        # Every registered drafter the models allow, by source (drafters.DRAFTERS).
+        self.drafters: dict[Source, Drafter] = build_drafters(DrafterInputs(target, draft, clock, max_ngram))
         self.stats = Stats()
-        self.policies: dict[str, Policy] = {}
+        self.policies: dict[Mode, Policy] = {}
 
-    def drafter(self, source: str) -> ModelDrafter | PromptLookup | None:
-        return {MODEL: self.model_drafter, LOOKUP: self.lookup}.get(source)
-
-    def policy_for(self, mode: str, k: int = 4, fixed_k: bool = False) -> Policy:
-        """auto: the measured policy; draft / lookup: that drafter, k adapted (or fixed); off: plain."""
-        if mode == "off" or fixed_k:
-            return FixedPolicy(mode, k, has_draft_model=self.model_drafter is not None)
-        if mode == "draft" and self.model_drafter is None:
-            return FixedPolicy(mode, k, has_draft_model=False)  # raises the plain-words error
+    def policy_for(self, mode: Mode | str, k: int | None = None) -> Policy:
+        """auto: the measured policy; draft / lookup: that drafter, k adapted (None) or fixed; off: plain."""
+        mode = Mode(mode)
+        has_draft_model = Source.MODEL in self.drafters
+        fixed = mode == Mode.OFF or (k is not None and mode != Mode.AUTO)  # auto always picks k itself
+        if fixed or (mode == Mode.DRAFT and not has_draft_model):  # (no model: FixedPolicy's plain-words error)
+            return FixedPolicy.for_mode(mode, k, has_draft_model)
         if mode not in self.policies:  # one per mode, learning across this decoder's generations
-            from .auto import AutoPolicy
-            self.policies[mode] = AutoPolicy.for_decoder(self, mode)
+            backend = getattr(getattr(self.target, "facts", None), "backend", "CPU")
+            self.policies[mode] = AutoPolicy(self.drafters, mode, backend, default_store(self.target, self.draft),
+                                             self.clock)
         return self.policies[mode]
-
-    def _propose(self, choice: Choice, context: list[int], k: int, sampling: SamplingParams,
-                 rng: np.random.Generator) -> Draft:
-        for source in (choice.source, choice.fallback):
-            drafter = self.drafter(source)
-            if drafter is None:
-                continue
-            if source == LOOKUP:
-                draft = drafter.propose(context, k, min_match=choice.min_match)
-            else:
-                draft = drafter.propose(context, k, sampling, rng, choice.min_confidence)
-            if draft.tokens:
-                return draft
-        return Draft(source=NONE)
 
     def generate(
         self,
@@ -71,134 +60,152 @@ class Decoder:
         *,
         max_tokens: int = 256,
         sampling: SamplingParams = SamplingParams(),
-        policy: Policy | str = "off",
-        k: int = 4,
-        fixed_k: bool = False,
+        policy: Policy | Mode | str = Mode.OFF,
+        k: int | None = None,
         stop: threading.Event | None = None,
         want_probs: bool = False,
     ) -> Iterator[Cycle]:
         """Yield one Cycle per target pass until end of generation, max tokens, stop or full context.
 
+        ``k``: None lets draft and lookup modes adapt the draft length; a number fixes it.
         Raises ContextFullError before decoding when the prompt alone does not fit.
         """
         if isinstance(policy, str):
-            policy = self.policy_for(policy, k, fixed_k)
-        target = self.target
-        context = list(prompt)
-        if not context:
-            raise ValueError("empty prompt")
-        if len(context) >= target.n_ctx:
-            raise ContextFullError(
-                f"The prompt is {len(context):,} tokens but the model's context holds "
-                f"{target.n_ctx:,}. Shorten it, or summarise the document in parts."
-            )
+            policy = self.policy_for(policy, k)
+        context = self._prefill(prompt, policy, stop)
         rng = np.random.default_rng(sampling.seed)
-        stats = self.stats = Stats()
-        detok = target.detokenizer()
-
-        # Prompt: reuse the cached prefix, decode the rest but the last token in chunks.
-        t0 = self.clock()
-        seq = self.sequence
-        have = seq.sync(context[:-1])
-        stats.prompt_tokens = len(context) - 1 - have
-        seq.feed(context[have:-1], stop)
-        if not (stop is not None and stop.is_set()):
-            policy.prepare(seq, context[-1])
-        stats.prompt_s = self.clock() - t0
-        for drafter in (self.model_drafter, self.lookup):
-            if drafter is not None:
-                drafter.begin(context)
-
+        detok = self.target.detokenizer()
         generated = 0
-        index = 0
-        while True:
+        for index in itertools.count():
             start = self.clock()
-            finish = None
-            message = ""
-            room = target.n_ctx - len(context)  # positions left after the pending last token
-            if stop is not None and stop.is_set():
-                finish = STOPPED
-            elif generated >= max_tokens:
-                finish = MAX_TOKENS
-            elif room < 1:
-                finish = CONTEXT_FULL
-                message = (f"The context of {target.n_ctx:,} tokens is full; the answer so far is kept. "
-                           "Start a new conversation or raise the context size.")
+            finish, message = self._ending(context, generated, max_tokens, stop)
             if finish:
                 policy.finish()
-                tail = detok.flush()
-                yield Cycle(index, NONE, 0, [], [], 0, [], [], tail, n_generated=generated,
-                            finish=finish, message=message, policy=policy.describe())
+                yield self._record(index, policy, Draft(), 0, [], 0, detok.flush(), generated, finish, message=message)
                 return
 
+            # Draft: the policy's choice, never past the context or max tokens.
             choice = policy.choose(context)
-            k_now = min(choice.k, room - 1, max_tokens - generated - 1)
-            draft = Draft(source=NONE)
-            if k_now > 0 and choice.source != NONE:
-                draft = self._propose(choice, context, k_now, sampling, rng)
+            k_now = min(choice.k, self.target.n_ctx - len(context) - 1, max_tokens - generated - 1)
+            draft = self._propose(choice, context, k_now, sampling, rng) if k_now > 0 else Draft()
             t_drafted = self.clock()
 
-            batch = [context[-1]] + draft.tokens
-            logits = seq.decode(batch, rows=range(len(batch)))
+            # Verify: one target pass over the pending last token and the draft.
+            logits = self.sequence.decode([context[-1]] + draft.tokens, rows=range(len(draft) + 1))
             t_verified = self.clock()
-
             verdict = verify(logits, draft, sampling, rng)
-            emitted = verdict.tokens
-            p_drafted = verdict.p_drafted
-            p_emitted: list[float] = []
-            if want_probs:
-                look_up_drafts = not p_drafted and draft.tokens
-                probs = RowProbs(logits[:max(len(emitted), len(draft.tokens) if look_up_drafts else 0)])
-                p_emitted = probs.at(emitted)
-                if look_up_drafts:
-                    p_drafted = probs.at(draft.tokens)
+            probs = _display_probs(logits, draft, verdict) if want_probs else (verdict.p_drafted, [])
 
-            for i, tok in enumerate(emitted):
-                if target.is_eog(tok):
-                    emitted = emitted[: i + 1]
-                    finish = EOG
-                    break
-            if generated + len(emitted) >= max_tokens and finish is None:
-                emitted = emitted[: max_tokens - generated]
-                finish = MAX_TOKENS
+            # Keep: the accepted drafts and the target's own token, cut at end of generation.
+            emitted, finish = self._keep(verdict.tokens, generated, max_tokens)
             n_accepted = min(verdict.n_accepted, len(emitted))
             context.extend(emitted)
             generated += len(emitted)
-            # Roll back what the target did not keep: all but the new last token stay cached.
-            seq.trim(len(context) - 1)
-            if self.model_drafter is not None and draft.source == MODEL:
-                self.model_drafter.accept(context)
-            self.lookup.accept(context)
 
-            text = "".join(detok.feed(t) for t in emitted if not target.is_eog(t))
-            if finish:
-                text += detok.flush()
-            cycle = Cycle(
-                index=index,
-                source=draft.source,
-                k=k_now if draft.tokens else 0,
-                drafted=draft.tokens,
-                drafted_text=[target.token_text(t, special=False) for t in draft.tokens],
-                n_accepted=n_accepted,
-                emitted=emitted,
-                emitted_text=[target.token_text(t, special=False) for t in emitted],
-                text=text,
-                p_drafted=p_drafted,
-                p_emitted=p_emitted[: len(emitted)],
-                draft_confidence=draft.confidence,
-                match_length=draft.match_length,
-                draft_s=t_drafted - start,
-                draft_first_s=draft.first_s,
-                verify_s=t_verified - t_drafted,
-                n_generated=generated,
-                finish=finish,
-            )
-            policy.observe(cycle)
-            cycle.policy = policy.describe()
-            cycle.overhead_s = self.clock() - t_verified
-            stats.add(cycle)
+            # Trim: the target and drafters forget what was not kept.
+            self._trim(context)
+
+            text = "".join(detok.feed(t) for t in emitted if not self.target.is_eog(t))
+            text += detok.flush() if finish else ""
+            policy.observe(draft, n_accepted, t_drafted - start, t_verified - t_drafted)
+            cycle = self._record(index, policy, draft, k_now, emitted, n_accepted, text, generated, finish,
+                                 times=(start, t_drafted, t_verified), probs=probs)
+            self.stats.add(cycle)
             yield cycle
             if finish:
                 policy.finish()
                 return
-            index += 1
+
+    # -- the steps --------------------------------------------------------------------------
+
+    def _prefill(self, prompt: Sequence[int], policy: Policy, stop: threading.Event | None) -> list[int]:
+        """Check the prompt fits, decode all but its last token (reusing the cached prefix),
+        calibrate the policy if it asks, and start the drafters; returns the context."""
+        context = list(prompt)
+        if not context:
+            raise ValueError("empty prompt")
+        if len(context) >= self.target.n_ctx:
+            raise ContextFullError(
+                f"The prompt is {len(context):,} tokens but the model's context holds "
+                f"{self.target.n_ctx:,}. Shorten it, or summarise the document in parts."
+            )
+        stats = self.stats = Stats()
+        t0 = self.clock()
+        have = self.sequence.sync(context[:-1])
+        stats.prompt_tokens = len(context) - 1 - have
+        self.sequence.feed(context[have:-1], stop)
+        if policy.needs_calibration and not (stop is not None and stop.is_set()):
+            # The draft model is timed only when the policy may choose it.
+            draft = self.draft if Source.MODEL in policy.sources else None
+            policy.calibrated(calibrate(self.target, draft, context[-1], self.clock))
+        stats.prompt_s = self.clock() - t0
+        for drafter in self.drafters.values():
+            drafter.begin(context)
+        return context
+
+    def _ending(self, context: list[int], generated: int, max_tokens: int,
+                stop: threading.Event | None) -> tuple[Finish | None, str]:
+        """Why the generation ends before another pass (and words for the user), or (None, "")."""
+        if stop is not None and stop.is_set():
+            return Finish.STOPPED, ""
+        if generated >= max_tokens:
+            return Finish.MAX_TOKENS, ""
+        if len(context) >= self.target.n_ctx:  # no position left after the pending last token
+            return Finish.CONTEXT_FULL, (f"The context of {self.target.n_ctx:,} tokens is full; the answer so far "
+                                         "is kept. Start a new conversation or raise the context size.")
+        return None, ""
+
+    def _propose(self, choice: Choice, context: list[int], k: int, sampling: SamplingParams,
+                 rng: np.random.Generator) -> Draft:
+        """The chosen drafter's draft; when it has none, the fallback's (hybrid)."""
+        for source in (choice.source, choice.fallback):
+            drafter = self.drafters.get(source)
+            draft = drafter.propose(context, k, choice, sampling, rng) if drafter is not None else None
+            if draft is not None and draft.tokens:
+                return draft
+        return Draft()
+
+    def _keep(self, tokens: list[int], generated: int, max_tokens: int) -> tuple[list[int], Finish | None]:
+        """The verified tokens up to and including an end-of-generation token, within max tokens."""
+        for i, tok in enumerate(tokens):
+            if self.target.is_eog(tok):
+                return tokens[: i + 1], Finish.EOG
+        if generated + len(tokens) >= max_tokens:
+            return tokens[: max_tokens - generated], Finish.MAX_TOKENS
+        return tokens, None
+
+    def _trim(self, context: list[int]) -> None:
+        # All but the new last token stay cached in the target; it is decoded with the next draft.
+        self.sequence.trim(len(context) - 1)
+        for drafter in self.drafters.values():
+            drafter.accept(context)
+
+    def _record(self, index: int, policy: Policy, draft: Draft, k: int, emitted: list[int], n_accepted: int, text: str,
+                generated: int, finish: Finish | None, message: str = "",
+                times: tuple[float, float, float] | None = None,
+                probs: tuple[list[float], list[float]] = ([], [])) -> Cycle:
+        """The Cycle event; ``times`` = (start, drafted, verified) clock readings, None for the end event."""
+        start, t_drafted, t_verified = times or (0.0, 0.0, 0.0)
+        token_text = self.target.token_text
+        return Cycle(
+            index=index, source=draft.source, k=k if draft.tokens else 0,
+            drafted=draft.tokens, drafted_text=[token_text(t, special=False) for t in draft.tokens],
+            n_accepted=n_accepted,
+            emitted=emitted, emitted_text=[token_text(t, special=False) for t in emitted], text=text,
+            p_drafted=probs[0], p_emitted=probs[1][: len(emitted)],
+            draft_confidence=draft.confidence, match_length=draft.match_length,
+            draft_s=t_drafted - start, draft_first_s=draft.first_s, verify_s=t_verified - t_drafted,
+            n_generated=generated, finish=finish, message=message, policy=policy.report(),
+            # Everything after the target's pass: verification, bookkeeping, this event.
+            overhead_s=self.clock() - t_verified if times else 0.0,
+        )
+
+
+def _display_probs(logits: np.ndarray, draft: Draft, verdict: Verdict) -> tuple[list[float], list[float]]:
+    """Target p of each drafted and each emitted token, for display (temperature 1 when greedy)."""
+    p_drafted = verdict.p_drafted
+    look_up_drafts = not p_drafted and draft.tokens
+    probs = RowProbs(logits[:max(len(verdict.tokens), len(draft.tokens) if look_up_drafts else 0)])
+    if look_up_drafts:
+        p_drafted = probs.at(draft.tokens)
+    return p_drafted, probs.at(verdict.tokens)

@@ -1,31 +1,46 @@
 """Drafters propose the next few tokens cheaply; the target verifies them in one pass.
 
+Every drafter has the same three calls (as llama.cpp's ``common/speculative``):
+``begin(context)`` before a generation, ``propose(context, k, choice, sampling, rng)``
+each cycle, ``accept(context)`` once the target has kept what it kept.
+
 - ``ModelDrafter``: a small model of the same tokenizer, its KV cache kept in step
   with the target (synced to the accepted context before every proposal).
 - ``PromptLookup``: copies the continuation of the latest earlier occurrence of the
   current n-gram suffix, from the prompt and what was generated so far.
+
+``DRAFTERS`` maps each source to its class: a new drafter is one class with a ``build``
+and one entry there; the decoder builds whichever the loaded models allow.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
 from .backend import Backend, CachedSequence
 from .sampling import SamplingParams, distribution, sample
+from .vocabulary import Source
 
-MODEL = "model"
-LOOKUP = "lookup"
-NONE = "none"
+
+@dataclass(frozen=True)
+class Choice:
+    """The policy's pick for one cycle: which drafter, how many tokens, and its thresholds."""
+
+    source: Source
+    k: int
+    min_confidence: float = 0.0  # model drafts stop below this draft probability
+    min_match: int = 1  # lookup drafts need an n-gram match at least this long
+    fallback: Source = Source.NONE  # hybrid: the drafter to use when the first has nothing
 
 
 @dataclass
 class Draft:
     tokens: list[int] = field(default_factory=list)
-    source: str = NONE
+    source: Source = Source.NONE
     # Per drafted token, the draft's distribution q (rows, V) when sampling; None means a
     # point mass on each token (greedy drafts and lookup drafts).
     q: np.ndarray | None = None
@@ -37,17 +52,46 @@ class Draft:
         return len(self.tokens)
 
 
+class Drafter(Protocol):
+    source: Source
+
+    @classmethod
+    def build(cls, inputs: "DrafterInputs") -> "Drafter | None": ...  # None: the inputs do not allow it
+
+    def begin(self, context: Sequence[int]) -> None: ...  # a generation starts from context
+
+    def propose(self, context: Sequence[int], k: int, choice: Choice, sampling: SamplingParams,
+                rng: np.random.Generator) -> Draft: ...  # up to k tokens following context
+
+    def accept(self, context: Sequence[int]) -> None: ...  # the target kept context; drop the rest
+
+
+@dataclass(frozen=True)
+class DrafterInputs:
+    """What a drafter may be built from."""
+
+    target: Backend
+    draft: Backend | None = None  # a second model of the same tokenizer
+    clock: Callable[[], float] = time.perf_counter
+    max_ngram: int = 3
+
+
 class ModelDrafter:
-    source = MODEL
+    source = Source.MODEL
 
     def __init__(self, model: Backend, clock=time.perf_counter):
         self.model = model
         self.sequence = CachedSequence(model)
         self.clock = clock
+        self._drafted = False  # since the last accept: only then is there anything to drop
 
-    def propose(self, context: Sequence[int], k: int, sampling: SamplingParams,
-                rng: np.random.Generator, min_confidence: float = 0.0) -> Draft:
-        """Up to k tokens following ``context``; stops early below ``min_confidence``."""
+    @classmethod
+    def build(cls, inputs: DrafterInputs) -> "ModelDrafter | None":
+        return cls(inputs.draft, inputs.clock) if inputs.draft is not None else None
+
+    def propose(self, context: Sequence[int], k: int, choice: Choice, sampling: SamplingParams,
+                rng: np.random.Generator) -> Draft:
+        """Up to k tokens following ``context``; stops early below ``choice.min_confidence``."""
         if k <= 0:
             return Draft(source=self.source)
         seq = self.sequence
@@ -80,7 +124,7 @@ class ModelDrafter:
                 tok = sample(q, rng)
                 qs.append(q)
                 c = float(q[tok])
-            if tokens and c < min_confidence:
+            if tokens and c < choice.min_confidence:
                 break
             tokens.append(tok)
             conf.append(c)
@@ -88,6 +132,7 @@ class ModelDrafter:
                 first_s = self.clock() - start
             if i + 1 < k:
                 logits = seq.decode([tok])[0]
+        self._drafted = bool(tokens)
         return Draft(tokens, self.source, np.stack(qs[: len(tokens)]) if qs else None, conf, first_s=first_s)
 
     def begin(self, context: Sequence[int]) -> None:
@@ -95,13 +140,26 @@ class ModelDrafter:
 
     def accept(self, context: Sequence[int]) -> None:
         """Drop drafted tokens the target rejected (the next propose syncs anyway)."""
-        self.sequence.sync(context)
+        if self._drafted:
+            self.sequence.sync(context)
+            self._drafted = False
+
+
+class Match(NamedTuple):
+    """The latest earlier occurrence of the context's n-gram suffix."""
+
+    end: int  # position of its last token (-1: none)
+    length: int  # n-gram length (0: none)
+    available: int  # tokens after it that a draft could copy
+
+
+NO_MATCH = Match(-1, 0, 0)
 
 
 class PromptLookup:
     """n-gram index over prompt + generated tokens, updated as tokens arrive."""
 
-    source = LOOKUP
+    source = Source.LOOKUP
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         self.max_ngram = max_ngram
@@ -109,6 +167,10 @@ class PromptLookup:
         self.tokens: list[int] = []
         # n-gram -> end position of its latest occurrence that has a continuation.
         self._index: dict[tuple[int, ...], int] = {}
+
+    @classmethod
+    def build(cls, inputs: DrafterInputs) -> "PromptLookup":
+        return cls(max_ngram=inputs.max_ngram)
 
     def reset(self) -> None:
         self.tokens = []
@@ -133,25 +195,39 @@ class PromptLookup:
             self.reset()
             self.extend(context)
 
-    def match(self, context: Sequence[int]) -> tuple[int, int]:
-        """(end position of the latest earlier match, its n-gram length), or (-1, 0)."""
+    def match(self, context: Sequence[int]) -> Match:
+        """The longest n-gram suffix of ``context`` seen before, at its latest occurrence."""
         self.extend(context[len(self.tokens):])
         toks = self.tokens
         for n in range(min(self.max_ngram, len(toks) - 1), self.min_ngram - 1, -1):
             end = self._index.get(tuple(toks[len(toks) - n:]))
             if end is not None:
-                return end, n
-        return -1, 0
+                return Match(end, n, len(toks) - end - 1)
+        return NO_MATCH
 
-    def propose(self, context: Sequence[int], k: int, sampling: SamplingParams | None = None,
-                rng: np.random.Generator | None = None, min_match: int = 0) -> Draft:
+    def propose(self, context: Sequence[int], k: int, choice: Choice, sampling: SamplingParams,
+                rng: np.random.Generator) -> Draft:
+        """Copies up to k tokens after the match; none when it is shorter than ``choice.min_match``."""
         if k <= 0:
             return Draft(source=self.source)
-        end, n = self.match(context)
-        if end < 0 or n < min_match:
+        end, n, _ = self.match(context)
+        if end < 0 or n < choice.min_match:
             return Draft(source=self.source)
         cont = self.tokens[end + 1:end + 1 + k]
         return Draft(list(cont), self.source, None, [1.0] * len(cont), n)
 
     def accept(self, context: Sequence[int]) -> None:
         self.extend(context[len(self.tokens):])
+
+
+# Source -> drafter class. Order is the order drafters begin and accept in.
+DRAFTERS: dict[Source, type] = {
+    Source.MODEL: ModelDrafter,
+    Source.LOOKUP: PromptLookup,
+}
+
+
+def build_drafters(inputs: DrafterInputs) -> dict[Source, Drafter]:
+    """Every registered drafter the inputs allow (the model drafter needs a draft model)."""
+    built = {source: cls.build(inputs) for source, cls in DRAFTERS.items()}
+    return {source: drafter for source, drafter in built.items() if drafter is not None}

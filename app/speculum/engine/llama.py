@@ -24,6 +24,7 @@ from ..models.gguf import GGUFHeader, check_gguf_file
 from . import rpc as rpc_module
 from . import threads
 from .backend import TokenPieces, usable_cores
+from .chat import render_chat
 
 threads.apply()  # how llama.cpp's threads wait: libgomp reads it when llama_cpp loads it, below
 import llama_cpp as lc  # noqa: E402  (after our imports: its own logger is replaced below)
@@ -325,8 +326,6 @@ class LlamaModel(TokenPieces):
         return bool(lc.llama_vocab_is_eog(self._vocab, token))
 
     def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
-        from .chat import render_chat
-
         return render_chat(self, messages, add_generation_prompt)
 
     # -- decoding --

@@ -1,59 +1,63 @@
 """Which drafter to use and how many tokens to draft, cycle by cycle.
 
 ``FixedPolicy`` drafts k tokens with one drafter every cycle (k = 0: plain decoding).
-The adaptive policy (``auto`` mode) lives beside it and answers the same questions.
+The adaptive policy (``auto.py``) answers the same questions from measurements.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol, Sequence
 
-from .cycle import Cycle
-from .drafters import LOOKUP, MODEL, NONE
-
-MODES = ("off", "draft", "lookup", "auto")
-
-
-@dataclass(frozen=True)
-class Choice:
-    source: str  # MODEL, LOOKUP, or NONE
-    k: int
-    min_confidence: float = 0.0  # model drafts stop below this draft probability
-    min_match: int = 1  # lookup drafts need an n-gram match at least this long
-    fallback: str = NONE  # hybrid: the drafter to use when the first has nothing
+from ..errors import SpeculumError
+from .costs import CostModel
+from .cycle import PolicyReport
+from .drafters import Choice, Draft
+from .vocabulary import Mode, Source
 
 
 class Policy(Protocol):
-    def prepare(self, sequence, last_token: int) -> None: ...  # before the first cycle
+    sources: Sequence[Source]  # the drafters it may choose
+
+    @property
+    def needs_calibration(self) -> bool: ...  # measure costs (``costs.calibrate``) before the first cycle
+    def calibrated(self, measured: CostModel) -> None: ...
     def choose(self, context: Sequence[int]) -> Choice: ...
-    def observe(self, cycle: Cycle) -> None: ...
-    def describe(self) -> dict: ...
+    def observe(self, draft: Draft, n_accepted: int, draft_s: float, verify_s: float) -> None: ...
+    def report(self) -> PolicyReport: ...
     def finish(self) -> None: ...  # after the last cycle
 
 
 class FixedPolicy:
-    def __init__(self, mode: str, k: int = 4, has_draft_model: bool = True):
-        if mode == "draft" and not has_draft_model:
-            from ..errors import SpeculumError
-            raise SpeculumError("Draft mode needs a draft model: pass --draft, or use --mode lookup.")
-        self.choice = {
-            "off": Choice(NONE, 0),
-            "draft": Choice(MODEL, k),
-            "lookup": Choice(LOOKUP, k),
-        }[mode]
+    """The same choice every cycle."""
 
-    def prepare(self, sequence, last_token: int) -> None:
+    needs_calibration = False
+
+    def __init__(self, choice: Choice):
+        self.choice = choice
+        self.sources = (choice.source,)
+
+    @classmethod
+    def for_mode(cls, mode: Mode, k: int | None, has_draft_model: bool = True) -> "FixedPolicy":
+        if mode == Mode.DRAFT and not has_draft_model:
+            raise SpeculumError("Draft mode needs a draft model: pass --draft, or use --mode lookup.")
+        k = k or 0
+        return cls({
+            Mode.OFF: Choice(Source.NONE, 0),
+            Mode.DRAFT: Choice(Source.MODEL, k),
+            Mode.LOOKUP: Choice(Source.LOOKUP, k),
+        }[mode])
+
+    def calibrated(self, measured: CostModel) -> None:
         pass
 
     def choose(self, context: Sequence[int] = ()) -> Choice:
         return self.choice
 
-    def observe(self, cycle: Cycle) -> None:
+    def observe(self, draft: Draft, n_accepted: int, draft_s: float, verify_s: float) -> None:
         pass
 
-    def describe(self) -> dict:
-        return {"source": self.choice.source, "k": self.choice.k}
+    def report(self) -> PolicyReport:
+        return PolicyReport(self.choice.source, self.choice.k)
 
     def finish(self) -> None:
         pass

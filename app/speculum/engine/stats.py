@@ -45,6 +45,33 @@ class Stats:
         self.overhead_s += cycle.overhead_s
         self.tokens_over_time.append((self.seconds, self.tokens))
 
+    def merge(self, other: "Stats") -> "Stats":
+        """Add ``other``'s counts to these, as if its cycles had come after (repeats, parts)."""
+        seconds, tokens = self.seconds, self.tokens
+        self.tokens += other.tokens
+        self.passes += other.passes
+        self.drafted += other.drafted
+        self.accepted += other.accepted
+        for i, (d, a) in enumerate(zip(other.drafted_at, other.accepted_at)):
+            if i == len(self.drafted_at):
+                self.drafted_at.append(0)
+                self.accepted_at.append(0)
+            self.drafted_at[i] += d
+            self.accepted_at[i] += a
+        self.draft_s += other.draft_s
+        self.verify_s += other.verify_s
+        self.overhead_s += other.overhead_s
+        self.prompt_tokens += other.prompt_tokens
+        self.prompt_s += other.prompt_s
+        for source, (d, a) in other.by_source.items():
+            s = self.by_source.setdefault(source, [0, 0])
+            s[0] += d
+            s[1] += a
+        for source, n in other.passes_by_source.items():
+            self.passes_by_source[source] = self.passes_by_source.get(source, 0) + n
+        self.tokens_over_time += [(seconds + s, tokens + n) for s, n in other.tokens_over_time]
+        return self
+
     @property
     def seconds(self) -> float:
         return self.draft_s + self.verify_s + self.overhead_s
@@ -68,6 +95,16 @@ class Stats:
     @property
     def overhead_ms_per_cycle(self) -> float:
         return 1000 * self.overhead_s / self.passes if self.passes else 0.0
+
+    @property
+    def draft_share(self) -> float:
+        """Share of the time spent drafting."""
+        return self.draft_s / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def choices(self) -> dict[str, float]:
+        """What the policy chose: share of target passes per drafter ("none": a plain step)."""
+        return {source: n / self.passes for source, n in sorted(self.passes_by_source.items())}
 
     def summary(self) -> dict:
         return {

@@ -1,0 +1,43 @@
+"""The engine's words, one place each: how to speculate, who drafted, why a generation ended.
+
+``str`` enums (Python 3.10 has no ``StrEnum``): each member equals its old plain string,
+so JSON output, stored conversations and string comparisons are unchanged.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class Word(str, Enum):
+    """A str enum that prints, formats and hashes as its value on every Python from 3.10."""
+
+    __str__ = str.__str__  # 3.11 made f"{member}" print "Class.NAME"
+    __format__ = str.__format__
+    __hash__ = str.__hash__  # a member finds the same dict entry as its string
+
+
+class Mode(Word):
+    """What the user asks for; the order is the CLI's ``--mode`` choices."""
+
+    AUTO = "auto"  # the measured policy picks the drafter and k, or plain decoding
+    OFF = "off"  # plain decoding
+    DRAFT = "draft"  # the draft model, always
+    LOOKUP = "lookup"  # prompt lookup, always
+
+
+class Source(Word):
+    """Who proposed a cycle's draft."""
+
+    MODEL = "model"
+    LOOKUP = "lookup"
+    NONE = "none"  # nothing drafted: a plain step
+
+
+class Finish(Word):
+    """Why a generation ended."""
+
+    EOG = "eog"
+    MAX_TOKENS = "max_tokens"
+    STOPPED = "stopped"
+    CONTEXT_FULL = "context_full"

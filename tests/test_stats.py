@@ -1,0 +1,58 @@
+"""Stats in one place: merged across runs, and read (not re-derived) by the benchmark."""
+
+import io
+from types import SimpleNamespace
+
+import pytest
+
+from speculum import bench
+from speculum.engine.decoder import Decoder
+from speculum.engine.stats import Stats
+from speculum.engine.vocabulary import Mode
+from synthetic import FakeClock, SyntheticModel, noisy_copy
+
+
+def test_merge_equals_adding_every_cycle():
+    clock = FakeClock()
+    target = SyntheticModel(n_vocab=8, seed=5, order=1, pass_cost=lambda n: 0.01 * (1 + 0.3 * n), clock=clock)
+    dec = Decoder(target, noisy_copy(target, seed=6, noise=1.0), clock=clock)
+    runs, every = [], Stats()
+    for mode, prompt in ((Mode.DRAFT, [1, 2, 3]), (Mode.LOOKUP, [1, 2, 3, 1, 2]), (Mode.OFF, [4, 5])):
+        for cycle in dec.generate(prompt, max_tokens=40, policy=mode, k=3):
+            every.add(cycle)
+        runs.append(dec.stats)
+    merged = Stats()
+    for s in runs:
+        assert merged.merge(s) is merged
+    for name in ("tokens", "passes", "drafted", "accepted", "drafted_at", "accepted_at", "by_source",
+                 "passes_by_source"):
+        assert getattr(merged, name) == getattr(every, name), name
+    assert merged.prompt_tokens == sum(s.prompt_tokens for s in runs)
+    assert merged.seconds == pytest.approx(every.seconds)
+    assert merged.tokens_per_s == pytest.approx(every.tokens_per_s)
+    assert merged.acceptance_by_position == pytest.approx(every.acceptance_by_position)
+    assert [n for _, n in merged.tokens_over_time] == [n for _, n in every.tokens_over_time]
+    assert [t for t, _ in merged.tokens_over_time] == pytest.approx([t for t, _ in every.tokens_over_time])
+    assert sum(merged.choices.values()) == pytest.approx(1.0)
+
+
+def test_bench_repeats_report_the_median_rate(monkeypatch):
+    rates = iter([10.0, 40.0, 20.0, 30.0, 30.0, 90.0])  # per repeat: off, lookup
+
+    def run_one(decoder, tokens, mode, prompt, max_tokens, k=None):
+        return Stats(tokens=10, passes=5, drafted=4, accepted=2, verify_s=10 / next(rates),
+                     passes_by_source={"lookup" if mode == Mode.LOOKUP else "none": 5})
+
+    monkeypatch.setattr(bench, "run_one", run_one)
+    target = SimpleNamespace(apply_chat_template=lambda messages: "", tokenize=lambda text: [1, 2])
+    decoder = SimpleNamespace(target=target, drafters={}, generate=lambda *a, **kw: iter(()))
+    progress = io.StringIO()
+    results = bench.run_bench(decoder, [bench.BenchPrompt("p", "hi")], [Mode.OFF, Mode.LOOKUP], repeat=3,
+                              progress=progress)
+    by_mode = {r["mode"]: r for r in results}
+    assert set(by_mode) == {"off", "lookup"}
+    assert by_mode["off"]["tokens_per_s"] == 20.0 and by_mode["lookup"]["tokens_per_s"] == 40.0
+    assert by_mode["lookup"]["speedup_vs_off"] == 2.0
+    assert by_mode["lookup"]["tokens"] == 10 and by_mode["lookup"]["acceptance_rate"] == 0.5
+    assert by_mode["lookup"]["choices"] == {"lookup": 1.0}
+    assert progress.getvalue().count("[3/3]") == 2
