@@ -112,7 +112,9 @@ def test_a_conversation_id_is_never_a_path(data_dirs):
 def test_cycle_from_json_tolerates_missing_fields_and_refuses_wrong_types():
     assert Cycle.from_json({}).drafted == []
     assert Cycle.from_json({"index": 3, "future_field": [1]}).index == 3
-    assert Cycle.from_json(CYCLE) == Cycle(**{k: v for k, v in CYCLE.items() if k != "rejected"})
+    # An empty stored policy dict is no policy report.
+    assert Cycle.from_json(CYCLE) == Cycle(**{k: (None if k == "policy" else v) for k, v in CYCLE.items()
+                                              if k != "rejected"})
     for bad in ([], dict(CYCLE, drafted="56"), dict(CYCLE, n_accepted=3), dict(CYCLE, verify_s=float("inf")),
                 dict(CYCLE, emitted_text=[1]), dict(CYCLE, n_accepted=True), dict(CYCLE, policy=[])):
         with pytest.raises(ValueError):

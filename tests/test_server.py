@@ -193,19 +193,34 @@ def test_serving_beyond_this_machine_needs_an_api_key(smollm_path, capsys):
 
 def test_requests_queue_in_order_and_a_full_queue_answers_429(server):
     s = server(mode="off", max_waiting=1)
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 48}
-    results = {}
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 8}
+    results, order = {}, []
+    s.served.on_request = lambda kind, payload: order.append(kind)
 
-    def call(name, delay):
-        time.sleep(delay)
-        results[name] = _post(s, "/v1/chat/completions", body)
+    def call(name):
+        results[name] = _post(s, "/v1/chat/completions", dict(body, messages=[
+            {"role": "user", "content": f"Write a long story ({name})."}]))
 
-    threads = [threading.Thread(target=call, args=(n, d)) for n, d in (("first", 0), ("second", 0.5), ("third", 1.0))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
+    s.served.turn.acquire()  # the model is busy (the window's own answer, say): the first request waits on it
+    try:
+        first = threading.Thread(target=call, args=("first",))
+        first.start()
+        deadline = time.monotonic() + 60
+        while not s.served._turn.locked():  # the first holds the queue's turn
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        second = threading.Thread(target=call, args=("second",))
+        second.start()
+        while s.served._waiting < 1:  # the second waits behind it
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        call("third")  # the queue is full
+    finally:
+        s.served.turn.release()
+    first.join(300)
+    second.join(300)
     assert results["first"].status_code == 200 and results["second"].status_code == 200
+    assert order == ["started", "finished", "started", "finished"]  # one at a time
     busy = results["third"]
     assert busy.status_code == 429 and int(busy.headers["Retry-After"]) >= 1
     assert busy.json()["error"]["type"] == "rate_limit_error"

@@ -115,7 +115,9 @@ class Cycle:
             if name not in kept and spec.default is MISSING and spec.default_factory is MISSING:
                 kept[name] = Source.NONE if name == "source" else zero(field_types(cls)[name])
         policy = d.get("policy")
-        if isinstance(policy, dict) and policy:
+        if policy is not None and not isinstance(policy, dict):
+            raise RecordError(f"a stored cycle's 'policy' was {type(policy).__name__}, not an object")
+        if policy:
             try:
                 kept["policy"] = PolicyReport.from_json(policy)
             except (TypeError, ValueError):
