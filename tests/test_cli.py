@@ -109,3 +109,33 @@ def test_install_demo_reuses_assembled_files(qwen_target_path, qwen_draft_path):
     assert proc.returncode == 0, proc.stderr
     assert str(qwen_target_path) in proc.stdout and str(qwen_draft_path) in proc.stdout
     assert "assembling" not in proc.stderr  # verified files are reused, not rebuilt
+
+
+def test_generate_summarises_a_document_longer_than_the_context_in_parts(smollm_path, tmp_path):
+    from speculum import paths
+
+    document = tmp_path / "long.md"
+    document.write_text(paths.resource("samples/lighthouse.md").read_text(encoding="utf-8") * 2, encoding="utf-8")
+    proc = speculum("generate", "--target", smollm_path, "--ctx", "512", "--mode", "lookup", "--max-tokens", "16",
+                    "--document", document, "--json", "Summarise the document.", timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    cycles, summary = lines[:-1], lines[-1]
+    stages = [c["stage"] for c in cycles]
+    parts = sorted({s for s in stages if s.startswith("Part ")})
+    assert len(parts) >= 2 and all(s.endswith(f"of {len(parts)}") for s in parts)
+    assert stages[0] == f"Part 1 of {len(parts)}" and stages[-1] == "Combining"
+    assert summary["parts"] == len(parts)
+    assert summary["tokens"] == sum(len(c["emitted"]) for c in cycles)  # every part's tokens counted
+    # The answer is the combined summary, not the part summaries run together.
+    assert summary["text"] == "".join(c["text"] for c in cycles if c["stage"] == "Combining")
+
+
+def test_generate_with_a_document_that_fits_has_no_stage(smollm_path, tmp_path):
+    document = tmp_path / "short.txt"
+    document.write_text("The keepers wrote the weather in the log every night.", encoding="utf-8")
+    proc = speculum("generate", "--target", smollm_path, "--mode", "lookup", "--max-tokens", "8",
+                    "--document", document, "--json", "What did the keepers write?")
+    assert proc.returncode == 0, proc.stderr
+    cycles = [json.loads(line) for line in proc.stdout.splitlines()][:-1]
+    assert cycles and all("stage" not in c for c in cycles)

@@ -171,3 +171,33 @@ def test_loading_other_models_ends_the_old_engine_process(qtbot, open_window, sm
     assert not first.is_alive() and first.exitcode == 0  # it quit when asked, and its memory went with it
     w.close()
     assert not w.engine.is_alive()
+
+
+def test_the_window_process_never_loads_llama_cpp(smollm_path, tmp_path):
+    """A native crash must end the engine process only: the window's own process holds no llama.cpp."""
+    import subprocess
+    import sys
+
+    script = f'''
+import os, sys, time
+from PySide6.QtWidgets import QApplication
+from speculum.ui.mainwindow import MainWindow
+from speculum.ui.settings import Settings
+
+if __name__ == "__main__":
+    app = QApplication([])
+    w = MainWindow(settings=Settings(n_ctx=512), autoload=False)
+    w.set_pair({str(smollm_path)!r}, None, load=False)
+    w.load_pair()
+    end = time.time() + 120
+    while not w.loaded and not w.banner.text() and time.time() < end:
+        app.processEvents(); time.sleep(0.01)
+    print(w.loaded, "llama_cpp" in sys.modules)
+    w.close()
+'''
+    path = tmp_path / "window.py"
+    path.write_text(script)
+    env = {**os.environ, "SPECULUM_DATA_DIR": str(tmp_path / "data"), "SPECULUM_CONFIG_DIR": str(tmp_path / "config"),
+           "QT_QPA_PLATFORM": "offscreen"}
+    out = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=300, env=env)
+    assert out.stdout.split() == ["True", "False"], out.stderr

@@ -88,35 +88,55 @@ def cmd_generate(args) -> int:
     from .documents import read_document
     from .engine.prompts import build_messages
     from .engine.sampling import SamplingParams
+    from .engine.stats import Stats
+    from .summarise import DocumentSummary
     from .termview import TerminalView
 
     user = sys.stdin.read() if args.prompt == "-" else args.prompt
     document = read_document(args.document) if args.document else None
     decoder = _load(args)
-    messages = build_messages(user, args.system, document)
-    prompt = decoder.target.tokenize(decoder.target.apply_chat_template(messages))
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.seed)
+
+    def generate(messages):
+        prompt = decoder.target.tokenize(decoder.target.apply_chat_template(messages))
+        return decoder.generate(prompt, max_tokens=args.max_tokens, sampling=sampling, policy=Mode(args.mode),
+                                k=_fixed_k(args))
+
+    if document is None:
+        steps = (("", cycle) for cycle in generate(build_messages(user, args.system)))
+    else:  # in parts, then combined, when longer than the context: as the window does
+        steps = DocumentSummary(decoder.target, document, args.max_tokens, generate, request=user)
     view = TerminalView(decoder.target, color={"always": True, "never": False}.get(args.color))
-    last = None
-    text = []
+    last, text, runs, stage_now = None, [], [], ""
     try:
-        for cycle in decoder.generate(prompt, max_tokens=args.max_tokens, sampling=sampling,
-                                      policy=Mode(args.mode), k=_fixed_k(args)):
+        for stage, cycle in steps:
+            if not runs or runs[-1] is not decoder.stats:  # each generation (part) has its own stats
+                runs.append(decoder.stats)
             last = cycle
             text.append(cycle.text)
             if args.json:
-                print(json.dumps({"type": "cycle", **cycle.to_json()}, ensure_ascii=False), flush=True)
+                record = {"type": "cycle", **cycle.to_json()}
+                if stage:
+                    record["stage"] = stage
+                print(json.dumps(record, ensure_ascii=False), flush=True)
             else:
+                if stage != stage_now:
+                    print(f"\n— {stage} —", file=view.out, flush=True)
+                    stage_now = stage
                 view.show(cycle)
     except KeyboardInterrupt:
         pass
-    stats = decoder.stats
+    stats = Stats()
+    for run in runs:  # a document in parts: all its generations, as one
+        stats.merge(run)
+    answer = steps.text if isinstance(steps, DocumentSummary) and steps.text else "".join(text)
     if args.json:
-        print(json.dumps({"type": "summary", **stats.summary(), "mode": args.mode, "profile": args.profile,
-                          "finish": last.finish if last else None, "message": last.message if last else "",
-                          "text": "".join(text),
-                          "policy": last.policy.to_json() if last and last.policy else {}},
-                         ensure_ascii=False))
+        summary = {"type": "summary", **stats.summary(), "mode": args.mode, "profile": args.profile,
+                   "finish": last.finish if last else None, "message": last.message if last else "",
+                   "text": answer, "policy": last.policy.to_json() if last and last.policy else {}}
+        if isinstance(steps, DocumentSummary) and steps.part_summaries:
+            summary["parts"] = len(steps.part_summaries)
+        print(json.dumps(summary, ensure_ascii=False))
     else:
         view.summary(stats, last.finish if last else None, last.message if last else "",
                      last.policy if last else None)

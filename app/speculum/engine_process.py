@@ -61,7 +61,7 @@ def _crash() -> None:
 
 def _engine_main(conn, stop, cancel_load) -> None:
     """The engine process: run commands until told to quit or the window's end of the pipe closes."""
-    from .engine import llama, profiles, threads
+    from .engine import llama, profiles, rpc, threads
     from .engine.loading import LoadOptions
     from .runner import EngineRunner
 
@@ -76,6 +76,15 @@ def _engine_main(conn, stop, cancel_load) -> None:
             conn.send(event)
 
     report("ready", llama.gpu_backend(), threads.in_effect())
+
+    def worker_lost(words: str) -> None:
+        """llama.cpp is about to abort for a lost RPC worker: say which, then end as it would."""
+        try:
+            report("worker_lost", words)
+        finally:
+            os._exit(3)
+
+    rpc.on_worker_lost(worker_lost)
     runner = EngineRunner(report, stop, cancel_load)
     fresh = False  # no cycle decoded since the last load
     to_remember = None  # (profile, why): a profile chosen after a crash, remembered once it decodes
@@ -106,7 +115,7 @@ def _engine_main(conn, stop, cancel_load) -> None:
                     profile, why = profiles.remembered()
                 conn.send(("profile", profile.name, why))
                 options = profile.apply(LoadOptions(n_ctx=request.n_ctx, target_gpu_layers=request.target_gpu_layers,
-                                                    draft_gpu_layers=request.draft_gpu_layers))
+                                                    draft_gpu_layers=request.draft_gpu_layers, rpc=request.rpc))
                 fresh = runner.load(request, options)
             elif command == "generate":
                 runner.generate(args[0], on_cycle)

@@ -15,6 +15,7 @@ from . import summarise
 from .engine.loading import LoadOptions, load_decoder
 from .engine.sampling import SamplingParams
 from .engine.stats import Stats
+from .engine.vocabulary import Finish, Mode, Source
 from .errors import SpeculumError
 
 
@@ -25,14 +26,15 @@ class LoadRequest:
     n_ctx: int = 4096
     target_gpu_layers: int | None = None  # None: all on the GPU when there is one
     draft_gpu_layers: int | None = None
+    rpc: tuple[str, ...] = ()  # RPC workers (HOST:PORT) that take the target's layers; the draft stays local
 
 
 @dataclass
 class GenerationRequest:
     conversation_id: str
     messages: list[dict]  # the conversation so far, ending with the new user turn
-    mode: str = "auto"
-    k: int = 0  # 0: adaptive; otherwise forced modes draft exactly k
+    mode: Mode = Mode.AUTO
+    k: int | None = None  # None: adaptive; otherwise forced modes draft exactly k
     temperature: float = 0.0
     top_p: float = 1.0
     max_tokens: int = 256
@@ -122,7 +124,7 @@ class PlainRate:
         self.tokens_per_s = tokens_per_s
 
     def observe(self, cycle) -> None:
-        if cycle.source == "none" and len(cycle.emitted) == 1 and cycle.seconds > 0:
+        if cycle.source == Source.NONE and len(cycle.emitted) == 1 and cycle.seconds > 0:
             rate = 1.0 / cycle.seconds
             # A running mean that forgets slowly: one slow step must not swing it.
             self.tokens_per_s = rate if self.tokens_per_s is None else 0.9 * self.tokens_per_s + 0.1 * rate
@@ -151,8 +153,13 @@ class EngineRunner:
     def load(self, request: LoadRequest, options: LoadOptions) -> bool:
         self.close_models()
 
+        shown = {"stage": "", "fraction": -1.0}
+
         def progress(stage: str, fraction: float) -> bool:
-            self.report("load_progress", stage, fraction)
+            # llama.cpp calls this per tensor (hundreds of times): the window needs a step of 1%.
+            if stage != shown["stage"] or fraction - shown["fraction"] >= 0.01 or fraction >= 1.0:
+                shown.update(stage=stage, fraction=fraction)
+                self.report("load_progress", stage, fraction)
             return not self.cancel_load.is_set()
 
         try:
@@ -206,7 +213,7 @@ class EngineRunner:
         result = self._follow(request, summary, on_cycle)
         result.text, result.part_summaries = summary.text, summary.part_summaries
         if summary.stopped_at:
-            result.finish = "stopped"
+            result.finish = Finish.STOPPED
             result.note = f"Stopped during {summary.stopped_at.lower()}; the part summaries so far are kept."
         return result
 
@@ -257,7 +264,7 @@ class EngineRunner:
         self._prompt_total = len(prompt)
         sampling = SamplingParams(temperature=request.temperature, top_p=request.top_p)
         return self.decoder.generate(prompt, max_tokens=request.max_tokens, sampling=sampling,
-                                     policy=request.mode, k=request.k or None,
+                                     policy=request.mode, k=request.k,
                                      stop=self.stop, want_probs=True)
 
     def _follow(self, request: GenerationRequest, steps, on_cycle) -> GenerationResult:

@@ -12,6 +12,7 @@ import re
 from typing import Callable, Iterable, Iterator, Sequence
 
 from .engine.prompts import build_messages, document_message
+from .engine.vocabulary import Finish
 from .errors import SpeculumError
 
 CountTokens = Callable[[str], int]
@@ -119,15 +120,17 @@ Generate = Callable[[list], Iterable]
 class DocumentSummary:
     """A summary of ``document``, in parts when it is longer than the context.
 
-    Iterating yields ``(stage, cycle)`` for every target pass of every generation: stage is
+    The window and ``speculum generate --document`` both run it. Iterating yields
+    ``(stage, cycle)`` for every target pass of every generation: stage is
     "" for a one-part answer, "Part 2 of 5" (", round 2" in later rounds) or "Combining".
     Afterwards ``text`` is the answer, ``part_summaries`` the first round's part summaries,
     and ``stopped_at`` the stage a Stop ended (then ``text`` holds the part summaries so far).
     """
 
-    def __init__(self, target, document: str, max_tokens: int, generate: Generate):
+    def __init__(self, target, document: str, max_tokens: int, generate: Generate, request: str | None = None):
         self.target = target
         self.document = document
+        self.request = request  # what to do with a document that fits whole (default: summarise it)
         self.max_tokens = max_tokens
         self.generate = generate
         self.text = ""
@@ -151,7 +154,7 @@ class DocumentSummary:
         self._last_text = "".join(pieces)
 
     def __iter__(self) -> Iterator[tuple[str, object]]:
-        whole = build_messages(None, document=self.document)  # the default summary request
+        whole = build_messages(self.request, document=self.document)
         # Room for the document: the context, less the answer and the prompt around the document.
         overhead = self._count_messages(build_messages(part_request(99, 99), document=""))
         budget = self.target.n_ctx - self.max_tokens - overhead - 16
@@ -176,7 +179,7 @@ class DocumentSummary:
                 messages = build_messages(document_message(part, part_request(i, len(texts))))
                 yield from self._answer(messages, stage)
                 summaries.append(self._last_text)
-                if self._last_finish == "stopped":
+                if self._last_finish == Finish.STOPPED:
                     self.part_summaries = self.part_summaries or summaries
                     self.text = joined_summaries(summaries)
                     self.stopped_at = stage

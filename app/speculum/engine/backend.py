@@ -7,6 +7,7 @@ exactness of the algorithm is proven apart from llama.cpp's numerics.
 from __future__ import annotations
 
 import codecs
+from dataclasses import dataclass
 import os
 import threading
 from typing import Protocol, Sequence
@@ -20,6 +21,24 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
         return os.cpu_count() or 1
+
+
+# What a loaded model is, as the window shows it. Defined here, not in llama.py: the window
+# receives it from the engine process, and unpickling must not load llama.cpp there.
+@dataclass(frozen=True)
+class ModelFacts:
+    path: str
+    name: str
+    architecture: str
+    n_parameters: int
+    quantization: str
+    file_size: int
+    vocab_size: int
+    context_length: int  # the model's training context
+    n_ctx: int  # this context's size
+    backend: str  # CPU, Metal, CUDA, ...
+    n_gpu_layers: int
+    n_threads: int = 0  # CPU threads decoding
 
 
 class Detokenizer:

@@ -13,7 +13,6 @@ import collections
 import ctypes
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -23,7 +22,7 @@ from ..errors import ContextFullError, SpeculumError
 from ..models.gguf import GGUFHeader, check_gguf_file
 from . import rpc as rpc_module
 from . import threads
-from .backend import TokenPieces, usable_cores
+from .backend import ModelFacts, TokenPieces, usable_cores
 from .chat import render_chat
 
 threads.apply()  # how llama.cpp's threads wait: libgomp reads it when llama_cpp loads it, below
@@ -134,22 +133,6 @@ def llama_cpp_version() -> str:
 
 
 # --- model -------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class ModelFacts:
-    path: str
-    name: str
-    architecture: str
-    n_parameters: int
-    quantization: str
-    file_size: int
-    vocab_size: int
-    context_length: int  # the model's training context
-    n_ctx: int  # this context's size
-    backend: str  # CPU, Metal, CUDA, ...
-    n_gpu_layers: int
-    n_threads: int = 0  # CPU threads decoding
-
 
 LoadProgress = Callable[[float], bool]  # fraction loaded -> keep going?
 

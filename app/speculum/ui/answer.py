@@ -16,6 +16,7 @@ from PySide6.QtCore import QElapsedTimer
 from ..conversations import Conversation, Message
 from ..engine.cycle import Cycle
 from ..engine.prompts import document_message
+from ..engine.vocabulary import Finish
 
 
 class StagedCycle(NamedTuple):
@@ -47,7 +48,7 @@ class LiveAnswer:
     def partial_message(self, mode: str, note: str) -> Message:
         """The answer as it stands after the last cycle received, kept as a stopped one."""
         return Message("assistant", "".join(e.cycle.text for e in self.events), cycles=cycle_records(self.events),
-                       stats=answer_stats(self.snapshot) if self.snapshot else {}, mode=mode, finish="stopped",
+                       stats=answer_stats(self.snapshot) if self.snapshot else {}, mode=mode, finish=Finish.STOPPED,
                        note=note)
 
 
@@ -108,7 +109,7 @@ def finished_answer(conv: Conversation, result, records: list[dict]) -> Message:
     """The stored answer of a finished generation, with a note on how it ended. After a long
     document summarised in parts, the question no longer carries the whole document."""
     note = result.note
-    if result.finish == "stopped" and not note:
+    if result.finish == Finish.STOPPED and not note:
         note = "Stopped; the answer so far is kept."
     text = result.text
     display = ""
@@ -119,7 +120,7 @@ def finished_answer(conv: Conversation, result, records: list[dict]) -> Message:
         user = conv.messages[-1] if conv.messages and conv.messages[-1].role == "user" else None
         if user is not None:
             user.content = f"Summarise the document {conv.document_name or ''} (too long to include here)."
-        if result.finish == "stopped":
+        if result.finish == Finish.STOPPED:
             display = "**Part summaries so far**\n\n" + text
     return Message("assistant", text, display=display, cycles=records, stats=answer_stats(result.snapshot),
                    mode=result.mode, finish=result.finish, note=note)

@@ -6,6 +6,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QHBoxLayout, QPushButton, QSplitter, QVBoxLayout, QWidget
 
 from .. import summarise
+from ..engine.vocabulary import Source
 from .banner import Banner
 from .document import DocumentPane
 from .inputbox import InputBox
@@ -67,7 +68,7 @@ class ChatPane(QWidget):
 
     def highlight_copies(self, cycles) -> None:
         """Mark the document's passages that prompt lookup copied into the summary."""
-        copies = ["".join(c.drafted_text[:c.n_accepted]) for c in cycles if c.source == "lookup" and c.n_accepted]
+        copies = ["".join(c.drafted_text[:c.n_accepted]) for c in cycles if c.source == Source.LOOKUP and c.n_accepted]
         self.document.highlight(summarise.copied_spans(self.document.text(), copies))
 
     def show_document(self, on: bool) -> None:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QDoubleSpinBox, QFormLayout, QGroupBox, QLabel, QSpinBox, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (QDoubleSpinBox, QFormLayout, QGroupBox, QLabel, QLineEdit, QSpinBox, QVBoxLayout,
+                               QWidget)
 
+from ..engine import rpc  # addresses only: this module loads no llama.cpp
 from .settings import Settings
 from .worker import GenerationRequest
 
@@ -36,6 +38,10 @@ class GenerationForm(QWidget):
         form.addRow("Context", self.n_ctx)
         form.addRow("Target GPU layers", self.target_layers)
         form.addRow("Draft GPU layers", self.draft_layers)
+        self.rpc = QLineEdit(objectName="rpcWorkers", placeholderText="none: this machine only",
+                             toolTip="`speculum rpc-worker`s (HOST:PORT, comma-separated) that take the target's "
+                                     "layers; the draft stays here. Applies at the next Load.")
+        form.addRow("RPC workers", self.rpc)
         self.hardware_note = QLabel("Starting the engine…")
         self.hardware_note.setObjectName("caption")
         self.hardware_note.setTextFormat(Qt.PlainText)  # the GPU's name as the driver reports it
@@ -50,6 +56,7 @@ class GenerationForm(QWidget):
         self._applying = False
         for spin in self._spins():
             spin.valueChanged.connect(self._on_value_changed)
+        self.rpc.editingFinished.connect(self._on_value_changed)
 
     def _spins(self):
         return (self.temperature, self.top_p, self.max_tokens, self.k_spin, self.n_ctx,
@@ -66,6 +73,7 @@ class GenerationForm(QWidget):
         self.top_p.setValue(s.top_p)
         self.max_tokens.setValue(s.max_tokens)
         self.k_spin.setValue(s.k)
+        self.rpc.setText(s.rpc)
         self.n_ctx.setValue(s.n_ctx)
         self.target_layers.setValue(s.target_gpu_layers)
         self.draft_layers.setValue(s.draft_gpu_layers)
@@ -76,6 +84,7 @@ class GenerationForm(QWidget):
         s.top_p = self.top_p.value()
         s.max_tokens = self.max_tokens.value()
         s.k = self.k_spin.value()
+        s.rpc = self.rpc.text().strip()
         s.n_ctx = self.n_ctx.value()
         s.target_gpu_layers = self.target_layers.value()
         s.draft_gpu_layers = self.draft_layers.value()
@@ -83,8 +92,12 @@ class GenerationForm(QWidget):
     def request(self, conversation, mode: str, **extra) -> GenerationRequest:
         """A request to answer ``conversation`` with the values shown; ``extra``: e.g. the document."""
         return GenerationRequest(conversation_id=conversation.id, messages=conversation.history(), mode=mode,
-                                 k=self.k_spin.value(), temperature=self.temperature.value(),
+                                 k=self.k_spin.value() or None, temperature=self.temperature.value(),
                                  top_p=self.top_p.value(), max_tokens=self.max_tokens.value(), **extra)
+
+    def rpc_workers(self) -> tuple[str, ...]:
+        """The RPC workers typed in; ValueError (SpeculumError) in plain words when one is malformed."""
+        return rpc.parse_endpoints(self.rpc.text()) if self.rpc.text().strip() else ()
 
     def gpu_layers(self) -> tuple[int | None, int | None]:
         """Target and draft layers for a load: None where the spinner shows "All" (-1)."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from PySide6.QtGui import QColor
 
+from ..engine.vocabulary import Mode, Source
+
 ACCEPTED = "accepted"  # a drafted token the target agreed with
 REJECTED = "rejected"  # a drafted token the target refused
 CORRECTION = "correction"  # the target's own token after a rejection
@@ -24,7 +26,8 @@ COLOURS = {
 # Short names for the legend; the tooltips say more.
 SHORT = {ACCEPTED: "accepted", REJECTED: "rejected", CORRECTION: "correction", BONUS: "bonus", PLAIN: "plain step"}
 
-MODE_NAMES = {"auto": "Auto", "draft": "Draft model", "lookup": "Prompt lookup", "off": "Off"}
+# The window lists the modes in this order.
+MODE_NAMES = {Mode.AUTO: "Auto", Mode.DRAFT: "Draft model", Mode.LOOKUP: "Prompt lookup", Mode.OFF: "Off"}
 
 LABELS = {
     ACCEPTED: "accepted draft",
@@ -35,7 +38,7 @@ LABELS = {
     PROPOSED: "proposed, not yet verified",
 }
 
-DRAFTERS = {"model": "draft model", "lookup": "prompt lookup", "none": "none (plain step)"}
+DRAFTERS = {Source.MODEL: "draft model", Source.LOOKUP: "prompt lookup", Source.NONE: "none (plain step)"}
 
 CHART_LINE = QColor("#2f6fdf")
 CHART_FILL = QColor(47, 111, 223, 40)

@@ -14,6 +14,7 @@ from PySide6.QtWidgets import QMainWindow, QSplitter, QVBoxLayout, QWidget
 from .. import paths
 from ..conversations import Conversation, ConversationStore, Message
 from ..engine import profiles
+from ..errors import SpeculumError
 from .answer import LiveAnswer, answer_so_far, cycle_records, document_question, finished_answer, with_stages
 from .chatpane import ChatPane
 from .conversationlist import ConversationList
@@ -178,8 +179,12 @@ class MainWindow(QMainWindow):
             self.show_error("Stop the generation before loading other models.")
             return
         draft = self.draft_combo.currentData() or None
+        try:
+            workers = self.generation_form.rpc_workers()
+        except SpeculumError as exc:
+            return self.show_error(str(exc))
         request = LoadRequest(str(target), str(draft) if draft else None, self.generation_form.n_ctx.value(),
-                              *self.generation_form.gpu_layers())
+                              *self.generation_form.gpu_layers(), rpc=workers)
         self.settings.target, self.settings.draft = request.target, request.draft or ""
         self._save_settings()
         self.banner.hide()

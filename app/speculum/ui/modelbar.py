@@ -14,15 +14,16 @@ from PySide6.QtWidgets import QComboBox, QLabel, QPushButton, QToolBar
 
 from .modelchoices import local_models
 from .serve import ServePanel
-from .settings import MODES, Settings
+from .look import MODE_NAMES
+from .settings import Settings
 
 NO_DRAFT = "(no draft model)"
 
 
 def models_dialog_class():
     try:
-        from .models_dialog import ModelsDialog  # written separately; the window works without it
-    except Exception:
+        from .models_dialog import ModelsDialog  # a build may leave the library out; the window works without it
+    except ImportError:  # anything else is a bug to see, not a feature to hide
         return None
     return ModelsDialog
 
@@ -45,7 +46,7 @@ class ModelBar(QToolBar):
         self.load_button = QPushButton("Load", objectName="loadButton", toolTip="Load the chosen target and draft")
         self.models_button = QPushButton("Models…", objectName="modelsButton")
         self.mode_combo = QComboBox(objectName="modeCombo")
-        for label, mode in MODES:
+        for mode, label in MODE_NAMES.items():
             self.mode_combo.addItem(label, mode)
         self.mode_combo.setToolTip("Auto: the policy picks the drafter and draft length from measurements.\n"
                                    "Draft model: the small model drafts. Prompt lookup: drafts copied from\n"

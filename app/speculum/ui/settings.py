@@ -5,16 +5,16 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from .. import paths
+from ..engine.vocabulary import Mode
 from ..records import typed_fields
 
-MODES = [("Auto", "auto"), ("Draft model", "draft"), ("Prompt lookup", "lookup"), ("Off", "off")]
 
 
 @dataclass
 class Settings:
     target: str = ""
     draft: str = ""
-    mode: str = "auto"
+    mode: str = Mode.AUTO.value
     k: int = 0  # 0: adaptive; otherwise forced modes draft exactly k
     temperature: float = 0.0
     top_p: float = 1.0
@@ -22,6 +22,7 @@ class Settings:
     n_ctx: int = 4096
     target_gpu_layers: int = -1  # -1: all layers on the GPU when there is one
     draft_gpu_layers: int = -1
+    rpc: str = ""  # RPC workers for the target, "host:port,host:port"
     conversation: str = ""  # the one open when the window closed
     plain_tokens_per_s: dict[str, float] = field(default_factory=dict)  # per target file, measured here
     geometry: str = ""  # the window's saved geometry, hex

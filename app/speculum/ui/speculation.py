@@ -13,6 +13,7 @@ from PySide6.QtCore import QEvent, Qt
 from PySide6.QtGui import QColor, QFont, QTextCharFormat, QTextCursor, QTextFormat
 from PySide6.QtWidgets import QTextEdit, QToolTip
 
+from ..engine.vocabulary import Finish
 from . import look
 from .opaque import OpaqueScrollArea
 from .richtext import escaped_tooltip
@@ -65,7 +66,7 @@ def token_runs(cycle, verified: bool = True) -> list[tuple[str, str, str]]:
             kind, what = look.CORRECTION, f"target's correction after {cycle.n_accepted} of {k} drafts"
         else:
             kind, what = look.BONUS, f"target's bonus token: all {k} drafts accepted"
-        shown = "⟨end⟩" if text == "" and cycle.finish == "eog" else look.visible(text)
+        shown = "⟨end⟩" if text == "" and cycle.finish == Finish.EOG else look.visible(text)
         runs.append((shown, kind, f"Cycle {n} · {what}{_p(cycle.p_emitted, j)}"))
     return runs
 

@@ -8,6 +8,7 @@ from PySide6.QtCore import QUrl, Signal
 from PySide6.QtGui import QColor, QFontDatabase, QTextBlockFormat, QTextCharFormat, QTextCursor, QTextFormat
 from PySide6.QtWidgets import QTextBrowser
 
+from ..engine.vocabulary import Finish
 from .look import MODE_NAMES
 from .opaque import OpaqueScrollArea
 from .richtext import RefusingResources, markdown_fragment
@@ -15,9 +16,9 @@ from .richtext import RefusingResources, markdown_fragment
 
 CODE_BACKGROUND = QColor("#f2f4f7")
 FINISH_NOTES = {
-    "stopped": "stopped",
-    "max_tokens": "reached max tokens",
-    "context_full": "context full",
+    Finish.STOPPED: "stopped",
+    Finish.MAX_TOKENS: "reached max tokens",
+    Finish.CONTEXT_FULL: "context full",
 }
 
 

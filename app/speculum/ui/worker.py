@@ -120,15 +120,16 @@ class EngineSignals(QObject):
 class EngineDeath:
     """The engine process ended unasked: how, and what it was doing."""
 
-    def __init__(self, how: str, activity: str, during_load: bool, profile: profiles.Profile):
+    def __init__(self, how: str, activity: str, during_load: bool, profile: profiles.Profile, why: str = ""):
         self.how = how  # "signal SIGSEGV (Segmentation fault)"
+        self.why = why  # what the engine said before it ended (a lost RPC worker), if anything
         self.activity = activity  # "loading the models", "generating an answer", ...
         self.during_load = during_load  # in a load, or the first decode after one
         self.profile = profile  # the profile it was running
 
     def message(self) -> str:
-        return (f"The engine stopped unexpectedly while {self.activity}: {self.how}. "
-                "The window and your conversation are safe; the answer so far is kept.")
+        cause = self.why or f"The engine stopped unexpectedly while {self.activity}: {self.how}."
+        return f"{cause} The window and your conversation are safe; the answer so far is kept."
 
 
 class Engine(QObject):
@@ -148,6 +149,7 @@ class Engine(QObject):
         self._holds_models = False  # the current process has (or is loading) models
         self._activity = ""  # what the process is doing, for the crash message
         self._fresh = False  # loaded, and no cycle decoded since
+        self._last_words = ""
         self._lock = threading.Lock()
         self._spawn()  # importing llama.cpp takes a moment: do it before the user presses Load
 
@@ -162,6 +164,9 @@ class Engine(QObject):
         if kind == "cycle":
             self._fresh = False
             self.worker.cycleReady.emit(payload[0])
+            return
+        if kind == "worker_lost":  # the engine's last words before it ends
+            self._last_words = payload[0]
             return
         if kind == "served_cycle":
             self.worker.servedCycle.emit(payload[0])
@@ -184,8 +189,10 @@ class Engine(QObject):
         """Reader thread: the engine process ended without being asked to."""
         activity = self._activity or "idle"
         during_load = activity == "loading the models" or (self._fresh and bool(self._activity))
-        self._activity = ""
-        self.worker.died.emit(EngineDeath(describe_exit(code), activity, during_load, self.profile))
+        words, self._activity, self._last_words = self._last_words, "", ""
+        if words:  # a lost RPC worker: no safer profile would help
+            during_load = False
+        self.worker.died.emit(EngineDeath(describe_exit(code), activity, during_load, self.profile, words))
 
     @property
     def pid(self) -> int | None:
