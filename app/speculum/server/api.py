@@ -135,52 +135,52 @@ def create_app(served: ServedModel, api_key: str | None = None, cors_origins: li
         scheme, _, token = given.partition(" ")
         return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
 
-    async def guard(request: Request, handler) -> Response:
-        if not authorised(request):
-            return error(401, "A valid API key is required: Authorization: Bearer KEY.", code="invalid_api_key")
-        try:
-            return await handler(request)
-        except Busy as exc:
-            return error(429, str(exc), kind="rate_limit_error", code="busy",
-                         headers={"Retry-After": str(exc.retry_after)})
-        except BadRequest as exc:
-            return error(400, str(exc), param=exc.param, code=exc.code)
+    def guarded(endpoint):
+        """An endpoint with the API key checked and the client's own faults as 4xx answers."""
+        async def route(request: Request) -> Response:
+            if not authorised(request):
+                return error(401, "A valid API key is required: Authorization: Bearer KEY.", code="invalid_api_key")
+            try:
+                return await endpoint(request)
+            except Busy as exc:
+                return error(429, str(exc), kind="rate_limit_error", code="busy",
+                             headers={"Retry-After": str(exc.retry_after)})
+            except BadRequest as exc:
+                return error(400, str(exc), param=exc.param, code=exc.code)
+        return route
 
+    @guarded
     async def models(request: Request) -> Response:
-        async def handler(_):
-            return JSONResponse({"object": "list", "data": [
-                {"id": served.model_id, "object": "model", "created": created, "owned_by": "speculum"}]})
-        return await guard(request, handler)
+        return JSONResponse({"object": "list", "data": [
+            {"id": served.model_id, "object": "model", "created": created, "owned_by": "speculum"}]})
 
+    @guarded
     async def chat(request: Request) -> Response:
-        async def handler(_):
-            body = await _json_body(request)
-            _check_model(served, body)
-            messages = body.get("messages")
-            if not isinstance(messages, list) or not messages:
-                raise BadRequest("'messages' must be a non-empty list.", param="messages")
-            clean = []
-            for i, m in enumerate(messages):
-                if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant"):
-                    raise BadRequest(f"messages[{i}] needs a role of system, user or assistant.", param="messages")
-                role = "system" if m["role"] == "developer" else m["role"]
-                clean.append({"role": role, "content": _text(m.get("content", ""), f"messages[{i}].content")})
-            completion = _completion(served, body, served.chat_prompt(clean))
-            return await respond(request, body, completion, chat=True)
-        return await guard(request, handler)
+        body = await _json_body(request)
+        _check_model(served, body)
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("'messages' must be a non-empty list.", param="messages")
+        clean = []
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant"):
+                raise BadRequest(f"messages[{i}] needs a role of system, user or assistant.", param="messages")
+            role = "system" if m["role"] == "developer" else m["role"]
+            clean.append({"role": role, "content": _text(m.get("content", ""), f"messages[{i}].content")})
+        completion = _completion(served, body, served.chat_prompt(clean))
+        return await respond(request, body, completion, chat=True)
 
+    @guarded
     async def completions(request: Request) -> Response:
-        async def handler(_):
-            body = await _json_body(request)
-            _check_model(served, body)
-            prompt = body.get("prompt")
-            if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-                prompt = prompt[0]
-            if not isinstance(prompt, str) or not prompt:
-                raise BadRequest("'prompt' must be a non-empty string.", param="prompt")
-            completion = _completion(served, body, served.text_prompt(prompt))
-            return await respond(request, body, completion, chat=False)
-        return await guard(request, handler)
+        body = await _json_body(request)
+        _check_model(served, body)
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if not isinstance(prompt, str) or not prompt:
+            raise BadRequest("'prompt' must be a non-empty string.", param="prompt")
+        completion = _completion(served, body, served.text_prompt(prompt))
+        return await respond(request, body, completion, chat=False)
 
     async def respond(request: Request, body: dict, completion: Completion, chat: bool) -> Response:
         served.check_fits(completion)
