@@ -105,8 +105,10 @@ class GenerationForm(QWidget):
 
     def show_gpu(self, gpu: str | None) -> None:
         """The engine process reported its GPU backend (None: this llama.cpp build runs on the CPU)."""
-        self.hardware_note.setText(f"GPU: {gpu}. Changes apply at the next Load." if gpu
-                                   else "This llama.cpp build runs on the CPU only.")
+        # One short line: the sidebar is narrow, and a wrapped note is clipped in its group.
+        self.hardware_note.setText(f"GPU: {gpu} · applies at the next Load" if gpu else "CPU only: no GPU backend")
+        self.hardware_note.setToolTip(f"This llama.cpp build offloads to {gpu}; changes apply at the next Load." if gpu
+                                      else "This llama.cpp build runs on the CPU only.")
         for spin in (self.target_layers, self.draft_layers):
             spin.setEnabled(bool(gpu))
             spin.setToolTip("Layers on the GPU: All, or a number (0 = CPU only)" if gpu
