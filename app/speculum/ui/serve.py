@@ -42,23 +42,20 @@ class ServePanel(QWidget):
         self.show_stopped()
 
     def show_serving(self, base_url: str, model_id: str) -> None:
-        self.base_url, self.model_id = base_url, model_id
-        self.switch.blockSignals(True)
-        self.switch.setChecked(True)
-        self.switch.blockSignals(False)
-        self.port.setEnabled(False)
-        self.url.setText(base_url)
-        self.url.show()
-        self.copy.show()
+        self._show(True, base_url, model_id)
 
     def show_stopped(self) -> None:
-        self.base_url = self.model_id = ""
-        self.switch.blockSignals(True)
-        self.switch.setChecked(False)
+        self._show(False, "", "")
+
+    def _show(self, serving: bool, base_url: str, model_id: str) -> None:
+        self.base_url, self.model_id = base_url, model_id
+        self.switch.blockSignals(True)  # showing the state is not the user switching
+        self.switch.setChecked(serving)
         self.switch.blockSignals(False)
-        self.port.setEnabled(True)
-        self.url.hide()
-        self.copy.hide()
+        self.port.setEnabled(not serving)
+        self.url.setText(base_url)
+        self.url.setVisible(serving)
+        self.copy.setVisible(serving)
 
     def example(self) -> str:
         return f"{self.base_url}\n\n{example_request(self.base_url, self.model_id)}\n"
