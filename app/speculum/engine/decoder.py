@@ -45,9 +45,11 @@ class Decoder:
         """auto: the measured policy; draft / lookup: that drafter, k adapted (None) or fixed; off: plain."""
         mode = Mode(mode)
         has_draft_model = Source.MODEL in self.drafters
+        has_mtp = Source.MTP in self.drafters
         fixed = mode == Mode.OFF or (k is not None and mode != Mode.AUTO)  # auto always picks k itself
-        if fixed or (mode == Mode.DRAFT and not has_draft_model):  # (no model: FixedPolicy's plain-words error)
-            return FixedPolicy.for_mode(mode, k, has_draft_model)
+        if (fixed or (mode == Mode.DRAFT and not has_draft_model)
+                or (mode == Mode.MTP and not has_mtp)):  # (no drafter: FixedPolicy's plain-words error)
+            return FixedPolicy.for_mode(mode, k, has_draft_model, has_mtp)
         if mode not in self.policies:  # one per mode, learning across this decoder's generations
             backend = getattr(getattr(self.target, "facts", None), "backend", "CPU")
             self.policies[mode] = AutoPolicy(self.drafters, mode, backend, default_store(self.target, self.draft),

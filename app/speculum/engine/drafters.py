@@ -8,6 +8,7 @@ each cycle, ``accept(context)`` once the target has kept what it kept.
   with the target (synced to the accepted context before every proposal).
 - ``PromptLookup``: copies the continuation of the latest earlier occurrence of the
   current n-gram suffix, from the prompt and what was generated so far.
+- ``MtpDrafter`` (``mtp.py``): the target's own multi-token prediction head.
 
 ``DRAFTERS`` maps each source to its class: a new drafter is one class with a ``build``
 and one entry there; the decoder builds whichever the loaded models allow.
@@ -220,10 +221,13 @@ class PromptLookup:
         self.extend(context[len(self.tokens):])
 
 
+from .mtp import MtpDrafter  # noqa: E402  (built on the classes above)
+
 # Source -> drafter class. Order is the order drafters begin and accept in.
 DRAFTERS: dict[Source, type] = {
     Source.MODEL: ModelDrafter,
     Source.LOOKUP: PromptLookup,
+    Source.MTP: MtpDrafter,  # needs a target with NextN layers
 }
 
 

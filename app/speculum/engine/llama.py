@@ -20,6 +20,7 @@ import numpy as np
 
 from ..errors import ContextFullError, SpeculumError
 from ..models.gguf import GGUFHeader, check_gguf_file
+from . import llama_ext
 from . import rpc as rpc_module
 from . import threads
 from .backend import ModelFacts, TokenPieces, usable_cores
@@ -165,6 +166,7 @@ class LlamaModel(TokenPieces):
         tensor_split: Sequence[float] | None = None,  # llama.cpp's proportions per device, in that order
     ):
         self.path = Path(path)
+        self._mtp_heads: list[MtpHead] = []  # closed before the weights they run on
         header = header or check_gguf_file(self.path)
         gpu = gpu_backend()
         mparams = lc.llama_model_default_params()
@@ -187,6 +189,10 @@ class LlamaModel(TokenPieces):
             self._tensor_split = (ctypes.c_float * lc.llama_max_devices())(*tensor_split)
             mparams.tensor_split = self._tensor_split
         mparams.use_extra_bufts = extra_buffer_types
+        # A model with NextN layers is its own drafter: load them when this llama.cpp can run them.
+        want_mtp = header.nextn_layers > 0 and bool(llama_ext.support())
+        if want_mtp:
+            mparams.load_mtp = True
         self._progress_cb = None
         if progress is not None:
             def on_progress(fraction: float, _user: ctypes.c_void_p) -> bool:
@@ -260,6 +266,10 @@ class LlamaModel(TokenPieces):
             n_threads=threads,
         )
         self.chat_template = self.meta("tokenizer.chat_template")
+        self.n_embd = lc.llama_model_n_embd(self._model)
+        self.n_nextn = max(0, lc.llama_model_n_layer_nextn(self._model)) if want_mtp else 0
+        # Called after every decode with (tokens, first position, NextN hidden rows): the MTP drafter.
+        self._decode_listeners: list[Callable[[Sequence[int], int, np.ndarray], None]] = []
 
     # -- metadata and vocabulary --
 
@@ -344,10 +354,27 @@ class LlamaModel(TokenPieces):
                 raise ContextFullError(f"llama.cpp found no room in the KV cache ({self.n_past} tokens used).")
             raise SpeculumError(f"llama.cpp failed to decode (code {rc}).")
         self.n_past += n
+        if self._decode_listeners:
+            hidden = np.ctypeslib.as_array(llama_ext.staging().get_embeddings_nextn(self._ctx), shape=(n, self.n_embd))
+            for listener in self._decode_listeners:
+                listener(tokens, pos, hidden)
         if not want:
             return np.empty((0, self.n_vocab), dtype=np.float32)
         ptr = lc.llama_get_logits(self._ctx)
         return np.ctypeslib.as_array(ptr, shape=(len(want), self.n_vocab))
+
+    # -- multi-token prediction (the model's own NextN heads) --
+
+    def listen_to_decodes(self, listener: Callable[[Sequence[int], int, np.ndarray], None]) -> None:
+        """Call ``listener(tokens, pos, hidden)`` after each decode, ``hidden`` the (n, n_embd) NextN
+        hidden states of every token (a view valid during the call). Needs NextN layers."""
+        if not self.n_nextn:
+            raise SpeculumError(f"{self.path.name} has no NextN (MTP) layers.")
+        llama_ext.staging().set_embeddings_nextn(self._ctx, True, False)  # every row, not only logits rows
+        self._decode_listeners.append(listener)
+
+    def open_mtp_head(self) -> "MtpHead":
+        return MtpHead(self)
 
     def prefill(self, tokens: Sequence[int]) -> np.ndarray:
         """Decode any number of tokens in n_batch chunks; return the last row's logits."""
@@ -374,6 +401,8 @@ class LlamaModel(TokenPieces):
         self.n_past = 0
 
     def close(self) -> None:
+        for head in list(getattr(self, "_mtp_heads", ())):
+            head.close()
         if getattr(self, "_ctx", None):
             lc.llama_batch_free(self._batch)
             lc.llama_free(self._ctx)
@@ -397,5 +426,84 @@ class LlamaModel(TokenPieces):
         self.close()
 
 
-__all__ = ["LlamaModel", "ModelFacts", "gpu_backend", "has_amx_kernels", "system_info",
+class MtpHead:
+    """llama.cpp's MTP context (``LLAMA_CONTEXT_TYPE_MTP``) on a target's own weights.
+
+    It has its own KV cache (the NextN block's layer). Each position p takes the token at p
+    and the hidden state that predicted it (the target's at p - 1, or the head's own while
+    drafting); its logits there are for the token at p + 1.
+    """
+
+    def __init__(self, target: LlamaModel):
+        self._ext = llama_ext.staging()
+        cparams = lc.llama_context_default_params()
+        cparams.n_ctx = target.n_ctx
+        cparams.n_batch = cparams.n_ubatch = target.n_batch
+        cparams.n_seq_max = 1
+        cparams.n_threads = cparams.n_threads_batch = target.n_threads
+        cparams.ctx_type = lc.LLAMA_CONTEXT_TYPE_MTP
+        _log_lines.clear()
+        self._ctx = lc.llama_init_from_model(target._model, cparams)
+        if not self._ctx:
+            why = _recent_log_error()
+            raise SpeculumError(f"llama.cpp could not create the MTP context for {target.path.name}"
+                                + (f": {why}" if why else "."))
+        self._ext.set_embeddings_nextn(self._ctx, True, True)  # hidden rows of the logits rows
+        self._mem = lc.llama_get_memory(self._ctx)
+        self._batch = lc.llama_batch_ext_init(self._ctx)
+        self._pos = (lc.llama_pos * 4)()
+        self.n_embd = target.n_embd
+        self.n_vocab = target.n_vocab
+        self.n_batch = target.n_batch
+        self.n_ctx = lc.llama_n_ctx(self._ctx)
+        self.n_layers = target.n_nextn
+        self.n_past = 0
+        target._mtp_heads.append(self)
+
+    def decode(self, tokens: Sequence[int], hidden: np.ndarray, pos: int,
+               logits: bool = False) -> tuple[np.ndarray, np.ndarray] | None:
+        """Decode (token, hidden row) pairs at positions pos, pos+1, ...; anything cached from
+        ``pos`` on is dropped first. With ``logits``: the last row's logits and hidden state
+        (copies)."""
+        n = len(tokens)
+        if n == 0 or n > self.n_batch or pos + n > self.n_ctx:
+            raise ValueError(f"MTP decode of {n} tokens at {pos} (batch {self.n_batch}, context {self.n_ctx})")
+        hidden = np.ascontiguousarray(hidden, dtype=np.float32)
+        self.trim(pos)
+        b = self._batch
+        lc.llama_batch_ext_clear(b)
+        base = hidden.ctypes.data
+        row_bytes = self.n_embd * 4
+        for i, tok in enumerate(tokens):
+            idx = lc.llama_batch_ext_add_token(b, 0, int(tok))
+            self._pos[0] = pos + i
+            lc.llama_batch_ext_set_pos(b, idx, self._pos)
+            embd = lc.llama_embd(ctypes.cast(base + i * row_bytes, ctypes.POINTER(ctypes.c_float)), 1, self.n_embd)
+            lc.llama_batch_ext_set_embd_token(b, idx, embd)
+        if logits:
+            lc.llama_batch_ext_set_output_logits(b, n - 1, True)
+        rc = lc.llama_process(self._ctx, lc.LLAMA_PROCESS_TYPE_DECODE, b)
+        if rc != 0:
+            self.trim(0)
+            raise SpeculumError(f"llama.cpp failed to run the MTP head (code {rc}).")
+        self.n_past = pos + n
+        if not logits:
+            return None
+        row = np.ctypeslib.as_array(lc.llama_get_logits_ith(self._ctx, n - 1), shape=(self.n_vocab,))
+        h = np.ctypeslib.as_array(self._ext.get_embeddings_nextn_ith(self._ctx, n - 1), shape=(self.n_embd,))
+        return row.copy(), h.copy()
+
+    def trim(self, n: int) -> None:
+        if n < self.n_past:
+            lc.llama_memory_seq_rm(self._mem, 0, n, -1)
+            self.n_past = n
+
+    def close(self) -> None:
+        if getattr(self, "_ctx", None):
+            lc.llama_batch_ext_free(self._batch)
+            lc.llama_free(self._ctx)
+            self._ctx = None
+
+
+__all__ = ["LlamaModel", "MtpHead", "ModelFacts", "gpu_backend", "has_amx_kernels", "system_info",
            "default_threads", "usable_cores", "llama_cpp_version"]

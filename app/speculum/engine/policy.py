@@ -27,6 +27,10 @@ class Policy(Protocol):
     def finish(self) -> None: ...  # after the last cycle
 
 
+NO_MTP = ("MTP mode needs a model with its own multi-token prediction (NextN) layers, and this one has none: "
+          "use --mode draft with a draft model, or --mode lookup.")
+
+
 class FixedPolicy:
     """The same choice every cycle."""
 
@@ -37,14 +41,18 @@ class FixedPolicy:
         self.sources = (choice.source,)
 
     @classmethod
-    def for_mode(cls, mode: Mode, k: int | None, has_draft_model: bool = True) -> "FixedPolicy":
+    def for_mode(cls, mode: Mode, k: int | None, has_draft_model: bool = True,
+                 has_mtp: bool = True) -> "FixedPolicy":
         if mode == Mode.DRAFT and not has_draft_model:
             raise SpeculumError("Draft mode needs a draft model: pass --draft, or use --mode lookup.")
+        if mode == Mode.MTP and not has_mtp:
+            raise SpeculumError(NO_MTP)
         k = k or 0
         return cls({
             Mode.OFF: Choice(Source.NONE, 0),
             Mode.DRAFT: Choice(Source.MODEL, k),
             Mode.LOOKUP: Choice(Source.LOOKUP, k),
+            Mode.MTP: Choice(Source.MTP, k),
         }[mode])
 
     def calibrated(self, measured: CostModel) -> None:

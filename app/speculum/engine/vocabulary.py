@@ -24,6 +24,7 @@ class Mode(Word):
     OFF = "off"  # plain decoding
     DRAFT = "draft"  # the draft model, always
     LOOKUP = "lookup"  # prompt lookup, always
+    MTP = "mtp"  # the target's own multi-token prediction (NextN) head, always
 
 
 class Source(Word):
@@ -31,6 +32,7 @@ class Source(Word):
 
     MODEL = "model"
     LOOKUP = "lookup"
+    MTP = "mtp"  # the target's own NextN head
     NONE = "none"  # nothing drafted: a plain step
 
 

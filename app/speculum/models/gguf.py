@@ -108,6 +108,13 @@ class GGUFHeader:
         return int(self.metadata.get(f"{self.architecture}.context_length", 0))
 
     @property
+    def nextn_layers(self) -> int:
+        """Multi-token prediction (NextN) layers the model carries: its own drafter (0: none).
+        A hostile value (a string, negative, huge) counts as none."""
+        n = self.metadata.get(f"{self.architecture}.nextn_predict_layers", 0)
+        return n if isinstance(n, int) and not isinstance(n, bool) and 0 < n <= 64 else 0
+
+    @property
     def n_parameters(self) -> int:
         return sum(t.n_elements for t in self.tensors)
 

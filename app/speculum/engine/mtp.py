@@ -1,0 +1,151 @@
+"""The MTP drafter: the target's own multi-token prediction (NextN) head drafts for it.
+
+As llama.cpp's ``common_speculative_impl_draft_mtp`` (single trained head: Qwen3.5/3.6,
+Qwen3-Next, GLM-4.5, DeepSeek V3): an MTP context on the target's weights has its own KV
+cache; position p there holds the pair (token at p, the target's hidden state at p - 1),
+whose output predicts the token at p + 1. The target hands over its NextN hidden states
+after every pass (``listen_to_decodes``), including the verification pass; ``propose``
+first catches the head up on the pairs the target has confirmed since, plus the pending
+last token, in one batch (its logits are the first draft token), then drafts further
+tokens each fed with the head's own hidden state.
+
+Only pairs built from the target's hidden states stay in the head's cache between cycles:
+draft positions, which used the head's own, are dropped at the next proposal even when
+the target accepted their tokens. Models with several NextN heads use the first one for
+every step (llama.cpp chains them for Step-3.5; not done here).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import numpy as np
+
+from .drafters import Choice, Draft, DrafterInputs
+from .sampling import SamplingParams, distribution, sample
+from .vocabulary import Source
+
+
+class MtpDrafter:
+    source = Source.MTP
+
+    def __init__(self, target, head, clock=time.perf_counter):
+        self.target = target
+        self.head = head
+        self.clock = clock
+        self.n_embd = head.n_embd
+        # Tokens of the pairs in the head's cache built from the target's hidden states.
+        self.tokens: list[int] = []
+        # The target's tokens and NextN hidden rows by position, from ``seen_start`` on.
+        self.seen_start = 0
+        self.seen_tokens: list[int] = []
+        self.seen_hidden = np.zeros((0, self.n_embd), np.float32)
+        # Pairs held back at most this long: beyond it they go into the head's cache unasked
+        # (cheap in a big batch), so a generation that never drafts with MTP holds little.
+        self.max_pending = 2 * head.n_batch
+        target.listen_to_decodes(self._on_target_decode)
+
+    @classmethod
+    def build(cls, inputs: DrafterInputs) -> "MtpDrafter | None":
+        target = inputs.target
+        if not getattr(target, "n_nextn", 0):
+            return None
+        return cls(target, target.open_mtp_head(), inputs.clock)
+
+    # -- what the target hands over --------------------------------------------------------
+
+    def _on_target_decode(self, tokens: Sequence[int], pos: int, hidden: np.ndarray) -> None:
+        """The target decoded ``tokens`` from ``pos``: keep their hidden rows (what was seen
+        from ``pos`` on is replaced)."""
+        start, n_seen = self.seen_start, len(self.seen_tokens)
+        if start <= pos <= start + n_seen:
+            keep = pos - start
+            self.seen_tokens[keep:] = list(tokens)
+            self.seen_hidden = np.concatenate([self.seen_hidden[:keep], hidden])
+        else:  # a jump (a new context far back, or a gap): start over from here
+            self.seen_start, self.seen_tokens, self.seen_hidden = pos, list(tokens), np.array(hidden)
+        self._forget_before(len(self.tokens) - 1)
+        if pos - len(self.tokens) > self.max_pending:
+            # Everything before ``pos`` is in the target's cache: confirmed, it can go in.
+            self._catch_up(self.seen_tokens[len(self.tokens) - self.seen_start:pos - self.seen_start]
+                           if len(self.tokens) >= self.seen_start else [], logits=False)
+
+    def _forget_before(self, pos: int) -> None:
+        drop = min(max(0, pos - self.seen_start), len(self.seen_tokens))
+        if drop:
+            self.seen_start += drop
+            del self.seen_tokens[:drop]
+            self.seen_hidden = self.seen_hidden[drop:]
+
+    def _hidden_before(self, first: int, end: int) -> np.ndarray:
+        """The target's hidden rows at positions first-1 .. end-2 (what pairs first..end-1 take);
+        zeros where none was seen (the first position, or one lost to a jump)."""
+        out = np.zeros((end - first, self.n_embd), np.float32)
+        lo, hi = max(first - 1, self.seen_start), min(end - 1, self.seen_start + len(self.seen_tokens))
+        if lo < hi:
+            out[lo - (first - 1):hi - (first - 1)] = self.seen_hidden[lo - self.seen_start:hi - self.seen_start]
+        return out
+
+    def _catch_up(self, tokens: Sequence[int], logits: bool):
+        """Pairs for ``tokens`` at the positions after ``self.tokens``, in batches; with ``logits``
+        the last one's (logits, hidden)."""
+        first = len(self.tokens)
+        hidden = self._hidden_before(first, first + len(tokens))
+        out = None
+        step = self.head.n_batch
+        for i in range(0, len(tokens), step):
+            last = i + step >= len(tokens)
+            out = self.head.decode(tokens[i:i + step], hidden[i:i + step], first + i, logits=logits and last)
+            self.tokens.extend(tokens[i:i + step])
+        return out
+
+    # -- the Drafter calls -----------------------------------------------------------------
+
+    def begin(self, context: Sequence[int]) -> None:
+        """Nothing to prepare: ``propose`` catches the head up on what the target confirmed."""
+
+    def propose(self, context: Sequence[int], k: int, choice: Choice, sampling: SamplingParams,
+                rng: np.random.Generator) -> Draft:
+        """Up to k tokens following ``context``; stops early below ``choice.min_confidence``."""
+        pos0 = len(context) - 1  # the pending last token's position: the target has all before it
+        k = min(k, self.head.n_ctx - pos0)
+        if k <= 0 or pos0 < 0:
+            return Draft(source=self.source)
+        start = self.clock()
+        # The head's pairs agree with the context up to n; pairs n..pos0 go in as one batch.
+        n = 0
+        limit = min(len(self.tokens), pos0)
+        if self.tokens[:limit] == list(context[:limit]):
+            n = limit
+        else:
+            while self.tokens[n] == context[n]:
+                n += 1
+        del self.tokens[n:]
+        logits, hidden = self._catch_up(list(context[n:pos0 + 1]), logits=True)
+        self._forget_before(pos0 - 1)
+        first_s = 0.0
+        tokens: list[int] = []
+        qs: list[np.ndarray] = []
+        conf: list[float] = []
+        for i in range(k):
+            if sampling.greedy:
+                tok = int(np.argmax(logits))
+                c = 1.0 / float(np.exp(np.asarray(logits, np.float32) - logits[tok]).sum())
+            else:
+                q = distribution(logits, sampling)
+                tok = sample(q, rng)
+                qs.append(q)
+                c = float(q[tok])
+            if tokens and c < choice.min_confidence:
+                break
+            tokens.append(tok)
+            conf.append(c)
+            if i == 0:
+                first_s = self.clock() - start
+            if i + 1 < k:
+                logits, hidden = self.head.decode([tok], hidden[None, :], pos0 + 1 + i, logits=True)
+        return Draft(tokens, self.source, np.stack(qs[: len(tokens)]) if qs else None, conf, first_s=first_s)
+
+    def accept(self, context: Sequence[int]) -> None:
+        """Nothing: the next ``propose`` drops the draft positions and catches up."""

@@ -1,0 +1,161 @@
+"""A tiny MTP-bearing GGUF, written by the tests: real weights for llama.cpp, random but shaped.
+
+Architecture ``glm4moe`` (GLM-4.5's): the simplest one this llama.cpp runs an MTP head for
+with a plain KV cache (Qwen3.5's needs recurrent-state rollback). Two dense trunk layers and
+one NextN block (a MoE block with a shared expert, as llama.cpp's GLM MTP graph requires).
+The vocabulary and chat template are SmolLM2's, copied from its GGUF.
+
+``noise`` sets how far the MTP head is from the main head. At 0 it predicts exactly what the
+main head will, by construction: the trunk's attention and FFN outputs are zero (the hidden
+state is the token's embedding, so the next token depends only on the current one), and the
+NextN block passes the embedding of its input token straight through (eh_proj = [I | 0], zero
+attention and FFN outputs) to the same output norm and head. Noise adds random weights to
+both, so the trunk reads its context and the head guesses less well.
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from ggufgen import FLOAT32, STRING, UINT32, encode_value
+
+ARCH = "glm4moe"
+N_EMBD, N_HEAD, N_HEAD_KV, N_FF, N_FF_EXP, N_EXPERT = 64, 4, 2, 128, 32, 2
+N_TRUNK, N_NEXTN = 2, 1
+
+
+def _read_str(buf: bytes, pos: int) -> tuple[str, int]:
+    (n,) = struct.unpack_from("<Q", buf, pos)
+    return buf[pos + 8:pos + 8 + n].decode(), pos + 8 + n
+
+
+_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+
+def _skip_value(buf: bytes, pos: int, vtype: int) -> int:
+    if vtype in _SIZES:
+        return pos + _SIZES[vtype]
+    if vtype == STRING:
+        (n,) = struct.unpack_from("<Q", buf, pos)
+        return pos + 8 + n
+    etype, n = struct.unpack_from("<IQ", buf, pos)  # array
+    pos += 12
+    if etype in _SIZES:
+        return pos + n * _SIZES[etype]
+    for _ in range(n):
+        pos = _skip_value(buf, pos, etype)
+    return pos
+
+
+def tokenizer_kv(gguf: Path) -> list[tuple[str, int, bytes]]:
+    """Every ``tokenizer.*`` key of a (trusted, local) GGUF, as (key, type, raw encoded value)."""
+    buf = gguf.read_bytes()[:64 << 20]
+    _, _, n_kv = struct.unpack_from("<IQQ", buf, 4)
+    pos, out = 24, []
+    for _ in range(n_kv):
+        key, pos = _read_str(buf, pos)
+        (vtype,) = struct.unpack_from("<I", buf, pos)
+        end = _skip_value(buf, pos + 4, vtype)
+        if key.startswith("tokenizer."):
+            out.append((key, vtype, buf[pos + 4:end]))
+        pos = end
+    return out
+
+
+def _weights(n_vocab: int, noise: float, seed: int) -> dict[str, np.ndarray]:
+    """name -> array, numpy shape = the GGUF shape reversed (rows of the ggml matrix)."""
+    rng = np.random.default_rng(seed)
+    E, dq, dkv = N_EMBD, N_EMBD, N_EMBD // N_HEAD * N_HEAD_KV
+
+    def rnd(*shape, scale=1.0):
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    def ones(n):
+        return np.ones(n, np.float32)
+
+    w = {
+        "token_embd.weight": rnd(n_vocab, E),
+        "output_norm.weight": ones(E),
+        "output.weight": rnd(n_vocab, E, scale=0.25),
+    }
+    for il in range(N_TRUNK + N_NEXTN):
+        b = f"blk.{il}."
+        w[b + "attn_norm.weight"] = ones(E)
+        w[b + "attn_q.weight"] = rnd(dq, E, scale=0.3)
+        w[b + "attn_k.weight"] = rnd(dkv, E, scale=0.3)
+        w[b + "attn_v.weight"] = rnd(dkv, E, scale=0.3)
+        w[b + "attn_output.weight"] = rnd(E, dq, scale=noise / 4)  # zero at noise 0: no context
+        w[b + "post_attention_norm.weight"] = ones(E)
+        if il < N_TRUNK:
+            w[b + "ffn_gate.weight"] = rnd(N_FF, E, scale=0.2)
+            w[b + "ffn_up.weight"] = rnd(N_FF, E, scale=0.2)
+            w[b + "ffn_down.weight"] = rnd(E, N_FF, scale=noise / 4)
+        else:  # the NextN block: MoE with a shared expert, then the projections of e and h
+            w[b + "ffn_gate_inp.weight"] = rnd(N_EXPERT, E, scale=0.2)
+            w[b + "exp_probs_b.bias"] = np.zeros(N_EXPERT, np.float32)
+            w[b + "ffn_gate_exps.weight"] = rnd(N_EXPERT, N_FF_EXP, E, scale=0.2)
+            w[b + "ffn_up_exps.weight"] = rnd(N_EXPERT, N_FF_EXP, E, scale=0.2)
+            w[b + "ffn_down_exps.weight"] = rnd(N_EXPERT, E, N_FF_EXP, scale=noise / 4)
+            w[b + "ffn_gate_shexp.weight"] = rnd(N_FF_EXP, E, scale=0.2)
+            w[b + "ffn_up_shexp.weight"] = rnd(N_FF_EXP, E, scale=0.2)
+            w[b + "ffn_down_shexp.weight"] = rnd(E, N_FF_EXP, scale=noise / 4)
+            eh = np.concatenate([np.eye(E, dtype=np.float32), np.zeros((E, E), np.float32)], axis=1)
+            w[b + "nextn.eh_proj.weight"] = eh + rnd(E, 2 * E, scale=noise / 8)  # input: [e_norm | h_norm]
+            w[b + "nextn.enorm.weight"] = ones(E)
+            w[b + "nextn.hnorm.weight"] = ones(E)
+    return w
+
+
+def write_mtp_gguf(path: Path, tokenizer_from: Path, noise: float = 0.0, seed: int = 0,
+                   nextn: bool = True) -> Path:
+    """The test model; ``nextn=False`` writes the same trunk with no NextN block (no MTP)."""
+    tok = tokenizer_kv(tokenizer_from)
+    n_vocab = next(struct.unpack_from("<IQ", raw)[1] for k, _, raw in tok if k == "tokenizer.ggml.tokens")
+    weights = _weights(n_vocab, noise, seed)
+    n_blocks = N_TRUNK + (N_NEXTN if nextn else 0)
+    if not nextn:
+        weights = {k: v for k, v in weights.items() if not k.startswith(f"blk.{N_TRUNK}.")}
+    a = ARCH
+    kv: list[tuple[str, int, object]] = [
+        ("general.architecture", STRING, a),
+        ("general.name", STRING, "Speculum MTP test" if nextn else "Speculum no-MTP test"),
+        ("general.file_type", UINT32, 0),
+        (f"{a}.context_length", UINT32, 2048),
+        (f"{a}.embedding_length", UINT32, N_EMBD),
+        (f"{a}.block_count", UINT32, n_blocks),
+        (f"{a}.feed_forward_length", UINT32, N_FF),
+        (f"{a}.expert_feed_forward_length", UINT32, N_FF_EXP),
+        (f"{a}.attention.head_count", UINT32, N_HEAD),
+        (f"{a}.attention.head_count_kv", UINT32, N_HEAD_KV),
+        (f"{a}.attention.layer_norm_rms_epsilon", FLOAT32, 1e-6),
+        (f"{a}.rope.freq_base", FLOAT32, 10000.0),
+        (f"{a}.expert_count", UINT32, N_EXPERT),
+        (f"{a}.expert_used_count", UINT32, 1),
+        (f"{a}.expert_shared_count", UINT32, 1),
+        (f"{a}.leading_dense_block_count", UINT32, N_TRUNK),
+    ]
+    if nextn:
+        kv.append((f"{a}.nextn_predict_layers", UINT32, N_NEXTN))
+    out = bytearray(b"GGUF" + struct.pack("<IQQ", 3, len(weights), len(kv) + len(tok)))
+    for key, vtype, value in kv:
+        out += struct.pack("<Q", len(key)) + key.encode() + struct.pack("<I", vtype) + encode_value(vtype, value)
+    for key, vtype, raw in tok:
+        out += struct.pack("<Q", len(key)) + key.encode() + struct.pack("<I", vtype) + raw
+    offset, blobs = 0, []
+    for name, arr in weights.items():
+        shape = arr.shape[::-1]
+        out += struct.pack("<Q", len(name)) + name.encode() + struct.pack("<I", len(shape))
+        out += b"".join(struct.pack("<Q", d) for d in shape) + struct.pack("<IQ", 0, offset)
+        data = arr.tobytes()
+        data += b"\0" * (-len(data) % 32)
+        blobs.append(data)
+        offset += len(data)
+    out += b"\0" * (-len(out) % 32)
+    with open(path, "wb") as f:
+        f.write(out)
+        for data in blobs:
+            f.write(data)
+    return path
