@@ -183,6 +183,7 @@ def cmd_doctor(args) -> int:
         ("AMX kernels", "compiled in: batched decoding may crash on CPUs with AMX (llama.cpp issue 20824); "
                         "reinstall with scripts/setup-env.sh" if llama.has_amx_kernels() else "none (as it should be)"),
         ("RPC (across machines)", _rpc_row()),
+        ("MTP (built-in drafts)", _mtp_row()),
         ("Engine profile", profiles.describe(*profiles.remembered())),
         ("Window libraries", qtcheck.report()),
         ("llama.cpp features", llama.system_info().strip()),
@@ -232,6 +233,14 @@ def _rpc_row() -> str:
     why = rpc.availability()
     return why or (f"available (llama.cpp RPC protocol {'.'.join(map(str, rpc.PROTOCOL))}): "
                    "speculum rpc-worker, --rpc HOST:PORT")
+
+
+def _mtp_row() -> str:
+    from .engine import llama_ext
+
+    ok = llama_ext.support()
+    return ("yes: models with NextN layers draft for themselves (--mode mtp)" if ok
+            else f"no: {ok.reason}")
 
 
 def _thread_wait(setting: dict) -> str:
@@ -284,7 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="an OpenAI-compatible API (chat, completions, Predicted Outputs)")
     _add_model_options(s)
     s.add_argument("--n-ctx", type=int, help="context size in tokens (same as --ctx)")
-    s.add_argument("--mode", choices=("auto", "off", "draft", "lookup"), default="auto")
+    s.add_argument("--mode", choices=("auto", "off", "draft", "lookup", "mtp"), default="auto")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     s.add_argument("--port", type=int, default=8080)
     s.add_argument("--api-key", help="required as 'Authorization: Bearer KEY' (needed to listen beyond this machine)")

@@ -1,0 +1,217 @@
+"""MTP drafts: a target's own NextN head, through llama.cpp, on tiny models the tests write."""
+
+import json
+
+import numpy as np
+import pytest
+
+from mtpgguf import write_mtp_gguf
+from speculum.engine import llama_ext
+from speculum.engine.decoder import Decoder
+from speculum.engine.llama import LlamaModel
+from speculum.engine.sampling import SamplingParams, distribution
+from speculum.engine.vocabulary import Source
+from speculum.models.gguf import check_gguf_file
+from test_cli import speculum
+from test_exactness_synthetic import chi_square_p
+
+# Batch composition moves these f32 logits by ~1e-3: a greedy difference is allowed only at a tie.
+MAX_NOISE = 0.02
+
+
+@pytest.fixture(scope="session")
+def mtp_models(tmp_path_factory, smollm_path):
+    """aligned: the head predicts the main head by construction; noisy: it guesses, often wrong;
+    plain: the same trunk without a NextN block."""
+    folder = tmp_path_factory.mktemp("mtp")
+    return {
+        "aligned": write_mtp_gguf(folder / "aligned.gguf", smollm_path, noise=0.0),
+        "noisy": write_mtp_gguf(folder / "noisy.gguf", smollm_path, noise=0.05, seed=1),
+        "plain": write_mtp_gguf(folder / "plain.gguf", smollm_path, nextn=False),
+    }
+
+
+@pytest.fixture(scope="module")
+def noisy(mtp_models):
+    model = LlamaModel(mtp_models["noisy"], n_ctx=512, n_threads=1)
+    yield Decoder(model)
+    model.close()
+
+
+def prompt_of(model, text="Write a haiku about speculative decoding."):
+    return model.tokenize(model.apply_chat_template([{"role": "user", "content": text}]))
+
+
+def generate(decoder, prompt, **kw):
+    cycles = list(decoder.generate(prompt, **kw))
+    return [t for c in cycles for t in c.emitted], cycles
+
+
+def top2_gap(path, tokens):
+    with LlamaModel(path, n_ctx=512, n_threads=1) as ref:
+        row = np.sort(ref.prefill(tokens).astype(np.float64))
+    return row[-1] - row[-2]
+
+
+def test_this_llama_cpp_can_run_mtp():
+    assert llama_ext.support(), llama_ext.support().reason
+    assert llama_ext.staging().get_embeddings_nextn_ith is not None
+
+
+def test_header_reports_nextn_layers(mtp_models, smollm_path):
+    assert check_gguf_file(mtp_models["aligned"]).nextn_layers == 1
+    assert check_gguf_file(mtp_models["plain"]).nextn_layers == 0
+    assert check_gguf_file(smollm_path).nextn_layers == 0
+
+
+def test_loads_with_its_mtp_head(mtp_models):
+    with LlamaModel(mtp_models["aligned"], n_ctx=256, n_threads=1) as model:
+        assert model.facts.architecture == "glm4moe"
+        assert model.n_nextn == 1
+        assert Source.MTP in Decoder(model).drafters
+    with LlamaModel(mtp_models["plain"], n_ctx=256, n_threads=1) as model:
+        assert model.n_nextn == 0
+        assert Source.MTP not in Decoder(model).drafters
+
+
+@pytest.mark.parametrize("k", [1, 3, 6])
+def test_greedy_mtp_equals_plain(noisy, mtp_models, k):
+    prompt = prompt_of(noisy.target)
+    plain, _ = generate(noisy, prompt, max_tokens=48, policy="off")
+    spec, cycles = generate(noisy, prompt, max_tokens=48, policy="mtp", k=k)
+    drafted = sum(len(c.drafted) for c in cycles)
+    accepted = sum(c.n_accepted for c in cycles)
+    assert all(c.source == Source.MTP for c in cycles if c.drafted)
+    assert 0 < accepted < drafted  # both paths taken: kept drafts and rejected ones
+    i = next((i for i, (a, b) in enumerate(zip(plain, spec)) if a != b), None)
+    if i is not None:
+        assert top2_gap(mtp_models["noisy"], prompt + plain[:i]) < MAX_NOISE, i
+    else:
+        assert len(spec) == len(plain)
+
+
+def test_second_turn_and_other_modes_keep_the_head_in_step(noisy):
+    """A longer second prompt reusing the cache, and cycles of another drafter in between."""
+    first = prompt_of(noisy.target)
+    out, _ = generate(noisy, first, max_tokens=12, policy="lookup", k=3)
+    second = first + out + noisy.target.tokenize("\nAnd another one, please.")
+    plain, _ = generate(noisy, second, max_tokens=24, policy="off")
+    spec, cycles = generate(noisy, second, max_tokens=24, policy="mtp", k=3)
+    assert spec == plain
+    assert sum(c.n_accepted for c in cycles) > 0
+
+
+@pytest.mark.parametrize("max_pending", [4, None])
+def test_head_is_fed_as_llama_cpp_feeds_it(mtp_models, max_pending):
+    """After cycles of MTP and of lookup drafts (pairs pushed in early with a small
+    ``max_pending``), the head's next proposal equals a fresh head fed every pair
+    (token at p, the target's hidden state at p - 1) in one batch."""
+    with LlamaModel(mtp_models["noisy"], n_ctx=512, n_threads=1) as model:
+        decoder = Decoder(model)
+        drafter = decoder.drafters[Source.MTP]
+        if max_pending is not None:
+            drafter.max_pending = max_pending
+        prompt = prompt_of(model)
+        out, _ = generate(decoder, prompt, max_tokens=10, policy="mtp", k=3)
+        more, _ = generate(decoder, prompt + out, max_tokens=10, policy="lookup", k=3)
+        context = prompt + out + more
+        sampling = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, seed=0)
+        from speculum.engine.drafters import Choice
+        q = drafter.propose(context, 1, Choice(Source.MTP, 1), sampling, np.random.default_rng(0)).q[0]
+    with LlamaModel(mtp_models["noisy"], n_ctx=512, n_threads=1) as ref:
+        rows = []
+        ref.listen_to_decodes(lambda tokens, pos, hidden: rows.append(np.array(hidden)))
+        ref.prefill(context[:-1])
+        hidden = np.concatenate([np.zeros((1, ref.n_embd), np.float32)] + rows)
+        head = ref.open_mtp_head()
+        logits, _ = head.decode(context, hidden, 0, logits=True)
+        expected = distribution(logits, sampling)
+    assert np.abs(q - expected).max() < 1e-3
+
+
+def test_aligned_head_is_accepted_and_cycles_record_it(mtp_models):
+    """The head built to predict what the main head will: nearly every draft is kept."""
+    with LlamaModel(mtp_models["aligned"], n_ctx=512, n_threads=1) as model:
+        decoder = Decoder(model)
+        prompt = prompt_of(model)
+        plain, _ = generate(decoder, prompt, max_tokens=40, policy="off")
+        spec, cycles = generate(decoder, prompt, max_tokens=40, policy="mtp", k=4)
+        assert spec == plain
+        stats = decoder.stats
+        assert stats.drafted >= 30
+        assert stats.accepted / stats.drafted >= 0.95
+        assert stats.by_source[Source.MTP][1] == stats.accepted
+        assert len(stats.drafted_at) == 4 and stats.accepted_at[3] >= 0.9 * stats.drafted_at[3]
+        cycle = next(c for c in cycles if c.drafted)
+        record = cycle.to_json()
+        assert record["source"] == "mtp" and record["n_accepted"] == len(cycle.drafted)
+        assert json.loads(json.dumps(record))["source"] == "mtp"
+        # Sampled drafts carry q: the head agrees, so acceptance stays high.
+        _, sampled = generate(decoder, prompt, max_tokens=40, policy="mtp", k=4,
+                              sampling=SamplingParams(temperature=1.0, top_k=8, seed=5))
+        drafted = sum(len(c.drafted) for c in sampled)
+        assert sum(c.n_accepted for c in sampled) >= 0.8 * drafted > 0
+
+
+def test_sampled_distribution_matches_target(noisy, mtp_models):
+    """Over many seeded runs, sequences of 3 sampled tokens follow the target's own distribution."""
+    sampling_kw = dict(temperature=1.0, top_k=4, top_p=1.0)
+    params = SamplingParams(**sampling_kw)
+    prompt = prompt_of(noisy.target, "Say one word.")
+    steps = 3
+    # The exact distribution of 3-token continuations, from the target alone (top-4 each step).
+    probs = {(): 1.0}
+    with LlamaModel(mtp_models["noisy"], n_ctx=512, n_threads=1) as ref:
+        for _ in range(steps):
+            nxt = {}
+            for seq, pr in probs.items():
+                ref.reset()
+                p = distribution(ref.prefill(prompt + list(seq)), params)
+                for t in np.flatnonzero(p):
+                    nxt[seq + (int(t),)] = pr * p[t]
+            probs = nxt
+    n = 1500
+    joint = {}
+    drafted = accepted = 0
+    for seed in range(n):
+        out, cycles = generate(noisy, prompt, max_tokens=steps, policy="mtp", k=2,
+                               sampling=SamplingParams(seed=seed, **sampling_kw))
+        drafted += sum(len(c.drafted) for c in cycles)
+        accepted += sum(c.n_accepted for c in cycles)
+        assert len(out) == steps
+        joint[tuple(out)] = joint.get(tuple(out), 0) + 1
+    assert drafted > n and 0 < accepted < drafted  # speculation really happened, both ways
+    assert set(joint) <= set(probs)
+    keys = sorted(probs)
+    assert chi_square_p([joint.get(s, 0) for s in keys], [probs[s] for s in keys], n) > 0.001
+    last = {}
+    for s in keys:
+        last[s[-1]] = last.get(s[-1], 0.0) + probs[s]
+    counts = {}
+    for s, c in joint.items():
+        counts[s[-1]] = counts.get(s[-1], 0) + c
+    toks = sorted(last)
+    assert chi_square_p([counts.get(t, 0) for t in toks], [last[t] for t in toks], n) > 0.001
+
+
+def test_mode_mtp_without_nextn_layers_is_one_plain_sentence(smollm_path):
+    proc = speculum("generate", "--target", smollm_path, "--mode", "mtp", "hi")
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("speculum: MTP mode needs a model with its own")
+
+
+def test_generate_mode_mtp_on_the_cli(mtp_models):
+    proc = speculum("generate", "--target", mtp_models["aligned"], "--mode", "mtp", "-k", "3", "--fixed-k", "--threads", "1",
+                    "--max-tokens", "16", "--json", "hi")
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert any(c.get("source") == "mtp" and c["drafted"] for c in lines[:-1])
+    assert lines[-1]["acceptance_rate"] >= 0.9
+
+
+def test_doctor_says_whether_mtp_runs():
+    proc = speculum("doctor")
+    assert proc.returncode == 0, proc.stderr
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("MTP"))
+    assert "yes" in row
