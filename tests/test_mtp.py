@@ -215,3 +215,69 @@ def test_doctor_says_whether_mtp_runs():
     assert proc.returncode == 0, proc.stderr
     row = next(line for line in proc.stdout.splitlines() if line.startswith("MTP"))
     assert "yes" in row
+
+
+def test_auto_mode_measures_and_learns_the_mtp_head(mtp_models, data_dirs):
+    """Auto mode times the head like a draft model and learns its acceptance per position.
+    On this tiny model the head costs what a target step does (both are mostly the LM
+    head), so auto decodes plainly; told the head costs a twentieth of a step (as on a
+    deep model), it drafts with it."""
+    from speculum.engine.auto import AutoPolicy
+
+    with LlamaModel(mtp_models["aligned"], n_ctx=512, n_threads=1) as model:
+        decoder = Decoder(model)
+        prompt = prompt_of(model)
+        plain, _ = generate(decoder, prompt, max_tokens=40, policy="off")
+        spec, _ = generate(decoder, prompt, max_tokens=40, policy="auto")
+        assert spec == plain
+        policy = decoder.policies["auto"]
+        assert isinstance(policy, AutoPolicy) and Source.MTP in policy.sources
+        costs = policy.costs
+        assert costs.mtp_first_s > 0 and costs.mtp_step_s > 0
+        costs.mtp_first_s = costs.mtp_step_s = costs.verify(1) / 20
+        spec, cycles = generate(decoder, prompt, max_tokens=40, policy="auto")
+        assert spec == plain
+        mtp = [c for c in cycles if c.source == Source.MTP]
+        assert mtp and all(c.n_accepted == len(c.drafted) for c in mtp)
+        assert policy.mtp_rates[0].accepted > 1 and policy.mtp_rates[0].rejected < 0.5
+        assert mtp[-1].policy.model_acceptance[0] > 0.8  # the report shows the MTP head's while it drafts
+        policy.save()
+        again = AutoPolicy(decoder.drafters, "auto", "CPU", policy.store)
+        assert again.costs.mtp_step_s == policy.costs.mtp_step_s
+        assert again.mtp_rates[0].prior > 0.8
+
+
+def test_auto_puts_a_confident_lookup_first_with_the_mtp_head_behind():
+    """Hybrid, as users run MTP with n-gram drafts on code edits: a long lookup match drafts
+    first and the MTP head drafts when lookup has nothing."""
+    from speculum.engine.auto import AutoPolicy
+    from speculum.engine.costs import CostModel
+    from speculum.engine.drafters import PromptLookup
+
+    class Head:  # only its source matters to the policy
+        source = Source.MTP
+
+    policy = AutoPolicy({Source.LOOKUP: PromptLookup(), Source.MTP: Head()}, "auto", "CUDA")
+    policy.calibrated(CostModel({n: 0.010 + 0.0002 * n for n in range(1, 17)}, gpu=True,
+                                mtp_first_s=0.001, mtp_step_s=0.001))
+    for rate in policy.mtp_rates:
+        rate.prior = 0.8
+    for rate in policy.lookup_rates[3]:  # copies expected at 0.93 of the head's speed: close enough to go first
+        rate.prior = 0.6
+    text = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19]
+    copying = policy.choose(text + [1, 2] + text[:3])  # its last 3 tokens were seen before: copy what followed
+    assert copying.source == Source.LOOKUP and copying.fallback == Source.MTP
+    fresh = policy.choose(text + [1, 2] + text[:3] + [40, 41])  # "41" never seen: nothing to copy
+    assert fresh.source == Source.MTP and fresh.k > 1
+
+
+def test_bench_compares_mtp_and_skips_it_without_nextn_layers(mtp_models, tmp_path):
+    suite = tmp_path / "suite.jsonl"
+    suite.write_text(json.dumps({"name": "hello", "user": "Say hello.", "max_tokens": 12}) + "\n")
+    for model, modes in ((mtp_models["aligned"], ["mtp", "off"]), (mtp_models["plain"], ["off"])):
+        proc = speculum("bench", "--target", model, "--prompts", suite, "--modes", "off,mtp", "--threads", "1",
+                        "--json")
+        assert proc.returncode == 0, proc.stderr
+        results = json.loads(proc.stdout)["results"]
+        assert sorted(r["mode"] for r in results) == modes
+        assert all(r["acceptance_rate"] >= 0.9 for r in results if r["mode"] == "mtp")

@@ -74,6 +74,8 @@ def run_bench(decoder: Decoder, prompts: list[BenchPrompt], modes: list[Mode], m
     the repeats, and the other figures over all of them."""
     if Source.MODEL not in decoder.drafters:
         modes = [m for m in modes if m != Mode.DRAFT]
+    if Source.MTP not in decoder.drafters:  # no NextN layers: nothing to compare
+        modes = [m for m in modes if m != Mode.MTP]
     merged: dict[tuple[str, Mode], Stats] = {}
     rates: dict[tuple[str, Mode], list[float]] = {}
     tokenized = {p.name: decoder.target.tokenize(decoder.target.apply_chat_template(p.messages())) for p in prompts}

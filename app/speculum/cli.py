@@ -282,7 +282,8 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="compare modes side by side on a prompt suite")
     _add_model_options(b)
     b.add_argument("--prompts", help="JSONL prompt suite (default: the bundled one)")
-    b.add_argument("--modes", default="off,draft,lookup,auto")
+    b.add_argument("--modes", default="off,draft,lookup,mtp,auto",
+                   help="modes to compare; draft needs --draft, mtp a target with NextN layers (else skipped)")
     b.add_argument("--max-tokens", type=int, help="override each prompt's max_tokens")
     b.add_argument("--repeat", type=int, default=1)
     b.add_argument("-k", type=int, default=4)

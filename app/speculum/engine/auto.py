@@ -99,8 +99,8 @@ class AutoPolicy:
     """
 
     # auto: any drafter or none; draft / lookup: that drafter only, always drafting.
-    MODE_SOURCES = {Mode.AUTO: (Source.MODEL, Source.LOOKUP), Mode.DRAFT: (Source.MODEL,),
-                    Mode.LOOKUP: (Source.LOOKUP,)}
+    MODE_SOURCES = {Mode.AUTO: (Source.MODEL, Source.LOOKUP, Source.MTP), Mode.DRAFT: (Source.MODEL,),
+                    Mode.LOOKUP: (Source.LOOKUP,), Mode.MTP: (Source.MTP,)}
 
     def __init__(self, drafters: Mapping[Source, Drafter], mode: Mode = Mode.AUTO, backend: str = "CPU",
                  store: Path | None = None, clock: Callable[[], float] = time.perf_counter):
@@ -112,6 +112,7 @@ class AutoPolicy:
         self.clock = clock
         self.costs = CostModel(gpu=backend != "CPU")
         self.model_rates = [Rate(prior=0.6) for _ in range(MAX_K_MODEL)]
+        self.mtp_rates = [Rate(prior=0.6) for _ in range(MAX_K_MODEL)]  # the target's own NextN head
         # Lookup acceptance by n-gram match length (1..max) and position.
         # Priors from the default bench suite: 1- and 2-token matches are right ~20% and
         # ~35% of the time; the longest matches are where copying pays, so they start
@@ -161,6 +162,11 @@ class AutoPolicy:
             for k in range(1, min(MAX_K_MODEL, MAX_BATCH - 1) + 1):
                 e = expected_tokens(rates[:k])
                 options.append((e / (c.verify(k + 1) + c.draft(k)), Choice(Source.MODEL, k, self.min_confidence), e))
+        if Source.MTP in self.sources:
+            rates = chained(self.mtp_rates)
+            for k in range(1, min(MAX_K_MODEL, MAX_BATCH - 1) + 1):
+                e = expected_tokens(rates[:k])
+                options.append((e / (c.verify(k + 1) + c.mtp(k)), Choice(Source.MTP, k), e))
         return options
 
     def choose(self, context: Sequence[int] = ()) -> Choice:
@@ -178,14 +184,15 @@ class AutoPolicy:
             if runner is not None:
                 self.cycles_since_explore = 0
                 speed, choice, e = runner
-        if choice.source == Source.MODEL:
-            # Hybrid: a confident lookup match goes first, the model drafts when it has none.
+        if choice.source in (Source.MODEL, Source.MTP):
+            # Hybrid: a confident lookup match goes first, the model (or MTP head) drafts when it has none.
             look = [o for o in options if o[1].source == Source.LOOKUP]
             if look:
                 best_look = max(look, key=lambda o: o[0])
                 if best_look[0] >= 0.9 * speed:
+                    drafter = choice.source
                     speed, choice, e = best_look
-                    choice = Choice(Source.LOOKUP, choice.k, min_match=choice.min_match, fallback=Source.MODEL)
+                    choice = Choice(Source.LOOKUP, choice.k, min_match=choice.min_match, fallback=drafter)
         self.last = choice
         self.last_estimate = {"expected_tokens_per_s": round(speed, 2), "expected_tokens_per_pass": round(e, 3)}
         return choice
@@ -201,6 +208,9 @@ class AutoPolicy:
         if draft.source == Source.MODEL:
             self.costs.observe_draft(len(draft.tokens), draft_s, draft.first_s or draft_s)
             rates = self.model_rates
+        elif draft.source == Source.MTP:
+            self.costs.observe_mtp(len(draft.tokens), draft_s, draft.first_s or draft_s)
+            rates = self.mtp_rates
         else:
             self.costs.lookup_s = 0.8 * self.costs.lookup_s + 0.2 * draft_s
             match = max(1, min(draft.match_length, len(self.lookup_rates)))
@@ -232,12 +242,14 @@ class AutoPolicy:
         c = self.last
         plain = self.plain_tokens_per_s()
         expected = self.last_estimate.get("expected_tokens_per_s")
+        mtp = Source.MTP in (c.source, c.fallback) or self.sources == [Source.MTP]  # its costs and rates shown
+        drafting, rates = (self.costs.mtp, self.mtp_rates) if mtp else (self.costs.draft, self.model_rates)
         return PolicyReport(
             source=c.source if c.k else Source.NONE, k=c.k, mode=self.mode,
             plain_tokens_per_s=round(plain, 2),
             verify_cost={n: round(self.costs.verify(n) / self.costs.verify(1), 3) for n in (2, 3, 5, 9)},
-            draft_cost={k: round(self.costs.draft(k) / self.costs.verify(1), 3) for k in (1, 3)},
-            model_acceptance=[round(r.value, 3) for r in self.model_rates[:4]],
+            draft_cost={k: round(drafting(k) / self.costs.verify(1), 3) for k in (1, 3)},
+            model_acceptance=[round(r.value, 3) for r in rates[:4]],
             min_confidence=round(self.min_confidence, 2),
             expected_tokens_per_s=expected,
             expected_tokens_per_pass=self.last_estimate.get("expected_tokens_per_pass"),
@@ -255,6 +267,8 @@ class AutoPolicy:
             self.costs = CostModel.from_json(d["costs"])
             for r, v in zip(self.model_rates, d.get("model", [])):
                 r.prior = float(v)
+            for r, v in zip(self.mtp_rates, d.get("mtp", [])):
+                r.prior = float(v)
             for n, saved in d.get("lookup", {}).items():
                 for r, v in zip(self.lookup_rates.get(int(n), []), saved):
                     r.prior = float(v)
@@ -265,6 +279,7 @@ class AutoPolicy:
         if not self.store:
             return
         d = {"costs": self.costs.to_json(), "model": [r.value for r in self.model_rates],
+             "mtp": [r.value for r in self.mtp_rates],
              "lookup": {n: [r.value for r in rs] for n, rs in self.lookup_rates.items()}}
         try:
             paths.write_json_atomic(self.store, d)

@@ -1,4 +1,5 @@
-"""What a pass costs on this machine: the target by batch size, the draft model per token.
+"""What a pass costs on this machine: the target by batch size, the draft model and the
+target's MTP head per token.
 
 ``calibrate`` measures it once per machine and pair, before the first cycle; the policy
 then keeps it current from every cycle's timings.
@@ -26,6 +27,8 @@ class CostModel:
     draft_step_s: float | None = None
     lookup_s: float = 2e-5
     gpu: bool = False
+    mtp_first_s: float | None = None  # the MTP head: catch-up on the confirmed tokens + first draft
+    mtp_step_s: float | None = None
 
     @property
     def calibrated(self) -> bool:
@@ -38,6 +41,10 @@ class CostModel:
             self.draft_first_s = measured.draft_first_s
         if measured.draft_step_s is not None:
             self.draft_step_s = measured.draft_step_s
+        if measured.mtp_first_s is not None:
+            self.mtp_first_s = measured.mtp_first_s
+        if measured.mtp_step_s is not None:
+            self.mtp_step_s = measured.mtp_step_s
 
     # A pass the OS preempted can take 10x longer; clipping keeps one hiccup from
     # steering several cycles, while a real slowdown still shows within a few passes.
@@ -53,6 +60,18 @@ class CostModel:
         """Seconds for the draft model to propose k tokens."""
         first = self.draft_first_s if self.draft_first_s is not None else 0.6 * self.verify(1)
         step = self.draft_step_s if self.draft_step_s is not None else 0.4 * self.verify(1)
+        return first + (k - 1) * step
+
+    def observe_mtp(self, k: int, seconds: float, first_s: float) -> None:
+        self.mtp_first_s = _ema(self.mtp_first_s, first_s)
+        if k > 1:
+            self.mtp_step_s = _ema(self.mtp_step_s, (seconds - first_s) / (k - 1))
+
+    def mtp(self, k: int) -> float:
+        """Seconds for the MTP head to propose k tokens (unmeasured: a layer and the LM head,
+        guessed at a fifth of a target pass)."""
+        first = self.mtp_first_s if self.mtp_first_s is not None else 0.2 * self.verify(1)
+        step = self.mtp_step_s if self.mtp_step_s is not None else 0.2 * self.verify(1)
         return first + (k - 1) * step
 
     def verify(self, n: int) -> float:
@@ -78,20 +97,24 @@ class CostModel:
 
     def to_json(self) -> dict:
         return {"verify_s": {str(k): v for k, v in self.verify_s.items()}, "draft_first_s": self.draft_first_s,
-                "draft_step_s": self.draft_step_s, "gpu": self.gpu}
+                "draft_step_s": self.draft_step_s, "gpu": self.gpu,
+                "mtp_first_s": self.mtp_first_s, "mtp_step_s": self.mtp_step_s}
 
     @classmethod
     def from_json(cls, d: dict) -> "CostModel":
         return cls({int(k): float(v) for k, v in d.get("verify_s", {}).items()}, d.get("draft_first_s"),
-                   d.get("draft_step_s"), gpu=bool(d.get("gpu", False)))
+                   d.get("draft_step_s"), gpu=bool(d.get("gpu", False)),
+                   mtp_first_s=d.get("mtp_first_s"), mtp_step_s=d.get("mtp_step_s"))
 
 
 def _ema(old: float | None, new: float) -> float:
     return new if old is None else 0.8 * old + 0.2 * min(new, 3 * old)
 
 
-def calibrate(target: Backend, draft: Backend | None, token: int, clock: Callable[[], float]) -> CostModel:
-    """Time the target's pass by batch size (and the draft model's first and next token).
+def calibrate(target: Backend, draft: Backend | None, token: int, clock: Callable[[], float],
+              mtp=None, context: Sequence[int] = ()) -> CostModel:
+    """Time the target's pass by batch size (and the draft model's, or the MTP drafter's on
+    ``context``, first and next token).
 
     Decodes ``token`` repeated after what each KV cache holds, and trims it away again:
     the caches end as they began.
@@ -116,4 +139,6 @@ def calibrate(target: Backend, draft: Backend | None, token: int, clock: Callabl
         # A cycle's first draft token follows a catch-up on ~2 new tokens.
         measured.draft_first_s = min(timed(draft, [token] * 2) for _ in range(2))
         measured.draft_step_s = min(timed(draft, [token]) for _ in range(3))
+    if mtp is not None and context:
+        measured.mtp_first_s, measured.mtp_step_s = mtp.measure(context)
     return measured

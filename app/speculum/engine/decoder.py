@@ -139,7 +139,8 @@ class Decoder:
         if policy.needs_calibration and not (stop is not None and stop.is_set()):
             # The draft model is timed only when the policy may choose it.
             draft = self.draft if Source.MODEL in policy.sources else None
-            policy.calibrated(calibrate(self.target, draft, context[-1], self.clock))
+            mtp = self.drafters.get(Source.MTP) if Source.MTP in policy.sources else None
+            policy.calibrated(calibrate(self.target, draft, context[-1], self.clock, mtp, context))
         stats.prompt_s = self.clock() - t0
         for drafter in self.drafters.values():
             drafter.begin(context)
