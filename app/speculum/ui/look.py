@@ -27,7 +27,8 @@ COLOURS = {
 SHORT = {ACCEPTED: "accepted", REJECTED: "rejected", CORRECTION: "correction", BONUS: "bonus", PLAIN: "plain step"}
 
 # The window lists the modes in this order.
-MODE_NAMES = {Mode.AUTO: "Auto", Mode.DRAFT: "Draft model", Mode.LOOKUP: "Prompt lookup", Mode.OFF: "Off"}
+MODE_NAMES = {Mode.AUTO: "Auto", Mode.DRAFT: "Draft model", Mode.LOOKUP: "Prompt lookup",
+              Mode.MTP: "Built-in (MTP)", Mode.OFF: "Off"}
 
 LABELS = {
     ACCEPTED: "accepted draft",
@@ -38,7 +39,13 @@ LABELS = {
     PROPOSED: "proposed, not yet verified",
 }
 
-DRAFTERS = {Source.MODEL: "draft model", Source.LOOKUP: "prompt lookup", Source.NONE: "none (plain step)"}
+DRAFTERS = {Source.MODEL: "draft model", Source.LOOKUP: "prompt lookup",
+            Source.MTP: "MTP head (the model's own NextN layer)", Source.NONE: "none (plain step)"}
+
+# Drafted tokens of these drafters carry a solid underline of their own colour, over the
+# accepted / rejected colours: MTP drafts are told apart from a draft model's at a glance.
+DRAFTER_UNDERLINE = {Source.MTP: "#0e7490"}
+MTP_DRAFT = "mtp draft"  # the legend's name for the mark
 
 CHART_LINE = QColor("#2f6fdf")
 CHART_FILL = QColor(47, 111, 223, 40)

@@ -50,7 +50,8 @@ class ModelBar(QToolBar):
             self.mode_combo.addItem(label, mode)
         self.mode_combo.setToolTip("Auto: the policy picks the drafter and draft length from measurements.\n"
                                    "Draft model: the small model drafts. Prompt lookup: drafts copied from\n"
-                                   "the prompt and answer so far. Off: plain decoding.")
+                                   "the prompt and answer so far. Built-in (MTP): the target's own multi-token\n"
+                                   "prediction head drafts (models with NextN layers). Off: plain decoding.")
         self.document_toggle = QAction("Document", self, checkable=True, toolTip="Show the document pane")
         self.serve_panel = ServePanel()
         self.addWidget(QLabel(" Target "))

@@ -13,7 +13,7 @@ from PySide6.QtCore import QEvent, Qt
 from PySide6.QtGui import QColor, QFont, QTextCharFormat, QTextCursor, QTextFormat
 from PySide6.QtWidgets import QTextEdit, QToolTip
 
-from ..engine.vocabulary import Finish
+from ..engine.vocabulary import Finish, Source
 from . import look
 from .opaque import OpaqueScrollArea
 from .richtext import escaped_tooltip
@@ -21,7 +21,7 @@ from .richtext import escaped_tooltip
 KIND = QTextFormat.UserProperty + 1  # the token kind stored in each run's format
 
 
-def _format(kind: str, tooltip: str) -> QTextCharFormat:
+def _format(kind: str, tooltip: str, source: str = "") -> QTextCharFormat:
     fmt = QTextCharFormat()
     fg, bg = look.COLOURS[kind]
     fmt.setForeground(QColor(fg))
@@ -33,6 +33,11 @@ def _format(kind: str, tooltip: str) -> QTextCharFormat:
         fmt.setFontWeight(QFont.Bold)
     if kind == look.PROPOSED:
         fmt.setUnderlineStyle(QTextCharFormat.DotLine)
+    mark = look.DRAFTER_UNDERLINE.get(source)
+    if mark and kind in (look.ACCEPTED, look.REJECTED, look.PROPOSED):
+        if kind != look.PROPOSED:
+            fmt.setUnderlineStyle(QTextCharFormat.SingleUnderline)
+        fmt.setUnderlineColor(QColor(mark))
     fmt.setProperty(KIND, kind)
     fmt.setToolTip(tooltip)
     return fmt
@@ -107,9 +112,9 @@ class SpeculationView(OpaqueScrollArea, QTextEdit):
             cursor.insertText("\n", fmt)
         cursor.insertText(f"— {stage} —\n", fmt)
 
-    def _insert(self, cursor: QTextCursor, runs) -> None:
+    def _insert(self, cursor: QTextCursor, runs, source: str = "") -> None:
         for text, kind, tooltip in runs:
-            cursor.insertText(text, _format(kind, tooltip))
+            cursor.insertText(text, _format(kind, tooltip, source))
 
     def append_cycles(self, staged) -> None:
         """Add verified cycles at the end, each a ``CycleEvent`` or ``answer.StagedCycle``: a cycle
@@ -119,7 +124,7 @@ class SpeculationView(OpaqueScrollArea, QTextEdit):
         cursor.beginEditBlock()
         for item in staged:
             self._stage_line(cursor, item.stage)
-            self._insert(cursor, token_runs(item.cycle))
+            self._insert(cursor, token_runs(item.cycle), item.cycle.source)
         cursor.endEditBlock()
         self._follow()
 
@@ -129,7 +134,7 @@ class SpeculationView(OpaqueScrollArea, QTextEdit):
         cursor = self._cursor()
         self._stage_line(cursor, staged.stage)
         self._pending_from = cursor.position()
-        self._insert(cursor, token_runs(staged.cycle, verified=False))
+        self._insert(cursor, token_runs(staged.cycle, verified=False), staged.cycle.source)
         self._follow()
 
     def _drop_pending(self) -> None:
@@ -203,6 +208,9 @@ class Legend(QTextEdit):
         for kind in (look.ACCEPTED, look.REJECTED, look.CORRECTION, look.BONUS, look.PLAIN):
             cursor.insertText(f" {look.SHORT[kind]} ", _format(kind, look.LABELS[kind]))
             cursor.insertText("  ", QTextCharFormat())
+        cursor.insertText(f" {look.MTP_DRAFT} ", _format(look.ACCEPTED, "drafted by the model's own MTP head "
+                                                         "(underlined), accepted or rejected as any draft",
+                                                         Source.MTP))
         self.setFixedHeight(int(self.document().size().height()) + 6)
 
     def resizeEvent(self, event):
