@@ -281,3 +281,34 @@ def test_bench_compares_mtp_and_skips_it_without_nextn_layers(mtp_models, tmp_pa
         results = json.loads(proc.stdout)["results"]
         assert sorted(r["mode"] for r in results) == modes
         assert all(r["acceptance_rate"] >= 0.9 for r in results if r["mode"] == "mtp")
+
+
+def test_models_check_says_a_target_with_nextn_layers_is_a_pair_alone(mtp_models, smollm_path):
+    alone = speculum("models", "check", mtp_models["aligned"])
+    assert alone.returncode == 0, alone.stderr
+    assert "carries 1 NextN (MTP) layer" in alone.stdout and "Built-in (MTP)" in alone.stdout
+    plain = speculum("models", "check", smollm_path)
+    assert plain.returncode == 1 and "has no NextN (MTP) layers" in plain.stdout
+    pair = speculum("models", "check", mtp_models["aligned"], smollm_path)
+    assert pair.returncode == 0 and "also drafts for itself" in pair.stdout
+
+
+def test_pair_picker_offers_built_in_mtp_for_a_target_with_nextn_layers(qtbot, mtp_models, tmp_path, monkeypatch):
+    from speculum.ui.modelbar import BUILT_IN, BUILT_IN_MTP, ModelBar
+
+    folder = tmp_path / "models"
+    folder.mkdir()
+    for name in ("aligned", "plain"):
+        (folder / f"{name}.gguf").symlink_to(mtp_models[name])
+    monkeypatch.setenv("SPECULUM_MODELS_DIR", str(folder))
+    bar = ModelBar()
+    qtbot.addWidget(bar)
+    bar.refresh_models(str(folder / "plain.gguf"), "")
+    labels = [bar.draft_combo.itemText(i) for i in range(bar.draft_combo.count())]
+    assert BUILT_IN_MTP not in labels
+    bar.select_pair(str(folder / "aligned.gguf"))
+    assert bar.draft_combo.findData(BUILT_IN) == 1
+    bar.draft_combo.setCurrentIndex(1)
+    assert bar.mode_combo.currentData() == "mtp" and bar.draft_path() is None
+    bar.select_pair(str(folder / "plain.gguf"), BUILT_IN)  # a saved choice the new target cannot honour
+    assert bar.draft_combo.findData(BUILT_IN) < 0 and bar.draft_path() is None

@@ -101,7 +101,8 @@ def cmd_check(args) -> int:
         if isinstance(source, HubRef):
             print(f"read {human_bytes(header.bytes_read)} of the header of {source} over HTTP", file=sys.stderr)
 
-    verdict = check_sources(parse_source(args.target), parse_source(args.draft), on_header=note)
+    draft = parse_source(args.draft) if args.draft else None
+    verdict = check_sources(parse_source(args.target), draft, on_header=note)
     print(verdict.reason)
     return 0 if verdict.ok else 1
 
@@ -235,12 +236,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("pair", help="a pair id from 'speculum models list'")
     p.set_defaults(func=cmd_download)
 
-    p = msub.add_parser("check", help="can DRAFT speculate for TARGET? exit 0 yes, 1 no, 2 unreadable",
+    p = msub.add_parser("check", help="can DRAFT speculate for TARGET (no DRAFT: can TARGET draft for itself "
+                                      "with MTP)? exit 0 yes, 1 no, 2 unreadable",
                         description="Each of TARGET and DRAFT is a local GGUF file or a Hub file written "
                                     "hf:OWNER/REPO/FILE.gguf (or its https://…/resolve/… link); Hub files "
-                                    "are checked from their header alone, without downloading them.")
+                                    "are checked from their header alone, without downloading them. Without "
+                                    "DRAFT: whether TARGET has NextN (MTP) layers, a complete pair on its own.")
     p.add_argument("target")
-    p.add_argument("draft")
+    p.add_argument("draft", nargs="?")
     p.set_defaults(func=cmd_check)
 
     p = msub.add_parser("add", help="add your own model or pair (local files or hf:OWNER/REPO/FILE)",

@@ -72,6 +72,17 @@ def check_headers(target: GGUFHeader, draft: GGUFHeader) -> Compatibility:
                                f"{min(target.vocab_size, draft.vocab_size):,} shared tokens.")
 
 
+def drafts_for_itself(target: GGUFHeader) -> Compatibility:
+    """A target with multi-token prediction (NextN) layers is a complete pair on its own."""
+    name = target.name or target.architecture
+    n = target.nextn_layers
+    if n:
+        return Compatibility(True, f"{name} ({target.architecture}) carries {n} NextN (MTP) layer{'s' * (n > 1)}: "
+                                   "it drafts for itself, no draft model needed (draft: Built-in (MTP)).")
+    return Compatibility(False, f"{name} ({target.architecture}) has no NextN (MTP) layers: it needs a draft "
+                                "model of the same vocabulary, or lookup drafts.")
+
+
 def check_files(target: str | os.PathLike, draft: str | os.PathLike) -> Compatibility:
     """Raises SpeculumError when either file is unreadable or not GGUF."""
     return check_headers(read_file_header(target, VOCAB_KEYS), read_file_header(draft, VOCAB_KEYS))

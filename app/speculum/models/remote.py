@@ -25,7 +25,7 @@ from huggingface_hub.utils import build_hf_headers, hf_raise_for_status, http_st
 
 from ..errors import SpeculumError
 from .catalog import SHA256_RE
-from .compat import Compatibility, check_headers
+from .compat import Compatibility, check_headers, drafts_for_itself
 from .gguf import VOCAB_KEYS, GGUFHeader, read_file_header, read_header
 
 _TRUE = {"1", "on", "yes", "true"}
@@ -269,13 +269,20 @@ def read_any_header(source: HubRef | Path) -> GGUFHeader:
     return read_file_header(source, VOCAB_KEYS)
 
 
-def check_sources(target: HubRef | Path, draft: HubRef | Path,
+def check_sources(target: HubRef | Path, draft: HubRef | Path | None,
                   on_header: Callable[[HubRef | Path, GGUFHeader], None] | None = None) -> Compatibility:
-    """Compatibility of any mix of local files and Hub files; Hub files are not downloaded."""
+    """Compatibility of any mix of local files and Hub files; Hub files are not downloaded.
+    No draft: whether the target drafts for itself (NextN layers)."""
     headers = []
-    for source in (target, draft):
+    for source in (target, draft) if draft is not None else (target,):
         header = read_any_header(source)
         if on_header:
             on_header(source, header)
         headers.append(header)
-    return check_headers(*headers)
+    if draft is None:
+        return drafts_for_itself(headers[0])
+    verdict = check_headers(*headers)
+    if verdict and headers[0].nextn_layers:
+        return Compatibility(True, f"{verdict.reason} The target also drafts for itself with its "
+                                   f"{headers[0].nextn_layers} NextN (MTP) layer(s): --mode mtp needs no draft.")
+    return verdict

@@ -178,14 +178,14 @@ class MainWindow(QMainWindow):
         if self.generating:
             self.show_error("Stop the generation before loading other models.")
             return
-        draft = self.draft_combo.currentData() or None
+        draft = self.model_bar.draft_path()  # None for none and for Built-in (MTP)
         try:
             workers = self.generation_form.rpc_workers()
         except SpeculumError as exc:
             return self.show_error(str(exc))
         request = LoadRequest(str(target), str(draft) if draft else None, self.generation_form.n_ctx.value(),
                               *self.generation_form.gpu_layers(), rpc=workers)
-        self.settings.target, self.settings.draft = request.target, request.draft or ""
+        self.settings.target, self.settings.draft = request.target, request.draft or self.draft_combo.currentData() or ""
         self._save_settings()
         self.banner.hide()
         self.loaded = False

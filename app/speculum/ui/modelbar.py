@@ -8,16 +8,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QComboBox, QLabel, QPushButton, QToolBar
 
-from .modelchoices import local_models
+from ..engine.vocabulary import Mode
+from .modelchoices import local_models, nextn_layers
 from .serve import ServePanel
 from .look import MODE_NAMES
 from .settings import Settings
 
 NO_DRAFT = "(no draft model)"
+BUILT_IN_MTP = "Built-in (MTP)"  # a target with NextN layers drafts for itself
+BUILT_IN = "builtin:mtp"  # its item's data: no draft file
 
 
 def models_dialog_class():
@@ -69,12 +72,37 @@ class ModelBar(QToolBar):
         self.addWidget(self.serve_panel)
         self.models_button.clicked.connect(self.open_models_dialog)
         self.mode_combo.currentIndexChanged.connect(self._on_mode_changed)
+        self.target_combo.currentIndexChanged.connect(self._offer_built_in)
+        self.draft_combo.currentIndexChanged.connect(self._on_draft_changed)
         self._applying = False
         self.models_button.setEnabled(models_dialog_class() is not None)
         if not self.models_button.isEnabled():
             self.models_button.setToolTip("The model library is not part of this build")
         else:
             self.models_button.setToolTip("Find, download and check model pairs")
+
+    def _offer_built_in(self, *_) -> None:
+        """The draft list offers Built-in (MTP) exactly when the target has NextN layers."""
+        target = self.target_combo.currentData() or ""
+        has = bool(target) and nextn_layers(target) > 0
+        index = self.draft_combo.findData(BUILT_IN)
+        if has and index < 0:
+            self.draft_combo.insertItem(1, BUILT_IN_MTP, BUILT_IN)
+            self.draft_combo.setItemData(1, "The target's own multi-token prediction head drafts: no draft model",
+                                         Qt.ToolTipRole)
+        elif not has and index >= 0:
+            if self.draft_combo.currentIndex() == index:
+                self.draft_combo.setCurrentIndex(0)
+            self.draft_combo.removeItem(index)
+
+    def _on_draft_changed(self, *_) -> None:
+        if self.draft_combo.currentData() == BUILT_IN and not self._applying:
+            self.mode_combo.setCurrentIndex(max(0, self.mode_combo.findData(Mode.MTP)))
+
+    def draft_path(self) -> str | None:
+        """The chosen draft file; None for none and for Built-in (MTP)."""
+        draft = self.draft_combo.currentData() or ""
+        return None if draft in ("", BUILT_IN) else draft
 
     def _on_mode_changed(self, *_) -> None:
         if not self._applying:
@@ -109,6 +137,9 @@ class ModelBar(QToolBar):
     def select_pair(self, target: str, draft: str | None = None) -> None:
         if target:
             self._select(self.target_combo, str(target))
+        self._offer_built_in()
+        if draft == BUILT_IN and self.draft_combo.findData(BUILT_IN) < 0:
+            draft = None  # the target has no NextN layers (any more)
         self._select(self.draft_combo, str(draft) if draft else "")
 
     @staticmethod
