@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ggufgen import FLOAT32, STRING, UINT32, encode_value
+from ggufgen import ARRAY, FLOAT32, INT32, STRING, UINT32, encode_value
 
 ARCH = "glm4moe"
 N_EMBD, N_HEAD, N_HEAD_KV, N_FF, N_FF_EXP, N_EXPERT = 64, 4, 2, 128, 32, 2
@@ -109,16 +109,70 @@ def _weights(n_vocab: int, noise: float, seed: int) -> dict[str, np.ndarray]:
     return w
 
 
+# Qwen3.5 (``qwen35``): layer 0 is a Gated DeltaNet (linear attention, recurrent state),
+# layer 1 full attention with an output gate, then one dense NextN block.
+SSM_STATE, SSM_V_HEADS, SSM_K_HEADS, SSM_CONV = 16, 4, 2, 4
+
+
+def _qwen35_weights(n_vocab: int, noise: float, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    E, hd = N_EMBD, N_EMBD // N_HEAD
+
+    def rnd(*shape, scale=1.0):
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    def ones(n):
+        return np.ones(n, np.float32)
+
+    key_dim, value_dim = SSM_STATE * SSM_K_HEADS, SSM_STATE * SSM_V_HEADS
+    w = {
+        "token_embd.weight": rnd(n_vocab, E),
+        "output_norm.weight": ones(E),
+        "output.weight": rnd(n_vocab, E, scale=0.25),
+    }
+    for il in range(N_TRUNK + N_NEXTN):
+        b = f"blk.{il}."
+        w[b + "attn_norm.weight"] = ones(E)
+        w[b + "post_attention_norm.weight"] = ones(E)
+        if il == 0:  # linear attention; its output projection is zero at noise 0
+            w[b + "attn_qkv.weight"] = rnd(2 * key_dim + value_dim, E, scale=0.2)
+            w[b + "attn_gate.weight"] = rnd(value_dim, E, scale=0.2)
+            w[b + "ssm_conv1d.weight"] = rnd(2 * key_dim + value_dim, SSM_CONV, scale=0.3)
+            w[b + "ssm_dt.bias"] = np.zeros(SSM_V_HEADS, np.float32)
+            w[b + "ssm_a"] = -np.abs(rnd(SSM_V_HEADS)) - 0.5
+            w[b + "ssm_beta.weight"] = rnd(SSM_V_HEADS, E, scale=0.2)
+            w[b + "ssm_alpha.weight"] = rnd(SSM_V_HEADS, E, scale=0.2)
+            w[b + "ssm_norm.weight"] = ones(SSM_STATE)
+            w[b + "ssm_out.weight"] = rnd(E, value_dim, scale=noise / 4)
+        else:  # gated full attention (the trunk's layer 1, and the NextN block)
+            w[b + "attn_q.weight"] = rnd(2 * hd * N_HEAD, E, scale=0.3)
+            w[b + "attn_k.weight"] = rnd(hd * N_HEAD_KV, E, scale=0.3)
+            w[b + "attn_v.weight"] = rnd(hd * N_HEAD_KV, E, scale=0.3)
+            w[b + "attn_output.weight"] = rnd(E, hd * N_HEAD, scale=noise / 4)
+            w[b + "attn_q_norm.weight"] = ones(hd)
+            w[b + "attn_k_norm.weight"] = ones(hd)
+        w[b + "ffn_gate.weight"] = rnd(N_FF, E, scale=0.2)
+        w[b + "ffn_up.weight"] = rnd(N_FF, E, scale=0.2)
+        w[b + "ffn_down.weight"] = rnd(E, N_FF, scale=noise / 4)
+        if il >= N_TRUNK:
+            eh = np.concatenate([np.eye(E, dtype=np.float32), np.zeros((E, E), np.float32)], axis=1)
+            w[b + "nextn.eh_proj.weight"] = eh + rnd(E, 2 * E, scale=noise / 8)
+            w[b + "nextn.enorm.weight"] = ones(E)
+            w[b + "nextn.hnorm.weight"] = ones(E)
+    return w
+
+
 def write_mtp_gguf(path: Path, tokenizer_from: Path, noise: float = 0.0, seed: int = 0,
-                   nextn: bool = True) -> Path:
-    """The test model; ``nextn=False`` writes the same trunk with no NextN block (no MTP)."""
+                   nextn: bool = True, arch: str = ARCH) -> Path:
+    """The test model; ``nextn=False`` writes the same trunk with no NextN block (no MTP);
+    ``arch`` is ``glm4moe`` or ``qwen35``."""
     tok = tokenizer_kv(tokenizer_from)
     n_vocab = next(struct.unpack_from("<IQ", raw)[1] for k, _, raw in tok if k == "tokenizer.ggml.tokens")
-    weights = _weights(n_vocab, noise, seed)
+    weights = (_qwen35_weights if arch == "qwen35" else _weights)(n_vocab, noise, seed)
     n_blocks = N_TRUNK + (N_NEXTN if nextn else 0)
     if not nextn:
         weights = {k: v for k, v in weights.items() if not k.startswith(f"blk.{N_TRUNK}.")}
-    a = ARCH
+    a = arch
     kv: list[tuple[str, int, object]] = [
         ("general.architecture", STRING, a),
         ("general.name", STRING, "Speculum MTP test" if nextn else "Speculum no-MTP test"),
@@ -127,16 +181,30 @@ def write_mtp_gguf(path: Path, tokenizer_from: Path, noise: float = 0.0, seed: i
         (f"{a}.embedding_length", UINT32, N_EMBD),
         (f"{a}.block_count", UINT32, n_blocks),
         (f"{a}.feed_forward_length", UINT32, N_FF),
-        (f"{a}.expert_feed_forward_length", UINT32, N_FF_EXP),
         (f"{a}.attention.head_count", UINT32, N_HEAD),
         (f"{a}.attention.head_count_kv", UINT32, N_HEAD_KV),
         (f"{a}.attention.layer_norm_rms_epsilon", FLOAT32, 1e-6),
         (f"{a}.rope.freq_base", FLOAT32, 10000.0),
-        (f"{a}.expert_count", UINT32, N_EXPERT),
-        (f"{a}.expert_used_count", UINT32, 1),
-        (f"{a}.expert_shared_count", UINT32, 1),
-        (f"{a}.leading_dense_block_count", UINT32, N_TRUNK),
     ]
+    if arch == "qwen35":
+        kv += [
+            (f"{a}.rope.dimension_count", UINT32, N_EMBD // N_HEAD),
+            (f"{a}.rope.dimension_sections", ARRAY, (INT32, [4, 2, 2, 0])),
+            (f"{a}.full_attention_interval", UINT32, 2),
+            (f"{a}.ssm.conv_kernel", UINT32, SSM_CONV),
+            (f"{a}.ssm.inner_size", UINT32, SSM_STATE * SSM_V_HEADS),
+            (f"{a}.ssm.state_size", UINT32, SSM_STATE),
+            (f"{a}.ssm.time_step_rank", UINT32, SSM_V_HEADS),
+            (f"{a}.ssm.group_count", UINT32, SSM_K_HEADS),
+        ]
+    else:
+        kv += [
+            (f"{a}.expert_feed_forward_length", UINT32, N_FF_EXP),
+            (f"{a}.expert_count", UINT32, N_EXPERT),
+            (f"{a}.expert_used_count", UINT32, 1),
+            (f"{a}.expert_shared_count", UINT32, 1),
+            (f"{a}.leading_dense_block_count", UINT32, N_TRUNK),
+        ]
     if nextn:
         kv.append((f"{a}.nextn_predict_layers", UINT32, N_NEXTN))
     out = bytearray(b"GGUF" + struct.pack("<IQQ", 3, len(weights), len(kv) + len(tok)))

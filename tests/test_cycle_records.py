@@ -24,7 +24,8 @@ OLD_CYCLE = {
 
 def test_words_equal_and_serialise_as_their_old_strings():
     for member, old in [(Mode.AUTO, "auto"), (Mode.OFF, "off"), (Mode.DRAFT, "draft"), (Mode.LOOKUP, "lookup"),
-                        (Source.MODEL, "model"), (Source.LOOKUP, "lookup"), (Source.NONE, "none"),
+                        (Mode.MTP, "mtp"), (Source.MODEL, "model"), (Source.LOOKUP, "lookup"), (Source.MTP, "mtp"),
+                        (Source.NONE, "none"),
                         (Finish.EOG, "eog"), (Finish.MAX_TOKENS, "max_tokens"), (Finish.STOPPED, "stopped"),
                         (Finish.CONTEXT_FULL, "context_full")]:
         assert member == old and isinstance(member, str)
@@ -32,7 +33,7 @@ def test_words_equal_and_serialise_as_their_old_strings():
         assert f"{member}" == str(member) == old and f"{member:<14}|" == f"{old:<14}|"
         assert {old: 1}[member] == 1 and {member: 1}[old] == 1
         assert type(member)(old) is member
-    assert [m.value for m in Mode] == ["auto", "off", "draft", "lookup"]  # the CLI's --mode choices, in order
+    assert [m.value for m in Mode] == ["auto", "off", "draft", "lookup", "mtp"]  # the CLI's --mode choices, in order
 
 
 def test_an_old_stored_cycle_with_a_policy_dict_loads_and_saves_unchanged():

@@ -22,18 +22,23 @@ MAX_NOISE = 0.02
 @pytest.fixture(scope="session")
 def mtp_models(tmp_path_factory, smollm_path):
     """aligned: the head predicts the main head by construction; noisy: it guesses, often wrong;
-    plain: the same trunk without a NextN block."""
+    plain: the same trunk without a NextN block. GLM-4.5's architecture (glm4moe, a KV cache)
+    and Qwen3.5's (qwen35: a recurrent Gated DeltaNet layer, then gated attention)."""
     folder = tmp_path_factory.mktemp("mtp")
-    return {
-        "aligned": write_mtp_gguf(folder / "aligned.gguf", smollm_path, noise=0.0),
-        "noisy": write_mtp_gguf(folder / "noisy.gguf", smollm_path, noise=0.05, seed=1),
-        "plain": write_mtp_gguf(folder / "plain.gguf", smollm_path, nextn=False),
-    }
+    models = {"plain": write_mtp_gguf(folder / "plain.gguf", smollm_path, nextn=False)}
+    for arch, prefix in ARCHS.items():
+        models[prefix + "aligned"] = write_mtp_gguf(folder / f"{prefix}aligned.gguf", smollm_path, arch=arch)
+        models[prefix + "noisy"] = write_mtp_gguf(folder / f"{prefix}noisy.gguf", smollm_path, noise=0.05, seed=1,
+                                                  arch=arch)
+    return models
 
 
-@pytest.fixture(scope="module")
-def noisy(mtp_models):
-    model = LlamaModel(mtp_models["noisy"], n_ctx=512, n_threads=1)
+ARCHS = {"glm4moe": "", "qwen35": "qwen35-"}  # architecture -> its models' key prefix
+
+
+@pytest.fixture(scope="module", params=list(ARCHS))
+def noisy(mtp_models, request):
+    model = LlamaModel(mtp_models[ARCHS[request.param] + "noisy"], n_ctx=512, n_threads=1)
     yield Decoder(model)
     model.close()
 
@@ -69,13 +74,15 @@ def test_loads_with_its_mtp_head(mtp_models):
         assert model.facts.architecture == "glm4moe"
         assert model.n_nextn == 1
         assert Source.MTP in Decoder(model).drafters
+    with LlamaModel(mtp_models["qwen35-aligned"], n_ctx=256, n_threads=1) as model:
+        assert model.facts.architecture == "qwen35" and model.n_nextn == 1
     with LlamaModel(mtp_models["plain"], n_ctx=256, n_threads=1) as model:
         assert model.n_nextn == 0
         assert Source.MTP not in Decoder(model).drafters
 
 
 @pytest.mark.parametrize("k", [1, 3, 6])
-def test_greedy_mtp_equals_plain(noisy, mtp_models, k):
+def test_greedy_mtp_equals_plain(noisy, k):
     prompt = prompt_of(noisy.target)
     plain, _ = generate(noisy, prompt, max_tokens=48, policy="off")
     spec, cycles = generate(noisy, prompt, max_tokens=48, policy="mtp", k=k)
@@ -85,7 +92,7 @@ def test_greedy_mtp_equals_plain(noisy, mtp_models, k):
     assert 0 < accepted < drafted  # both paths taken: kept drafts and rejected ones
     i = next((i for i, (a, b) in enumerate(zip(plain, spec)) if a != b), None)
     if i is not None:
-        assert top2_gap(mtp_models["noisy"], prompt + plain[:i]) < MAX_NOISE, i
+        assert top2_gap(noisy.target.path, prompt + plain[:i]) < MAX_NOISE, i
     else:
         assert len(spec) == len(plain)
 
@@ -101,12 +108,14 @@ def test_second_turn_and_other_modes_keep_the_head_in_step(noisy):
     assert sum(c.n_accepted for c in cycles) > 0
 
 
+@pytest.mark.parametrize("arch", list(ARCHS))
 @pytest.mark.parametrize("max_pending", [4, None])
-def test_head_is_fed_as_llama_cpp_feeds_it(mtp_models, max_pending):
+def test_head_is_fed_as_llama_cpp_feeds_it(mtp_models, max_pending, arch):
     """After cycles of MTP and of lookup drafts (pairs pushed in early with a small
     ``max_pending``), the head's next proposal equals a fresh head fed every pair
     (token at p, the target's hidden state at p - 1) in one batch."""
-    with LlamaModel(mtp_models["noisy"], n_ctx=512, n_threads=1) as model:
+    path = mtp_models[ARCHS[arch] + "noisy"]
+    with LlamaModel(path, n_ctx=512, n_threads=1) as model:
         decoder = Decoder(model)
         drafter = decoder.drafters[Source.MTP]
         if max_pending is not None:
@@ -118,7 +127,7 @@ def test_head_is_fed_as_llama_cpp_feeds_it(mtp_models, max_pending):
         sampling = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, seed=0)
         from speculum.engine.drafters import Choice
         q = drafter.propose(context, 1, Choice(Source.MTP, 1), sampling, np.random.default_rng(0)).q[0]
-    with LlamaModel(mtp_models["noisy"], n_ctx=512, n_threads=1) as ref:
+    with LlamaModel(path, n_ctx=512, n_threads=1) as ref:
         rows = []
         ref.listen_to_decodes(lambda tokens, pos, hidden: rows.append(np.array(hidden)))
         ref.prefill(context[:-1])
@@ -129,9 +138,36 @@ def test_head_is_fed_as_llama_cpp_feeds_it(mtp_models, max_pending):
     assert np.abs(q - expected).max() < 1e-3
 
 
-def test_aligned_head_is_accepted_and_cycles_record_it(mtp_models):
+def test_recurrent_target_rolls_back_drafts_and_starts_over_beyond_its_snapshots(mtp_models):
+    """Qwen3.5's Gated DeltaNet state is rolled back through llama.cpp's snapshots: drafts
+    never exceed them, and a cut further back than they reach decodes the context again."""
+    with LlamaModel(mtp_models["qwen35-noisy"], n_ctx=512, n_threads=1) as model:
+        assert model.max_rollback == 16
+        model.decode([1, 2, 3, 4])
+        assert model.trim(2) == 2  # within the latest pass: its snapshots hold the state
+        assert model.trim(1) == 0  # once more, or further back: llama.cpp would restore a stale state
+        model.decode([1, 2])
+        model.decode([3])
+        assert model.trim(1) == 0  # before the latest pass
+        decoder = Decoder(model)
+        first = prompt_of(model)
+        generate(decoder, first, max_tokens=40, policy="off")
+        other = prompt_of(model, "Write a haiku about rollback.")  # shares only the template's start
+        plain, _ = generate(decoder, other, max_tokens=32, policy="off")
+        spec, cycles = generate(decoder, other, max_tokens=32, policy="mtp", k=24)
+        assert max(len(c.drafted) for c in cycles) == 16
+    with LlamaModel(mtp_models["qwen35-noisy"], n_ctx=512, n_threads=1) as fresh:
+        reference, _ = generate(Decoder(fresh), other, max_tokens=32, policy="off")
+    assert plain == reference
+    i = next((i for i, (a, b) in enumerate(zip(plain, spec)) if a != b), None)
+    assert i is None or top2_gap(mtp_models["qwen35-noisy"], other + plain[:i]) < MAX_NOISE
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_aligned_head_is_accepted_and_cycles_record_it(mtp_models, arch):
     """The head built to predict what the main head will: nearly every draft is kept."""
-    with LlamaModel(mtp_models["aligned"], n_ctx=512, n_threads=1) as model:
+    with LlamaModel(mtp_models[ARCHS[arch] + "aligned"], n_ctx=512, n_threads=1) as model:
+        assert model.facts.architecture == arch
         decoder = Decoder(model)
         prompt = prompt_of(model)
         plain, _ = generate(decoder, prompt, max_tokens=40, policy="off")
@@ -153,7 +189,7 @@ def test_aligned_head_is_accepted_and_cycles_record_it(mtp_models):
         assert sum(c.n_accepted for c in sampled) >= 0.8 * drafted > 0
 
 
-def test_sampled_distribution_matches_target(noisy, mtp_models):
+def test_sampled_distribution_matches_target(noisy):
     """Over many seeded runs, sequences of 3 sampled tokens follow the target's own distribution."""
     sampling_kw = dict(temperature=1.0, top_k=4, top_p=1.0)
     params = SamplingParams(**sampling_kw)
@@ -161,7 +197,7 @@ def test_sampled_distribution_matches_target(noisy, mtp_models):
     steps = 3
     # The exact distribution of 3-token continuations, from the target alone (top-4 each step).
     probs = {(): 1.0}
-    with LlamaModel(mtp_models["noisy"], n_ctx=512, n_threads=1) as ref:
+    with LlamaModel(noisy.target.path, n_ctx=512, n_threads=1) as ref:
         for _ in range(steps):
             nxt = {}
             for seq, pr in probs.items():

@@ -76,7 +76,7 @@ class Backend(Protocol):
 
     def decode(self, tokens: Sequence[int], rows: Sequence[int] | None = None) -> np.ndarray: ...
     def prefill(self, tokens: Sequence[int]) -> np.ndarray: ...
-    def trim(self, n: int) -> None: ...
+    def trim(self, n: int) -> int | None: ...  # tokens kept: fewer than n when it had to start over
     def is_eog(self, token: int) -> bool: ...
     def token_bytes(self, token: int) -> bytes: ...
     def token_text(self, token: int, special: bool = True) -> str: ...
@@ -103,8 +103,13 @@ class CachedSequence:
             while self.tokens[n] == context[n]:
                 n += 1
         if n < len(self.tokens):
-            self.model.trim(n)
-            del self.tokens[n:]
+            n = self._trim(n)
+        return n
+
+    def _trim(self, n: int) -> int:
+        kept = self.model.trim(n)
+        n = n if kept is None else min(n, kept)  # a recurrent model may have started over
+        del self.tokens[n:]
         return n
 
     def feed(self, tokens: Sequence[int], stop: threading.Event | None = None) -> None:
@@ -125,5 +130,4 @@ class CachedSequence:
 
     def trim(self, n: int) -> None:
         if n < len(self.tokens):
-            self.model.trim(n)
-            del self.tokens[n:]
+            self._trim(n)

@@ -129,8 +129,11 @@ def calibrate(target: Backend, draft: Backend | None, token: int, clock: Callabl
         return seconds
 
     measured = CostModel()
-    timed(target, [token])  # warm-up: the first pass after loading pages weights in
-    sizes = [n for n in CALIBRATION_SIZES if target.n_past + n <= target.n_ctx]
+    # A recurrent target cannot undo a whole pass (only drafts within one): it is timed live.
+    recurrent = getattr(target, "max_rollback", None) is not None
+    sizes = [n for n in CALIBRATION_SIZES if target.n_past + n <= target.n_ctx and not recurrent]
+    if sizes:
+        timed(target, [token])  # warm-up: the first pass after loading pages weights in
     for _ in range(3):  # rounds across all sizes: a passing hiccup spoils one sample, not a size
         for n in sizes:
             measured.verify_s[n] = min(measured.verify_s.get(n, float("inf")), timed(target, [token] * n))

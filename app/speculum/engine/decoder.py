@@ -40,6 +40,9 @@ class Decoder:
         self.drafters: dict[Source, Drafter] = build_drafters(DrafterInputs(target, draft, clock, max_ngram))
         self.stats = Stats()
         self.policies: dict[Mode, Policy] = {}
+        # A recurrent target rolls back only so many rejected drafts (llama.cpp's snapshots).
+        rollback = getattr(target, "max_rollback", None)
+        self.max_draft = 1 << 30 if rollback is None else rollback
 
     def policy_for(self, mode: Mode | str, k: int | None = None) -> Policy:
         """auto: the measured policy; draft / lookup: that drafter, k adapted (None) or fixed; off: plain."""
@@ -88,7 +91,8 @@ class Decoder:
 
             # Draft: the policy's choice, never past the context or max tokens.
             choice = policy.choose(context)
-            k_now = min(choice.k, self.target.n_ctx - len(context) - 1, max_tokens - generated - 1)
+            k_now = min(choice.k, self.target.n_ctx - len(context) - 1, max_tokens - generated - 1,
+                        self.max_draft)
             draft = self._propose(choice, context, k_now, sampling, rng) if k_now > 0 else Draft()
             t_drafted = self.clock()
 
@@ -180,6 +184,8 @@ class Decoder:
     def _trim(self, context: list[int]) -> None:
         # All but the new last token stay cached in the target; it is decoded with the next draft.
         self.sequence.trim(len(context) - 1)
+        if len(self.sequence.tokens) < len(context) - 1:  # a recurrent state had to start over
+            self.sequence.feed(context[len(self.sequence.tokens):-1])
         for drafter in self.drafters.values():
             drafter.accept(context)
 

@@ -137,6 +137,13 @@ def llama_cpp_version() -> str:
 
 LoadProgress = Callable[[float], bool]  # fraction loaded -> keep going?
 
+# A recurrent state (Qwen3.5's Gated DeltaNet layers, Mamba, ...) cannot be cut back like a KV
+# cache: llama.cpp keeps per-token snapshots of the latest decode to roll back rejected drafts
+# (memory: one recurrent state each), where the architecture supports it. A snapshot is only
+# right for the tokens of that latest decode, and one rollback uses them up; llama.cpp does not
+# check either, so ``trim`` does.
+RECURRENT_ROLLBACK = 16
+
 
 def _backend_name(gpu: str | None, rpc: Sequence[str], n_gpu_layers: int) -> str:
     """'CPU', 'CUDA', 'RPC 10.0.0.2:50052,...' (the workers named: the auto policy keeps its
@@ -223,6 +230,9 @@ class LlamaModel(TokenPieces):
         cparams.n_seq_max = 1
         cparams.n_threads = threads
         cparams.n_threads_batch = n_threads_batch or threads
+        recurrent = bool(lc.llama_model_is_recurrent(self._model) or lc.llama_model_is_hybrid(self._model))
+        if recurrent:
+            cparams.n_rs_seq = RECURRENT_ROLLBACK  # llama.cpp makes it 0 where the architecture cannot
         cparams.flash_attn_type = (
             lc.LLAMA_FLASH_ATTN_TYPE_AUTO if flash_attn is None
             else lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
@@ -238,6 +248,10 @@ class LlamaModel(TokenPieces):
                 f"{self.path.name}" + (f": {why}" if why else " (out of memory?).")
             )
         self._mem = lc.llama_get_memory(self._ctx)
+        # Most tokens ``trim`` can drop at once without starting over (None: any number), and
+        # how many of the latest decode's it can drop now (recurrent only).
+        self.max_rollback = int(lc.llama_n_rs_seq(self._ctx)) if recurrent else None
+        self._undoable = 0
         self.n_ctx = lc.llama_n_ctx(self._ctx)
         self.n_batch = lc.llama_n_batch(self._ctx)  # llama.cpp caps it at the requested n_ctx
         self.n_threads = threads
@@ -354,6 +368,8 @@ class LlamaModel(TokenPieces):
                 raise ContextFullError(f"llama.cpp found no room in the KV cache ({self.n_past} tokens used).")
             raise SpeculumError(f"llama.cpp failed to decode (code {rc}).")
         self.n_past += n
+        if self.max_rollback is not None:  # the batch's first token stays: its snapshot holds the rest
+            self._undoable = min(n - 1, self.max_rollback)
         if self._decode_listeners:
             hidden = np.ctypeslib.as_array(llama_ext.staging().get_embeddings_nextn(self._ctx), shape=(n, self.n_embd))
             for listener in self._decode_listeners:
@@ -390,15 +406,24 @@ class LlamaModel(TokenPieces):
         assert logits is not None, "prefill needs at least one token"
         return logits[0]
 
-    def trim(self, n: int) -> None:
-        """Forget every token at position >= n."""
+    def trim(self, n: int) -> int:
+        """Forget every token at position >= n; returns how many are kept. A recurrent state
+        rolls back at most ``max_rollback`` tokens (once between decodes): beyond that the
+        context starts over from nothing, and the caller decodes it again."""
         if n < self.n_past:
-            lc.llama_memory_seq_rm(self._mem, 0, n, -1)
+            undo = self.n_past - n
+            ok = self.max_rollback is None or undo <= self._undoable
+            if not (ok and lc.llama_memory_seq_rm(self._mem, 0, n, -1)):
+                lc.llama_memory_seq_rm(self._mem, 0, -1, -1)
+                n = 0
+            self._undoable = 0
             self.n_past = n
+        return self.n_past
 
     def reset(self) -> None:
         lc.llama_memory_clear(self._mem, True)
         self.n_past = 0
+        self._undoable = 0
 
     def close(self) -> None:
         for head in list(getattr(self, "_mtp_heads", ())):
