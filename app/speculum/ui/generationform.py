@@ -21,7 +21,7 @@ class GenerationForm(QWidget):
         self.top_p = QDoubleSpinBox(objectName="topP", minimum=0.05, maximum=1.0, singleStep=0.05, decimals=2)
         self.max_tokens = QSpinBox(objectName="maxTokens", minimum=1, maximum=32768, singleStep=64)
         self.k_spin = QSpinBox(objectName="draftLength", minimum=0, maximum=15, specialValueText="Adaptive",
-                               toolTip="Tokens drafted per cycle in Draft model and Prompt lookup modes; "
+                               toolTip="Tokens drafted per cycle in Draft model, Prompt lookup and Built-in (MTP) modes; "
                                        "Adaptive lets Speculum pick k from what it measures")
         generation = QGroupBox("Generation")
         form = QFormLayout(generation)
