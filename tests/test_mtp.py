@@ -109,11 +109,12 @@ def test_second_turn_and_other_modes_keep_the_head_in_step(noisy):
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))
-@pytest.mark.parametrize("max_pending", [4, None])
-def test_head_is_fed_as_llama_cpp_feeds_it(mtp_models, max_pending, arch):
+@pytest.mark.parametrize("max_pending, switch", [(4, False), (None, False), (4, True)])
+def test_head_is_fed_as_llama_cpp_feeds_it(mtp_models, max_pending, switch, arch):
     """After cycles of MTP and of lookup drafts (pairs pushed in early with a small
-    ``max_pending``), the head's next proposal equals a fresh head fed every pair
-    (token at p, the target's hidden state at p - 1) in one batch."""
+    ``max_pending``; then, with ``switch``, another conversation), the head's next proposal
+    equals a fresh head fed every pair (token at p, the target's hidden state at p - 1) in
+    one batch."""
     path = mtp_models[ARCHS[arch] + "noisy"]
     with LlamaModel(path, n_ctx=512, n_threads=1) as model:
         decoder = Decoder(model)
@@ -123,6 +124,9 @@ def test_head_is_fed_as_llama_cpp_feeds_it(mtp_models, max_pending, arch):
         prompt = prompt_of(model)
         out, _ = generate(decoder, prompt, max_tokens=10, policy="mtp", k=3)
         more, _ = generate(decoder, prompt + out, max_tokens=10, policy="lookup", k=3)
+        if switch:  # another conversation, sharing only the template's start
+            prompt, out = prompt_of(model, "Now something else: name three rivers."), []
+            more, _ = generate(decoder, prompt, max_tokens=10, policy="lookup", k=3)
         context = prompt + out + more
         sampling = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, seed=0)
         from speculum.engine.drafters import Choice

@@ -58,6 +58,14 @@ class MtpDrafter:
     def _on_target_decode(self, tokens: Sequence[int], pos: int, hidden: np.ndarray) -> None:
         """The target decoded ``tokens`` from ``pos``: keep their hidden rows (what was seen
         from ``pos`` on is replaced)."""
+        # The head's pairs from ``pos`` on stay valid only where the target decoded the same tokens.
+        same = 0
+        for old, new in zip(self.tokens[pos:], tokens):
+            if old != new:
+                break
+            same += 1
+        if same < len(tokens):
+            del self.tokens[pos + same:]
         start, n_seen = self.seen_start, len(self.seen_tokens)
         if start <= pos <= start + n_seen:
             keep = pos - start
