@@ -239,6 +239,8 @@ def test_mode_mtp_without_nextn_layers_is_one_plain_sentence(smollm_path):
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("speculum: MTP mode needs a model with its own")
+    served = speculum("serve", "--target", smollm_path, "--mode", "mtp", "--port", "1")  # refused before serving
+    assert served.returncode == 2 and served.stderr.strip() == lines[0]
 
 
 def test_generate_mode_mtp_on_the_cli(mtp_models):

@@ -213,6 +213,7 @@ def cmd_serve(args) -> int:
     if args.n_ctx:
         args.ctx = args.n_ctx
     decoder = _load(args)
+    decoder.policy_for(args.mode)  # a mode these models cannot run (mtp without NextN layers) stops here
     model_id = args.model_id or Path(args.target).stem
     served = ServedModel(decoder, model_id, mode=args.mode, max_waiting=args.max_waiting)
     app = create_app(served, api_key=args.api_key, cors_origins=args.cors_origin or None)
