@@ -354,3 +354,17 @@ def test_pair_picker_offers_built_in_mtp_for_a_target_with_nextn_layers(qtbot, m
     assert bar.mode_combo.currentData() == "mtp" and bar.draft_path() is None
     bar.select_pair(str(folder / "plain.gguf"), BUILT_IN)  # a saved choice the new target cannot honour
     assert bar.draft_combo.findData(BUILT_IN) < 0 and bar.draft_path() is None
+
+
+def test_a_llama_cpp_without_mtp_says_so_for_a_model_with_nextn_layers(mtp_models, monkeypatch):
+    from speculum.errors import SpeculumError
+
+    reason = "this llama.cpp does not export llama_get_embeddings_nextn, which MTP drafting needs."
+    monkeypatch.setattr(llama_ext, "support", lambda: llama_ext.Support(False, reason))
+    with LlamaModel(mtp_models["aligned"], n_ctx=256, n_threads=1) as model:
+        assert model.n_nextn == 0
+        decoder = Decoder(model)
+        assert Source.MTP not in decoder.drafters
+        with pytest.raises(SpeculumError, match="aligned.gguf has NextN .MTP. layers, but this llama.cpp does not"):
+            decoder.policy_for("mtp")
+        assert len(generate(decoder, prompt_of(model), max_tokens=4, policy="off")[0]) == 4  # it still runs

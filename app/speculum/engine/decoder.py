@@ -14,7 +14,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from ..errors import ContextFullError
+from ..errors import ContextFullError, SpeculumError
 from .auto import AutoPolicy, default_store
 from .backend import Backend, CachedSequence
 from .costs import calibrate
@@ -49,6 +49,8 @@ class Decoder:
         mode = Mode(mode)
         has_draft_model = Source.MODEL in self.drafters
         has_mtp = Source.MTP in self.drafters
+        if mode == Mode.MTP and not has_mtp and getattr(self.target, "mtp_unavailable", ""):
+            raise SpeculumError(self.target.mtp_unavailable)
         fixed = mode == Mode.OFF or (k is not None and mode != Mode.AUTO)  # auto always picks k itself
         if (fixed or (mode == Mode.DRAFT and not has_draft_model)
                 or (mode == Mode.MTP and not has_mtp)):  # (no drafter: FixedPolicy's plain-words error)

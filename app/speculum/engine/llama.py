@@ -200,6 +200,9 @@ class LlamaModel(TokenPieces):
         want_mtp = header.nextn_layers > 0 and bool(llama_ext.support())
         if want_mtp:
             mparams.load_mtp = True
+        # Why MTP mode cannot run although the file has NextN layers ("" when it can, or has none).
+        self.mtp_unavailable = "" if want_mtp or not header.nextn_layers else (
+            f"{self.path.name} has NextN (MTP) layers, but {llama_ext.support().reason}")
         self._progress_cb = None
         if progress is not None:
             def on_progress(fraction: float, _user: ctypes.c_void_p) -> bool:
