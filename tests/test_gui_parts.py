@@ -103,20 +103,20 @@ def test_token_kinds_of_a_cycle():
     assert tip == "Cycle 1 · draft position 3 of 3 · drafter: prompt lookup · rejected · p = 0.50"
 
 
-def test_mtp_drafts_have_their_own_label_mark_and_hover_text(qtbot):
+def test_mtp_drafts_have_their_own_label_colour_and_hover_text(qtbot):
     mtp = cycle(0, "mtp", [1, 2], 1, [1, 9])
     assert token_runs(mtp)[0][2] == ("Cycle 1 · draft position 1 of 2 · drafter: MTP head (the model's own NextN "
                                      "layer) · accepted · p = 0.50")
     view = SpeculationView()
     qtbot.addWidget(view)
-    view.append_cycles([StagedCycle(cycle(0, "model", [1], 1, [1, 2])), StagedCycle(mtp)])
+    view.append_cycles([StagedCycle(cycle(0, "model", [1], 1, [1, 2]))])
+    assert "from MTP head" not in view.legend.toPlainText()  # named once an MTP draft shows
+    view.append_cycles([StagedCycle(mtp)])
     runs = view.runs()
-    assert [k for _, k, _ in runs] == [look.ACCEPTED, look.BONUS, look.ACCEPTED, look.REJECTED, look.CORRECTION]
-    mark = look.DRAFTER_UNDERLINE["mtp"]
-    assert not runs[0][2].fontUnderline()  # a draft model's token: no mark
-    for _, _, fmt in runs[2:4]:  # the MTP head's, accepted and rejected alike
-        assert fmt.fontUnderline() and fmt.underlineColor().name() == mark
-    assert not runs[4][2].fontUnderline()  # the target's own correction is not a draft
+    assert [k for _, k, _ in runs] == [look.ACCEPTED, look.BONUS, look.MTP_ACCEPTED, look.REJECTED, look.CORRECTION]
+    assert runs[2][2].background().color().name() == look.COLOURS[look.MTP_ACCEPTED][1]
+    assert runs[2][2].background().color() != runs[0][2].background().color()
+    assert "from MTP head" in view.legend.toPlainText()
     assert look.MODE_NAMES["mtp"] == "Built-in (MTP)"
 
 

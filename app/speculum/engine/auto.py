@@ -40,6 +40,15 @@ CONFIDENCE_BINS = 10
 # during calibration must not lock speculation out for good. Rare enough to cost <1%.
 EXPLORE_EVERY = 128
 EXPLORE_FLOOR = 0.6  # only options expected at >= 60% of the best
+# A client's prediction: acceptance by how many output tokens in a row followed it
+# (bucket upper bounds). One token in common with it means little (unrelated text shares
+# newlines and brackets); a long run is an edit copying the file, right nearly every time.
+PREDICTION_RUNS = (1, 3, 7, 15)
+PREDICTION_PRIORS = (0.1, 0.5, 0.75, 0.85, 0.9)
+
+
+def prediction_bucket(run: int) -> int:
+    return next((i for i, top in enumerate(PREDICTION_RUNS) if run <= top), len(PREDICTION_RUNS))
 
 
 @dataclass
@@ -98,15 +107,18 @@ class AutoPolicy:
     costs the decoder measured.
     """
 
-    # auto: any drafter or none; draft / lookup: that drafter only, always drafting.
-    MODE_SOURCES = {Mode.AUTO: (Source.MODEL, Source.LOOKUP, Source.MTP), Mode.DRAFT: (Source.MODEL,),
-                    Mode.LOOKUP: (Source.LOOKUP,), Mode.MTP: (Source.MTP,)}
+    # auto: any drafter or none; draft / lookup / mtp: that drafter, always drafting. A client's
+    # prediction (there only when a request brings one) is offered in every mode.
+    MODE_SOURCES = {Mode.AUTO: (Source.MODEL, Source.LOOKUP, Source.PREDICTION, Source.MTP),
+                    Mode.DRAFT: (Source.MODEL, Source.PREDICTION), Mode.LOOKUP: (Source.LOOKUP, Source.PREDICTION),
+                    Mode.MTP: (Source.MTP, Source.PREDICTION)}
 
     def __init__(self, drafters: Mapping[Source, Drafter], mode: Mode = Mode.AUTO, backend: str = "CPU",
                  store: Path | None = None, clock: Callable[[], float] = time.perf_counter):
         self.mode = Mode(mode)
         self.sources = [s for s in self.MODE_SOURCES[self.mode] if s in drafters]
         self.lookup = drafters.get(Source.LOOKUP)
+        self.prediction = drafters.get(Source.PREDICTION)
         self.min_k = 0 if self.mode == Mode.AUTO else 1  # forced modes keep drafting; auto may choose plain decoding
         self.store = store
         self.clock = clock
@@ -120,6 +132,7 @@ class AutoPolicy:
         n_max = self.lookup.max_ngram if self.lookup is not None else 3
         self.lookup_rates = {n: [Rate(prior=0.7 if n == n_max else 0.05 + 0.15 * n) for _ in range(MAX_K)]
                              for n in range(1, n_max + 1)}
+        self.prediction_rates = self._fresh_prediction_rates()
         # Draft-model acceptance by its own confidence, to tune the early-stop threshold.
         self.confidence_rates = [Rate(prior=(i + 0.5) / CONFIDENCE_BINS) for i in range(CONFIDENCE_BINS)]
         self.min_confidence = 0.0
@@ -157,6 +170,14 @@ class AutoPolicy:
                     e = expected_tokens(rates[:k])
                     options.append((e / (c.verify(k + 1) + c.lookup_s),
                                     Choice(Source.LOOKUP, k, min_match=match.length), e))
+        if Source.PREDICTION in self.sources:
+            match = self.prediction.match(context)
+            if match.length > 0:
+                rates = chained(self.prediction_rates[prediction_bucket(match.length)])
+                for k in range(1, min(MAX_K, match.available, MAX_BATCH - 1) + 1):
+                    e = expected_tokens(rates[:k])
+                    options.append((e / (c.verify(k + 1) + c.lookup_s),
+                                    Choice(Source.PREDICTION, k, min_match=match.length), e))
         if Source.MODEL in self.sources:
             rates = chained(self.model_rates)
             for k in range(1, min(MAX_K_MODEL, MAX_BATCH - 1) + 1):
@@ -211,6 +232,8 @@ class AutoPolicy:
         elif draft.source == Source.MTP:
             self.costs.observe_mtp(len(draft.tokens), draft_s, draft.first_s or draft_s)
             rates = self.mtp_rates
+        elif draft.source == Source.PREDICTION:
+            rates = self.prediction_rates[prediction_bucket(draft.match_length)]
         else:
             self.costs.lookup_s = 0.8 * self.costs.lookup_s + 0.2 * draft_s
             match = max(1, min(draft.match_length, len(self.lookup_rates)))
@@ -242,7 +265,7 @@ class AutoPolicy:
         c = self.last
         plain = self.plain_tokens_per_s()
         expected = self.last_estimate.get("expected_tokens_per_s")
-        mtp = Source.MTP in (c.source, c.fallback) or self.sources == [Source.MTP]  # its costs and rates shown
+        mtp = Source.MTP in (c.source, c.fallback) or self.mode == Mode.MTP  # its costs and rates shown
         drafting, rates = (self.costs.mtp, self.mtp_rates) if mtp else (self.costs.draft, self.model_rates)
         return PolicyReport(
             source=c.source if c.k else Source.NONE, k=c.k, mode=self.mode,
@@ -286,7 +309,13 @@ class AutoPolicy:
         except OSError:
             pass  # a memory that cannot be written only costs a re-measurement next time
 
+    @staticmethod
+    def _fresh_prediction_rates() -> list[list[Rate]]:
+        return [[Rate(prior=p) for _ in range(MAX_K)] for p in PREDICTION_PRIORS]
+
     def finish(self) -> None:
+        # Each request brings its own prediction: what one taught says nothing of the next.
+        self.prediction_rates = self._fresh_prediction_rates()
         self.save()
 
 

@@ -71,14 +71,19 @@ class Decoder:
         k: int | None = None,
         stop: threading.Event | None = None,
         want_probs: bool = False,
+        prediction: Sequence[int] = (),
     ) -> Iterator[Cycle]:
         """Yield one Cycle per target pass until end of generation, max tokens, stop or full context.
 
         ``k``: None lets draft and lookup modes adapt the draft length; a number fixes it.
+        ``prediction``: tokens the caller expects the answer to hold (auto mode drafts from them).
         Raises ContextFullError before decoding when the prompt alone does not fit.
         """
         if isinstance(policy, str):
             policy = self.policy_for(policy, k)
+        predicted = self.drafters.get(Source.PREDICTION)
+        if predicted is not None:
+            predicted.expect(prediction)  # empty clears the previous generation's
         context = self._prefill(prompt, policy, stop)
         rng = np.random.default_rng(sampling.seed)
         detok = self.target.detokenizer()

@@ -33,6 +33,7 @@ class Source(Word):
     MODEL = "model"
     LOOKUP = "lookup"
     MTP = "mtp"  # the target's own NextN head
+    PREDICTION = "prediction"  # the client's expected output (OpenAI Predicted Outputs)
     NONE = "none"  # nothing drafted: a plain step
 
 

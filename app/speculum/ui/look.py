@@ -12,6 +12,8 @@ CORRECTION = "correction"  # the target's own token after a rejection
 BONUS = "bonus"  # the target's extra token after every draft was accepted
 PLAIN = "plain"  # a token from a plain step (nothing drafted)
 PROPOSED = "proposed"  # replay: drafted, not yet verified
+PREDICTED = "predicted"  # a token of an API client's prediction the target agreed with
+MTP_ACCEPTED = "mtp"  # a token the model's own MTP head drafted and the target agreed with
 
 # (text colour, background)
 COLOURS = {
@@ -21,10 +23,13 @@ COLOURS = {
     BONUS: ("#5b2a91", "#eadcfb"),
     PLAIN: ("#30343b", None),
     PROPOSED: ("#5f6670", "#eceef1"),
+    PREDICTED: ("#0b5563", "#c6eef3"),
+    MTP_ACCEPTED: ("#7a4a00", "#fde8bf"),
 }
 
 # Short names for the legend; the tooltips say more.
-SHORT = {ACCEPTED: "accepted", REJECTED: "rejected", CORRECTION: "correction", BONUS: "bonus", PLAIN: "plain step"}
+SHORT = {ACCEPTED: "accepted", REJECTED: "rejected", CORRECTION: "correction", BONUS: "bonus", PLAIN: "plain step",
+         PREDICTED: "from prediction", MTP_ACCEPTED: "from MTP head"}
 
 # The window lists the modes in this order.
 MODE_NAMES = {Mode.AUTO: "Auto", Mode.DRAFT: "Draft model", Mode.LOOKUP: "Prompt lookup",
@@ -37,15 +42,15 @@ LABELS = {
     BONUS: "target's bonus token",
     PLAIN: "plain step",
     PROPOSED: "proposed, not yet verified",
+    PREDICTED: "accepted draft from the API client's prediction",
+    MTP_ACCEPTED: "accepted draft from the model's own multi-token prediction (NextN) head",
 }
 
-DRAFTERS = {Source.MODEL: "draft model", Source.LOOKUP: "prompt lookup",
-            Source.MTP: "MTP head (the model's own NextN layer)", Source.NONE: "none (plain step)"}
+# An accepted draft shows in its drafter's own colour where it has one.
+ACCEPTED_AS = {Source.PREDICTION: PREDICTED, Source.MTP: MTP_ACCEPTED}
 
-# Drafted tokens of these drafters carry a solid underline of their own colour, over the
-# accepted / rejected colours: MTP drafts are told apart from a draft model's at a glance.
-DRAFTER_UNDERLINE = {Source.MTP: "#0e7490"}
-MTP_DRAFT = "mtp draft"  # the legend's name for the mark
+DRAFTERS = {Source.MODEL: "draft model", Source.LOOKUP: "prompt lookup", Source.PREDICTION: "client's prediction",
+            Source.MTP: "MTP head (the model's own NextN layer)", Source.NONE: "none (plain step)"}
 
 CHART_LINE = QColor("#2f6fdf")
 CHART_FILL = QColor(47, 111, 223, 40)

@@ -13,7 +13,7 @@ from PySide6.QtCore import QEvent, Qt
 from PySide6.QtGui import QColor, QFont, QTextCharFormat, QTextCursor, QTextFormat
 from PySide6.QtWidgets import QTextEdit, QToolTip
 
-from ..engine.vocabulary import Finish, Source
+from ..engine.vocabulary import Finish
 from . import look
 from .opaque import OpaqueScrollArea
 from .richtext import escaped_tooltip
@@ -21,7 +21,7 @@ from .richtext import escaped_tooltip
 KIND = QTextFormat.UserProperty + 1  # the token kind stored in each run's format
 
 
-def _format(kind: str, tooltip: str, source: str = "") -> QTextCharFormat:
+def _format(kind: str, tooltip: str) -> QTextCharFormat:
     fmt = QTextCharFormat()
     fg, bg = look.COLOURS[kind]
     fmt.setForeground(QColor(fg))
@@ -33,11 +33,6 @@ def _format(kind: str, tooltip: str, source: str = "") -> QTextCharFormat:
         fmt.setFontWeight(QFont.Bold)
     if kind == look.PROPOSED:
         fmt.setUnderlineStyle(QTextCharFormat.DotLine)
-    mark = look.DRAFTER_UNDERLINE.get(source)
-    if mark and kind in (look.ACCEPTED, look.REJECTED, look.PROPOSED):
-        if kind != look.PROPOSED:
-            fmt.setUnderlineStyle(QTextCharFormat.SingleUnderline)
-        fmt.setUnderlineColor(QColor(mark))
     fmt.setProperty(KIND, kind)
     fmt.setToolTip(tooltip)
     return fmt
@@ -58,11 +53,12 @@ def token_runs(cycle, verified: bool = True) -> list[tuple[str, str, str]]:
             runs.append((look.visible(text), look.PROPOSED,
                          f"Cycle {n} · draft position {j + 1} of {k} · drafter: {drafter} · waiting for the target"))
         return runs
+    accepted = look.ACCEPTED_AS.get(cycle.source, look.ACCEPTED)
     for j, text in enumerate(cycle.drafted_text):
-        kind = look.ACCEPTED if j < cycle.n_accepted else look.REJECTED
-        runs.append((look.visible(text), kind,
+        ok = j < cycle.n_accepted
+        runs.append((look.visible(text), accepted if ok else look.REJECTED,
                      f"Cycle {n} · draft position {j + 1} of {k} · drafter: {drafter} · "
-                     f"{'accepted' if kind == look.ACCEPTED else 'rejected'}{_p(cycle.p_drafted, j)}"))
+                     f"{'accepted' if ok else 'rejected'}{_p(cycle.p_drafted, j)}"))
     for j in range(cycle.n_accepted, len(cycle.emitted)):
         text = cycle.emitted_text[j] if j < len(cycle.emitted_text) else ""
         if not k:
@@ -86,6 +82,7 @@ class SpeculationView(OpaqueScrollArea, QTextEdit):
         self.setPlaceholderText("Each cycle's drafted tokens appear here as the model writes.")
         self._pending_from: int | None = None  # where an unverified (replay) draft starts
         self._stage = ""
+        self.legend = Legend()
 
     def clear_view(self) -> None:
         self.clear()
@@ -112,9 +109,9 @@ class SpeculationView(OpaqueScrollArea, QTextEdit):
             cursor.insertText("\n", fmt)
         cursor.insertText(f"— {stage} —\n", fmt)
 
-    def _insert(self, cursor: QTextCursor, runs, source: str = "") -> None:
+    def _insert(self, cursor: QTextCursor, runs) -> None:
         for text, kind, tooltip in runs:
-            cursor.insertText(text, _format(kind, tooltip, source))
+            cursor.insertText(text, _format(kind, tooltip))
 
     def append_cycles(self, staged) -> None:
         """Add verified cycles at the end, each a ``CycleEvent`` or ``answer.StagedCycle``: a cycle
@@ -123,8 +120,9 @@ class SpeculationView(OpaqueScrollArea, QTextEdit):
         cursor = self._cursor()
         cursor.beginEditBlock()
         for item in staged:
+            self.legend.note(item.cycle.source)
             self._stage_line(cursor, item.stage)
-            self._insert(cursor, token_runs(item.cycle), item.cycle.source)
+            self._insert(cursor, token_runs(item.cycle))
         cursor.endEditBlock()
         self._follow()
 
@@ -134,7 +132,7 @@ class SpeculationView(OpaqueScrollArea, QTextEdit):
         cursor = self._cursor()
         self._stage_line(cursor, staged.stage)
         self._pending_from = cursor.position()
-        self._insert(cursor, token_runs(staged.cycle, verified=False), staged.cycle.source)
+        self._insert(cursor, token_runs(staged.cycle, verified=False))
         self._follow()
 
     def _drop_pending(self) -> None:
@@ -204,14 +202,23 @@ class Legend(QTextEdit):
         self.setFrameShape(QTextEdit.NoFrame)
         self.setVerticalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
-        cursor = self.textCursor()
         for kind in (look.ACCEPTED, look.REJECTED, look.CORRECTION, look.BONUS, look.PLAIN):
-            cursor.insertText(f" {look.SHORT[kind]} ", _format(kind, look.LABELS[kind]))
-            cursor.insertText("  ", QTextCharFormat())
-        cursor.insertText(f" {look.MTP_DRAFT} ", _format(look.ACCEPTED, "drafted by the model's own MTP head "
-                                                         "(underlined), accepted or rejected as any draft",
-                                                         Source.MTP))
+            self._add(kind)
+        self.kinds = {look.ACCEPTED}
+
+    def _add(self, kind: str) -> None:
+        cursor = self.textCursor()
+        cursor.movePosition(QTextCursor.End)
+        cursor.insertText(f" {look.SHORT[kind]} ", _format(kind, look.LABELS[kind]))
+        cursor.insertText("  ", QTextCharFormat())
         self.setFixedHeight(int(self.document().size().height()) + 6)
+
+    def note(self, source) -> None:
+        """A drafter with its own colour is named once its first draft is shown."""
+        kind = look.ACCEPTED_AS.get(source, look.ACCEPTED)
+        if kind not in self.kinds:
+            self.kinds.add(kind)
+            self._add(kind)
 
     def resizeEvent(self, event):
         super().resizeEvent(event)
