@@ -283,7 +283,9 @@ class LlamaModel(TokenPieces):
             n_threads=threads,
         )
         self.chat_template = self.meta("tokenizer.chat_template")
-        self.n_embd = lc.llama_model_n_embd(self._model)
+        # Width of the NextN hidden rows (llama.cpp's n_embd_out; n_embd where it has no such key).
+        self.n_embd = (lc.llama_model_n_embd_out if hasattr(lc, "llama_model_n_embd_out") else lc.llama_model_n_embd)(
+            self._model)
         self.n_nextn = max(0, lc.llama_model_n_layer_nextn(self._model)) if want_mtp else 0
         # Called after every decode with (tokens, first position, NextN hidden rows): the MTP drafter.
         self._decode_listeners: list[Callable[[Sequence[int], int, np.ndarray], None]] = []

@@ -7,7 +7,8 @@ their mangled names (Itanium and MSVC), their plain names first should a later l
 declare them ``extern "C"``. The ``llama.h`` parts (``load_mtp``, ``LLAMA_CONTEXT_TYPE_MTP``,
 ``llama_batch_ext_*``, ``llama_process``, ``llama_model_n_layer_nextn``) come from
 llama-cpp-python when it declares them. ``support()`` says, in one sentence, why not when
-something is missing; nothing here raises at import.
+something is missing. Nothing here raises at import, nor loads llama.cpp before ``llama.py``
+has set how its threads wait (``threads.apply``).
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 from functools import lru_cache
-
-import llama_cpp as lc
 
 _CTX = ctypes.c_void_p
 _STAGING = {
@@ -66,6 +65,11 @@ def _field(struct, name: str) -> bool:
 
 @lru_cache(maxsize=1)
 def _bind() -> tuple[Staging | None, Support]:
+    from . import threads
+
+    threads.apply()  # as llama.py does, before libgomp loads with llama_cpp
+    import llama_cpp as lc
+
     missing = [name for name in _PUBLIC if not hasattr(lc, name)]
     if not _field(lc.llama_model_params, "load_mtp"):
         missing.append("llama_model_params.load_mtp")
