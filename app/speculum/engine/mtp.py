@@ -40,10 +40,10 @@ class MtpDrafter:
         # The target's tokens and NextN hidden rows by position, from ``seen_start`` on.
         self.seen_start = 0
         self.seen_tokens: list[int] = []
-        self.seen_hidden = np.zeros((0, self.n_embd), np.float32)
+        self._hidden = np.zeros((64, self.n_embd), np.float32)  # rows of seen_tokens, then spare room
         # Pairs held back at most this long: beyond it they go into the head's cache unasked
         # (cheap in a big batch), so a generation that never drafts with MTP holds little.
-        self.max_pending = 2 * head.n_batch
+        self.max_pending = head.n_batch
         target.listen_to_decodes(self._on_target_decode)
 
     @classmethod
@@ -69,10 +69,15 @@ class MtpDrafter:
         start, n_seen = self.seen_start, len(self.seen_tokens)
         if start <= pos <= start + n_seen:
             keep = pos - start
-            self.seen_tokens[keep:] = list(tokens)
-            self.seen_hidden = np.concatenate([self.seen_hidden[:keep], hidden])
         else:  # a jump (a new context far back, or a gap): start over from here
-            self.seen_start, self.seen_tokens, self.seen_hidden = pos, list(tokens), np.array(hidden)
+            keep, self.seen_start = 0, pos
+        self.seen_tokens[keep:] = list(tokens)
+        need = keep + len(tokens)
+        if need > len(self._hidden):  # grown by doubling: one copy per row, amortised
+            grown = np.zeros((max(need, 2 * len(self._hidden)), self.n_embd), np.float32)
+            grown[:keep] = self._hidden[:keep]
+            self._hidden = grown
+        self._hidden[keep:need] = hidden
         self._forget_before(len(self.tokens) - 1)
         if pos - len(self.tokens) > self.max_pending:
             # Everything before ``pos`` is in the target's cache: confirmed, it can go in.
@@ -84,7 +89,7 @@ class MtpDrafter:
         if drop:
             self.seen_start += drop
             del self.seen_tokens[:drop]
-            self.seen_hidden = self.seen_hidden[drop:]
+            self._hidden[:len(self.seen_tokens)] = self._hidden[drop:drop + len(self.seen_tokens)]
 
     def _hidden_before(self, first: int, end: int) -> np.ndarray:
         """The target's hidden rows at positions first-1 .. end-2 (what pairs first..end-1 take);
@@ -92,7 +97,7 @@ class MtpDrafter:
         out = np.zeros((end - first, self.n_embd), np.float32)
         lo, hi = max(first - 1, self.seen_start), min(end - 1, self.seen_start + len(self.seen_tokens))
         if lo < hi:
-            out[lo - (first - 1):hi - (first - 1)] = self.seen_hidden[lo - self.seen_start:hi - self.seen_start]
+            out[lo - (first - 1):hi - (first - 1)] = self._hidden[lo - self.seen_start:hi - self.seen_start]
         return out
 
     def _catch_up(self, tokens: Sequence[int], logits: bool):
