@@ -120,6 +120,18 @@ def test_mtp_drafts_have_their_own_label_colour_and_hover_text(qtbot):
     assert look.MODE_NAMES["mtp"] == "Built-in (MTP)"
 
 
+def test_status_bar_names_a_built_in_mtp_head_as_the_draft(qtbot):
+    from speculum.ui.loadstatus import LoadStatus
+
+    status = LoadStatus()
+    qtbot.addWidget(status)
+    target = SimpleNamespace(name="Qwen3.6 27B", quantization="Q4_K_M", n_ctx=4096, nextn_layers=1)
+    status.show_pair(target, None)
+    assert "built-in (its own MTP head)" in status.model_label.text()
+    status.show_pair(SimpleNamespace(name="SmolLM2", quantization="Q4_1", n_ctx=2048), None)  # older facts
+    assert "no draft model" in status.model_label.text()
+
+
 def test_whitespace_is_visible():
     assert look.visible("\n") == "↵\n"
     assert look.visible("  ") == "··"

@@ -39,6 +39,7 @@ class ModelFacts:
     backend: str  # CPU, Metal, CUDA, ...
     n_gpu_layers: int
     n_threads: int = 0  # CPU threads decoding
+    nextn_layers: int = 0  # multi-token prediction layers loaded: the model drafts for itself
 
 
 class Detokenizer:

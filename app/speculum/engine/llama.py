@@ -281,12 +281,13 @@ class LlamaModel(TokenPieces):
             backend=_backend_name(gpu, rpc, n_gpu_layers),
             n_gpu_layers=mparams.n_gpu_layers,
             n_threads=threads,
+            nextn_layers=max(0, lc.llama_model_n_layer_nextn(self._model)) if want_mtp else 0,
         )
         self.chat_template = self.meta("tokenizer.chat_template")
         # Width of the NextN hidden rows (llama.cpp's n_embd_out; n_embd where it has no such key).
         self.n_embd = (lc.llama_model_n_embd_out if hasattr(lc, "llama_model_n_embd_out") else lc.llama_model_n_embd)(
             self._model)
-        self.n_nextn = max(0, lc.llama_model_n_layer_nextn(self._model)) if want_mtp else 0
+        self.n_nextn = self.facts.nextn_layers
         # Called after every decode with (tokens, first position, NextN hidden rows): the MTP drafter.
         self._decode_listeners: list[Callable[[Sequence[int], int, np.ndarray], None]] = []
 

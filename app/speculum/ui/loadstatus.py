@@ -58,7 +58,12 @@ class LoadStatus(QStatusBar):
 
     def show_pair(self, target, draft) -> None:
         pair = f"{target.name} ({target.quantization})"
-        pair += f"  ←  {draft.name} ({draft.quantization})" if draft else "  ·  no draft model (prompt lookup only)"
+        if draft:
+            pair += f"  ←  {draft.name} ({draft.quantization})"
+        elif getattr(target, "nextn_layers", 0):  # (facts pickled by an older engine have none)
+            pair += "  ←  built-in (its own MTP head)"
+        else:
+            pair += "  ·  no draft model (prompt lookup only)"
         self.model_label.setText(f"{pair}  ·  context {target.n_ctx:,} tokens")
 
     def show_backend(self, facts, gpu: str | None, profile: profiles.Profile, why: str) -> None:
