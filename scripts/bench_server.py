@@ -8,8 +8,9 @@ machine load:
   ``Decoder.generate`` loop in the server's process (tokens/s from the request to the last
   token, the prompt cached in both after a warm-up);
 - edit: rename a variable through a 100-line file (resources/bench/edit_inventory.py.txt),
-  without a prediction, with the original file as the prediction, and with unrelated text
-  as the prediction: tokens/s and accepted/rejected prediction tokens.
+  with plain decoding (mode off), without a prediction, with the original file as the
+  prediction, and with unrelated text as the prediction: tokens/s and accepted/rejected
+  prediction tokens.
 
     SPECULUM_MODELS_DIR=~/.cache/speculum-dev/models python scripts/bench_server.py
     (add --target T --draft D, --mode auto, --max-tokens N, --repeat N, --json)
@@ -93,10 +94,11 @@ def main() -> int:
         time.sleep(0.05)
     url = f"http://127.0.0.1:{port}/v1"
 
-    def through_server(messages, prediction=None) -> dict:
+    def through_server(messages, prediction=None, mode=args.mode) -> dict:
         body = {"model": "bench", "messages": messages, "max_tokens": args.max_tokens, "temperature": 0}
         if prediction is not None:
             body["prediction"] = {"type": "content", "content": prediction}
+        served.mode = mode  # requests run one after another: the mode is this request's
         out = subprocess.run([sys.executable, __file__, "--client", url, json.dumps(body)],
                              capture_output=True, text=True, check=True)
         return json.loads(out.stdout)
@@ -113,13 +115,15 @@ def main() -> int:
     edit = build_messages("Rename the variable `total` to `running_sum` everywhere in this file. Answer with "
                           f"the whole file and nothing else.\n\n```python\n{source}```")
     unrelated = UNRELATED.read_text(encoding="utf-8")[: len(source)]
-    rows = {"generate loop (chat)": [], "server, streaming (chat)": [], "edit, no prediction": [],
+    rows = {"generate loop (chat)": [], "server, streaming (chat)": [], "edit, plain decoding (off)": [],
+            "edit, no prediction": [],
             "edit, file as prediction": [], "edit, unrelated prediction": []}
     bare_loop(chat), through_server(chat), through_server(edit)  # warm-up: prompts cached, policy settled
     for i in range(args.repeat):
         print(f"  round {i + 1} of {args.repeat}", file=sys.stderr)
         rows["generate loop (chat)"].append(bare_loop(chat))
         rows["server, streaming (chat)"].append(through_server(chat))
+        rows["edit, plain decoding (off)"].append(through_server(edit, mode="off"))
         rows["edit, no prediction"].append(through_server(edit))
         rows["edit, file as prediction"].append(through_server(edit, source))
         rows["edit, unrelated prediction"].append(through_server(edit, unrelated))
@@ -135,6 +139,8 @@ def main() -> int:
     by = {r["row"]: r["tokens_per_s"] for r in table}
     ratios = {"server / generate loop": by["server, streaming (chat)"] / by["generate loop (chat)"],
               "file prediction / none": by["edit, file as prediction"] / by["edit, no prediction"],
+              "file prediction / plain decoding": by["edit, file as prediction"] / by["edit, plain decoding (off)"],
+              "no prediction / plain decoding": by["edit, no prediction"] / by["edit, plain decoding (off)"],
               "unrelated prediction / none": by["edit, unrelated prediction"] / by["edit, no prediction"]}
     if args.json:
         print(json.dumps({"target": Path(target).name, "mode": args.mode, "rows": table,
