@@ -1,7 +1,9 @@
 """What a pass costs on this machine: the target by batch size, the draft model per token.
 
-``calibrate`` measures it once per machine and pair, before the first cycle; the policy
-then keeps it current from every cycle's timings.
+Learned from the passes the engine makes anyway (each cycle's verify pass, the prompt's
+chunks), and, while the engine is idle after loading, from ``calibrate``, which can be
+interrupted between passes. Until a size is measured, its cost is interpolated from
+what is known, or from defaults: the first generation never waits for a calibration.
 """
 
 from __future__ import annotations
@@ -26,14 +28,27 @@ class CostModel:
     draft_step_s: float | None = None
     lookup_s: float = 2e-5
     gpu: bool = False
+    # Prompt chunk decodes (tokens, seconds): their per-token cost hints at the curve's
+    # slope before any batched verify pass has been timed.
+    prefill: tuple[int, float] | None = None
+    observations: int = 0  # verify passes timed, calibration's included
+    # The policy's current guess at the slope while no batch beyond one token is timed
+    # (a Thompson draw: a machine whose batches are cheap gets found out, not assumed away).
+    slope_guess: float | None = field(default=None, compare=False)
 
     @property
     def calibrated(self) -> bool:
         return all(n in self.verify_s for n in CALIBRATION_SIZES[:6])
 
+    @property
+    def learning(self) -> bool:
+        """Few passes timed yet, or the cost of batches beyond one token only guessed."""
+        return not self.calibrated and (self.observations < 24 or len(self.verify_s) < 3)
+
     def update(self, measured: "CostModel") -> None:
         """Take what ``measured`` holds, keep the rest."""
         self.verify_s.update(measured.verify_s)
+        self.observations += measured.observations
         if measured.draft_first_s is not None:
             self.draft_first_s = measured.draft_first_s
         if measured.draft_step_s is not None:
@@ -43,9 +58,15 @@ class CostModel:
     # steering several cycles, while a real slowdown still shows within a few passes.
     def observe_verify(self, n: int, seconds: float) -> None:
         self.verify_s[n] = _ema(self.verify_s.get(n), seconds)
+        self.observations += 1
 
-    def observe_draft(self, k: int, seconds: float, first_s: float) -> None:
-        self.draft_first_s = _ema(self.draft_first_s, first_s)
+    def observe_prefill(self, n: int, seconds: float) -> None:
+        if n >= 8 and seconds > 0:
+            self.prefill = (n, seconds)
+
+    def observe_draft(self, k: int, seconds: float, first_s: float, first: bool = True) -> None:
+        if first:
+            self.draft_first_s = _ema(self.draft_first_s, first_s)
         if k > 1:
             self.draft_step_s = _ema(self.draft_step_s, (seconds - first_s) / (k - 1))
 
@@ -73,28 +94,58 @@ class CostModel:
             base_k, base_v = (k1, v1) if lower else (k0, v0)
             return max(base_v + slope * (n - base_k), base_v if n > base_k else 0.0)
         k0, v0 = known[0]
-        per = v0 / (1 + (0.05 if self.gpu else 0.5) * (k0 - 1))
-        return per * (1 + (0.05 if self.gpu else 0.5) * (n - 1))
+        slope = self._default_slope(k0, v0)
+        per = v0 / (1 + slope * (k0 - 1))
+        return per * (1 + slope * (n - 1))
+
+    @property
+    def slope_measured(self) -> bool:
+        """Whether two batch sizes have been timed, so the curve's slope is known."""
+        return len(self.verify_s) >= 2
+
+    def slope_hint(self) -> float | None:
+        """The slope a prompt chunk's decode suggests (None: no chunk timed, or no single step)."""
+        if self.prefill is None or 1 not in self.verify_s:
+            return None
+        n, seconds = self.prefill
+        return min(max(1.3 * (seconds / self.verify_s[1] - 1) / (n - 1), 0.1), 0.5)
+
+    def _default_slope(self, k0: int, v0: float) -> float:
+        """Extra cost per token in a batch, in single steps, before two sizes are measured:
+        from a prompt chunk's decode when one was timed (it computes no logits, so a verify
+        pass costs somewhat more: kept between 0.1 and 0.5), else 0.5 on a CPU (a cautious
+        guess: machines measured 0.2-0.5) and 0.05 on a GPU."""
+        if self.slope_guess is not None:
+            return self.slope_guess
+        hint = self.slope_hint() if k0 == 1 else None
+        if hint is not None:
+            return hint
+        return 0.05 if self.gpu else 0.5
 
     def to_json(self) -> dict:
         return {"verify_s": {str(k): v for k, v in self.verify_s.items()}, "draft_first_s": self.draft_first_s,
-                "draft_step_s": self.draft_step_s, "gpu": self.gpu}
+                "draft_step_s": self.draft_step_s, "gpu": self.gpu, "observations": self.observations}
 
     @classmethod
     def from_json(cls, d: dict) -> "CostModel":
         return cls({int(k): float(v) for k, v in d.get("verify_s", {}).items()}, d.get("draft_first_s"),
-                   d.get("draft_step_s"), gpu=bool(d.get("gpu", False)))
+                   d.get("draft_step_s"), gpu=bool(d.get("gpu", False)),
+                   # Files from before this count were written after a full calibration.
+                   observations=int(d.get("observations", 3 * len(d.get("verify_s", {})))))
 
 
 def _ema(old: float | None, new: float) -> float:
     return new if old is None else 0.8 * old + 0.2 * min(new, 3 * old)
 
 
-def calibrate(target: Backend, draft: Backend | None, token: int, clock: Callable[[], float]) -> CostModel:
+def calibrate(target: Backend, draft: Backend | None, token: int, clock: Callable[[], float],
+              interrupted: Callable[[], bool] = lambda: False, skip: Sequence[int] = ()) -> CostModel:
     """Time the target's pass by batch size (and the draft model's first and next token).
 
     Decodes ``token`` repeated after what each KV cache holds, and trims it away again:
-    the caches end as they began.
+    the caches end as they began. Meant for idle time: ``interrupted`` is asked before
+    each pass, and what was measured until then is returned. Sizes in ``skip`` are
+    already known.
     """
 
     def timed(model: Backend, tokens: Sequence[int]) -> float:
@@ -106,12 +157,17 @@ def calibrate(target: Backend, draft: Backend | None, token: int, clock: Callabl
         return seconds
 
     measured = CostModel()
+    if interrupted():
+        return measured
     timed(target, [token])  # warm-up: the first pass after loading pages weights in
-    sizes = [n for n in CALIBRATION_SIZES if target.n_past + n <= target.n_ctx]
+    sizes = [n for n in CALIBRATION_SIZES if target.n_past + n <= target.n_ctx and n not in skip]
     for _ in range(3):  # rounds across all sizes: a passing hiccup spoils one sample, not a size
         for n in sizes:
+            if interrupted():
+                return measured
             measured.verify_s[n] = min(measured.verify_s.get(n, float("inf")), timed(target, [token] * n))
-    if draft is not None and draft.n_past + 2 <= draft.n_ctx:
+            measured.observations += 1
+    if draft is not None and draft.n_past + 2 <= draft.n_ctx and not interrupted():
         timed(draft, [token])
         # A cycle's first draft token follows a catch-up on ~2 new tokens.
         measured.draft_first_s = min(timed(draft, [token] * 2) for _ in range(2))

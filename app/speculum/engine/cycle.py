@@ -29,6 +29,7 @@ class PolicyReport:
     expected_tokens_per_pass: float | None = None
     lookup_match: int | None = None
     expected_speedup: float | None = None
+    learning: bool | None = None  # still on default costs for part of what it may choose
 
     def to_json(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}

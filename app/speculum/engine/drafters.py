@@ -7,7 +7,7 @@ each cycle, ``accept(context)`` once the target has kept what it kept.
 - ``ModelDrafter``: a small model of the same tokenizer, its KV cache kept in step
   with the target (synced to the accepted context before every proposal).
 - ``PromptLookup``: copies the continuation of the latest earlier occurrence of the
-  current n-gram suffix, from the prompt and what was generated so far.
+  context's longest repeated suffix (a suffix automaton over prompt + generated tokens).
 
 ``DRAFTERS`` maps each source to its class: a new drafter is one class with a ``build``
 and one entry there; the decoder builds whichever the loaded models allow.
@@ -47,6 +47,7 @@ class Draft:
     confidence: list[float] = field(default_factory=list)  # the draft's own p of each token
     match_length: int = 0  # lookup: length of the n-gram that matched
     first_s: float = 0.0  # model drafts: seconds to catch up and propose the first token
+    caught_up: int = 0  # model drafts: context tokens decoded before the first (a new prompt: many)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -73,7 +74,7 @@ class DrafterInputs:
     target: Backend
     draft: Backend | None = None  # a second model of the same tokenizer
     clock: Callable[[], float] = time.perf_counter
-    max_ngram: int = 3
+    max_ngram: int | None = None  # lookup: cap on the match length (None: as long as the text allows)
 
 
 class ModelDrafter:
@@ -133,7 +134,8 @@ class ModelDrafter:
             if i + 1 < k:
                 logits = seq.decode([tok])[0]
         self._drafted = bool(tokens)
-        return Draft(tokens, self.source, np.stack(qs[: len(tokens)]) if qs else None, conf, first_s=first_s)
+        return Draft(tokens, self.source, np.stack(qs[: len(tokens)]) if qs else None, conf, first_s=first_s,
+                     caught_up=len(pending))
 
     def begin(self, context: Sequence[int]) -> None:
         """Nothing to prepare: ``propose`` syncs the KV cache to the context it is given."""
@@ -146,48 +148,111 @@ class ModelDrafter:
 
 
 class Match(NamedTuple):
-    """The latest earlier occurrence of the context's n-gram suffix."""
+    """The latest earlier occurrence of the context's longest repeated suffix."""
 
     end: int  # position of its last token (-1: none)
-    length: int  # n-gram length (0: none)
+    length: int  # matched suffix length in tokens (0: none)
     available: int  # tokens after it that a draft could copy
 
 
 NO_MATCH = Match(-1, 0, 0)
 
 
+class SuffixIndex:
+    """Suffix automaton over a growing token sequence, extended one token at a time.
+
+    After each token it knows the longest suffix of the sequence that also occurred
+    earlier, and an earlier place where it ended: the longest copy the text allows,
+    found in amortised constant time per token (a dict of 1-3-grams knew only 3 tokens).
+    """
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        # Per state: transitions, suffix link, longest length, an end position of its strings.
+        self._next: list[dict[int, int]] = [{}]
+        self._link: list[int] = [-1]
+        self._len: list[int] = [0]
+        self._end: list[int] = [-1]
+        self._last = 0
+        self.match = NO_MATCH  # for the whole sequence so far
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def extend(self, new_tokens: Sequence[int]) -> None:
+        for t in new_tokens:
+            self._add(int(t))
+
+    def _add(self, t: int) -> None:
+        nxt, link, length, end = self._next, self._link, self._len, self._end
+        i = len(self.tokens)
+        self.tokens.append(t)
+        cur = len(length)
+        nxt.append({})
+        link.append(0)
+        length.append(length[self._last] + 1)
+        end.append(i)
+        p = self._last
+        while p != -1 and t not in nxt[p]:
+            nxt[p][t] = cur
+            p = link[p]
+        if p != -1:
+            q = nxt[p][t]
+            if length[p] + 1 == length[q]:
+                link[cur] = q
+            else:  # split q: the shorter strings now also end at i
+                clone = len(length)
+                nxt.append(dict(nxt[q]))
+                link.append(link[q])
+                length.append(length[p] + 1)
+                end.append(end[q])
+                while p != -1 and nxt[p].get(t) == q:
+                    nxt[p][t] = clone
+                    p = link[p]
+                link[q] = link[cur] = clone
+        self._last = cur
+        # link[cur]: the longest suffix that occurred before. Its recorded end is an earlier
+        # occurrence; from now on it points here, so the next match copies the latest one.
+        u = link[cur]
+        if u > 0 and end[u] < i:
+            self.match = Match(end[u], length[u], i - end[u])
+            end[u] = i
+        else:
+            self.match = NO_MATCH
+
+
 class PromptLookup:
-    """n-gram index over prompt + generated tokens, updated as tokens arrive."""
+    """Copies what followed the longest earlier occurrence of the context's suffix.
+
+    Prompt + generated tokens sit in a ``SuffixIndex`` updated as tokens arrive; a match
+    of any length is found (a verbatim passage matches dozens of tokens deep), and the
+    policy learns acceptance by match length.
+    """
 
     source = Source.LOOKUP
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
-        self.max_ngram = max_ngram
+    def __init__(self, max_ngram: int | None = None, min_ngram: int = 1):
+        self.max_ngram = max_ngram  # None: no cap on the match length reported
         self.min_ngram = min_ngram
-        self.tokens: list[int] = []
-        # n-gram -> end position of its latest occurrence that has a continuation.
-        self._index: dict[tuple[int, ...], int] = {}
+        self._index = SuffixIndex()
 
     @classmethod
     def build(cls, inputs: DrafterInputs) -> "PromptLookup":
         return cls(max_ngram=inputs.max_ngram)
 
+    @property
+    def tokens(self) -> list[int]:
+        return self._index.tokens
+
     def reset(self) -> None:
-        self.tokens = []
-        self._index = {}
+        self._index = SuffixIndex()
 
     def extend(self, new_tokens: Sequence[int]) -> None:
-        toks = self.tokens
-        for t in new_tokens:
-            toks.append(t)
-            end = len(toks) - 2  # the n-grams ending here now have a continuation
-            for n in range(1, self.max_ngram + 1):
-                if end - n + 1 < 0:
-                    break
-                self._index[tuple(toks[end - n + 1:end + 1])] = end
+        self._index.extend(new_tokens)
 
     def begin(self, context: Sequence[int]) -> None:
-        """Start a generation: keep the index when ``context`` extends what it holds."""
+        """Start a generation: keep the index when ``context`` extends what it holds, else
+        rebuild it (a conversation edited or truncated between generations)."""
         n = len(self.tokens)
         if len(context) >= n and list(context[:n]) == self.tokens:
             self.extend(context[n:])
@@ -196,14 +261,18 @@ class PromptLookup:
             self.extend(context)
 
     def match(self, context: Sequence[int]) -> Match:
-        """The longest n-gram suffix of ``context`` seen before, at its latest occurrence."""
-        self.extend(context[len(self.tokens):])
-        toks = self.tokens
-        for n in range(min(self.max_ngram, len(toks) - 1), self.min_ngram - 1, -1):
-            end = self._index.get(tuple(toks[len(toks) - n:]))
-            if end is not None:
-                return Match(end, n, len(toks) - end - 1)
-        return NO_MATCH
+        """The longest suffix of ``context`` seen before, at its latest occurrence."""
+        n = len(self.tokens)
+        if len(context) < n or (n and context[n - 1] != self.tokens[n - 1]):
+            self.begin(context)  # not an extension of what the index holds
+        else:
+            self.extend(context[n:])
+        m = self._index.match
+        if m.length < self.min_ngram:
+            return NO_MATCH
+        if self.max_ngram is not None and m.length > self.max_ngram:
+            m = Match(m.end, self.max_ngram, m.available)
+        return m
 
     def propose(self, context: Sequence[int], k: int, choice: Choice, sampling: SamplingParams,
                 rng: np.random.Generator) -> Draft:
