@@ -149,12 +149,13 @@ def cmd_bench(args) -> int:
     prompts = load_prompts(args.prompts)
     modes = [_mode(m.strip()) for m in args.modes.split(",") if m.strip()]
     decoder = _load(args)
+    info: dict = {}
     results = run_bench(decoder, prompts, modes, max_tokens=args.max_tokens, repeat=args.repeat,
-                        k=_fixed_k(args), progress=sys.stderr)
+                        k=_fixed_k(args), progress=sys.stderr, info=info)
     if args.json:
-        print(json.dumps({"results": results, "profile": args.profile}, indent=1))
+        print(json.dumps({"results": results, "profile": args.profile, **info}, indent=1))
     else:
-        print_table(results, sys.stdout)
+        print_table(results, sys.stdout, info)
     return 0
 
 
