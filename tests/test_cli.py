@@ -139,3 +139,20 @@ def test_generate_with_a_document_that_fits_has_no_stage(smollm_path, tmp_path):
     assert proc.returncode == 0, proc.stderr
     cycles = [json.loads(line) for line in proc.stdout.splitlines()][:-1]
     assert cycles and all("stage" not in c for c in cycles)
+
+
+def test_generate_reports_reading_a_long_prompt_on_stderr_only(smollm_path, tmp_path):
+    doc = tmp_path / "log.txt"
+    doc.write_text("\n".join(f"Day {i}: the lighthouse lamp was lit at dusk and the sea was calm." for i in range(60)))
+    proc = speculum("generate", "--target", smollm_path, "--mode", "auto", "--document", doc, "--max-tokens", "4",
+                    "--json", "Summarise.")
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]  # stdout stays pure JSON
+    assert lines[-1]["type"] == "summary"
+    reading = [line for line in proc.stderr.splitlines() if line.startswith("Reading the prompt…")]
+    assert len(reading) >= 3, proc.stderr  # off a terminal: a line per tenth or so, for a long prompt
+    read, total = reading[-1].split("… ")[1].split(" tokens")[0].split(" / ")
+    assert read == total and int(total.replace(",", "")) >= 512
+    # A short prompt off a terminal: nothing.
+    short = speculum("generate", "--target", smollm_path, "--max-tokens", "2", "--json", "Hi.")
+    assert "Reading the prompt" not in short.stderr

@@ -90,17 +90,18 @@ def cmd_generate(args) -> int:
     from .engine.sampling import SamplingParams
     from .engine.stats import Stats
     from .summarise import DocumentSummary
-    from .termview import TerminalView
+    from .termview import PromptProgress, TerminalView
 
     user = sys.stdin.read() if args.prompt == "-" else args.prompt
     document = read_document(args.document) if args.document else None
     decoder = _load(args)
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.seed)
+    reading = PromptProgress(sys.stderr)
 
     def generate(messages):
         prompt = decoder.target.tokenize(decoder.target.apply_chat_template(messages))
         return decoder.generate(prompt, max_tokens=args.max_tokens, sampling=sampling, policy=Mode(args.mode),
-                                k=_fixed_k(args))
+                                k=_fixed_k(args), on_prompt=reading)
 
     if document is None:
         steps = (("", cycle) for cycle in generate(build_messages(user, args.system)))
