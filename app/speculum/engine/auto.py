@@ -38,6 +38,8 @@ from .vocabulary import Mode, Source
 MAX_K = 15  # lookup drafts are nearly free to make: long copies can pay
 MAX_K_MODEL = 8
 DECAY = 0.8  # per observation: old evidence fades, a collapse shows within a few cycles
+UNSEEN_DECAY = 0.97  # per cycle that does not reach a position: its evidence ages, slowly
+IDLE_DECAY = 0.99  # per cycle a table is not drafted from at all: half its evidence in ~70
 CONFIDENCE_BINS = 10
 PRIOR_WEIGHT = 2.0  # pseudo-observations a prior is worth: little, so evidence wins fast
 # Lookup acceptance is learned per match-length bucket (lower bounds: 1, 2, 3, 4-5, 6-8,
@@ -72,9 +74,9 @@ class Rate:
         self.accepted += ok
         self.rejected += not ok
 
-    def forget(self) -> None:
-        self.accepted *= DECAY
-        self.rejected *= DECAY
+    def forget(self, decay: float = DECAY) -> None:
+        self.accepted *= decay
+        self.rejected *= decay
 
     @property
     def value(self) -> float:
@@ -114,14 +116,15 @@ def chained(rates: Sequence[Rate], rng: np.random.Generator | None = None) -> li
 
 
 def observe_positions(rates: Sequence[Rate], n_drafted: int, n_accepted: int) -> None:
-    """Position i is seen when the first i drafts were accepted; the unseen forget, so an
-    old low estimate cannot trap k short."""
+    """Position i is seen when the first i drafts were accepted. The unseen forget slowly:
+    as fast as the seen (as before), a long draft that proved itself was forgotten within
+    ten short ones, and k fell back for good; Thompson draws already retry low estimates."""
     seen = min(n_drafted, n_accepted + 1, len(rates))
     for i, rate in enumerate(rates):
         if i < seen:
             rate.observe(i < n_accepted)
         else:
-            rate.forget()
+            rate.forget(UNSEEN_DECAY)
 
 
 def expected_tokens(rates: Sequence[float]) -> float:
@@ -243,6 +246,8 @@ class AutoPolicy:
         chunk's hint when there is one, else anywhere from a GPU's 0.03 to a slow CPU's 0.6
         single steps per token. Trying a draft once measures it for good."""
         c = self.costs
+        # Batches larger than any timed: somewhere between free and the measured slope.
+        c.extrapolation_scale = 1.0 if max(c.verify_s, default=0) >= MAX_BATCH else float(self.rng.uniform(0.3, 1.0))
         if c.slope_measured:
             c.slope_guess = None
             return
@@ -275,12 +280,25 @@ class AutoPolicy:
 
     # -- learning -------------------------------------------------------------------------
 
+    def _tables(self) -> list[list[Rate]]:
+        return [self.model_rates, *(t for tables in self.match_rates.values() for t in tables)]
+
     def observe(self, draft: Draft, n_accepted: int, draft_s: float, verify_s: float) -> None:
         n = 1 + len(draft.tokens)
         if n <= MAX_BATCH and verify_s > 0:
             self.costs.observe_verify(n, verify_s)
+        observed = self._observe_draft(draft, n_accepted, draft_s)
+        # What was not tried this cycle ages: a drafter that failed a few times long ago is
+        # uncertain again after a while and gets tried again (never locked out for good).
+        for table in self._tables():
+            if table is not observed:
+                for rate in table:
+                    rate.forget(IDLE_DECAY)
+
+    def _observe_draft(self, draft: Draft, n_accepted: int, draft_s: float) -> list[Rate] | None:
+        """Learn from a draft's fate; the table of rates it taught (None: no draft)."""
         if not draft.tokens:
-            return
+            return None
         if draft.source == Source.MODEL:
             # A first draft after a new prompt caught up on all of it: not a cycle's usual cost.
             self.costs.observe_draft(len(draft.tokens), draft_s, draft.first_s or draft_s,
@@ -292,11 +310,12 @@ class AutoPolicy:
             bounds = self.MATCH_TABLES[draft.source][0]
             rates = self.match_rates[draft.source][bucket_of(max(1, draft.match_length), bounds)]
         else:
-            return
+            return None
         observe_positions(rates, len(draft.tokens), n_accepted)
         if draft.source == Source.MODEL and draft.confidence:
             for i, conf in enumerate(draft.confidence[: n_accepted + 1]):
                 self.confidence_rates[min(int(conf * CONFIDENCE_BINS), CONFIDENCE_BINS - 1)].observe(i < n_accepted)
+        return rates
 
     def _threshold(self, tokens_per_s: float, rng: np.random.Generator | None = None) -> float:
         """The draft model's early stop: the lowest confidence at which one more drafted token

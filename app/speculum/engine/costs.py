@@ -35,6 +35,7 @@ class CostModel:
     # The policy's current guess at the slope while no batch beyond one token is timed
     # (a Thompson draw: a machine whose batches are cheap gets found out, not assumed away).
     slope_guess: float | None = field(default=None, compare=False)
+    extrapolation_scale: float = field(default=1.0, compare=False)
 
     @property
     def calibrated(self) -> bool:
@@ -88,11 +89,20 @@ class CostModel:
         if lower and upper:
             (k0, v0), (k1, v1) = lower[-1], upper[0]
             return v0 + (v1 - v0) * (n - k0) / (k1 - k0)
+        if len(known) >= 2 and lower:
+            # Beyond the largest size timed. A batch's cost per extra token does not grow with
+            # its size (bigger matrix products run no less efficiently), so the slope is at
+            # most the average one from the smallest size; the last two sizes alone, a few
+            # noisy passes, once put 16 tokens at 26 single steps where 4 was true, and a size
+            # never tried could never be measured. ``extrapolation_scale`` is the policy's
+            # draw below that bound, so larger batches get tried until they are timed.
+            (k0, v0), (k1, v1), (kf, vf) = known[-2], known[-1], known[0]
+            slope = max(min((v1 - v0) / (k1 - k0), (v1 - vf) / (k1 - kf)), 0.0) * self.extrapolation_scale
+            return v1 + slope * (n - k1)
         if len(known) >= 2:
-            (k0, v0), (k1, v1) = (known[-2], known[-1]) if lower else (known[0], known[1])
+            (k0, v0), (k1, v1) = known[0], known[1]
             slope = max((v1 - v0) / (k1 - k0), 0.0)
-            base_k, base_v = (k1, v1) if lower else (k0, v0)
-            return max(base_v + slope * (n - base_k), base_v if n > base_k else 0.0)
+            return max(v0 + slope * (n - k0), 0.0)
         k0, v0 = known[0]
         slope = self._default_slope(k0, v0)
         per = v0 / (1 + slope * (k0 - 1))
