@@ -239,3 +239,17 @@ def test_an_old_policy_file_loads(tmp_path):
     assert policy.lookup_rates[2][0].prior == 0.77 and policy.lookup_rates[0][1].prior == 0.2
     (tmp_path / "p.json").write_text("{not json")
     assert AutoPolicy(make_pair(CPU).drafters, store=tmp_path / "p.json").needs_calibration
+
+
+def test_the_draft_model_catching_up_is_priced_in():
+    # The first draft after plain steps reads every token it missed: learned per token, and
+    # charged to a model draft that would start that far behind.
+    c = CostModel()
+    c.observe_verify(1, 0.030)
+    c.observe_draft(1, 0.010, 0.010, first=True)  # an ordinary cycle: two tokens caught up
+    c.observe_draft(1, 0.052, 0.052, first=False, caught_up=44)  # 42 more tokens: 1 ms each
+    assert c.draft_first_s == 0.010 and abs(c.catch_up_s - 0.001) < 1e-9
+    assert c.catch_up(2) == 0.0 and abs(c.catch_up(22) - 0.020) < 1e-9
+    dec = make_pair(CPU)
+    list(dec.generate([1, 2, 3], max_tokens=40, policy="off"))  # the draft model read nothing
+    assert dec.drafters["model"].behind(list(range(43))) == 43

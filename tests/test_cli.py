@@ -65,6 +65,14 @@ def test_bench_json_contract(smollm_path, tmp_path):
             assert key in r
         assert r["tokens_per_s"] > 0
     assert all(r["speedup_vs_off"] == 1.0 for r in results if r["mode"] == "off")
+    for r in results:  # the oracle for copying rows: what knowing each copy's fate would give
+        if r["mode"] in ("lookup", "auto"):
+            assert r["oracle_speedup"] >= 0.999 and r["oracle_fraction"] > 0
+        else:
+            assert "oracle_speedup" not in r
+    ttft = json.loads(proc.stdout)["ttft"]  # the first token's wait, fresh policy vs taught
+    assert all(ttft[key] > 0 for key in ("fresh_s", "calibrated_s", "plain_s", "plain_after_s",
+                                         "fresh_vs_calibrated", "fresh_vs_calibrated_vs_plain"))
 
 
 def test_bench_table(smollm_path, tmp_path):

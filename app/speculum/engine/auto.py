@@ -48,6 +48,7 @@ PRIOR_WEIGHT = 2.0  # pseudo-observations a prior is worth: little, so evidence 
 # wrong prior be found out within a few cycles.
 LOOKUP_BUCKETS = (1, 2, 3, 4, 6, 9, 17)
 LOOKUP_PRIORS = (0.2, 0.35, 0.5, 0.6, 0.7, 0.8, 0.85)
+CATCH_UP_CYCLES = 4  # model cycles a catch-up's cost is spread over
 CATCH_UP = 8  # tokens a cycle's draft usually catches up on (accepted drafts + the correction)
 SEED = 14  # the policy's own randomness: reproducible, and never the sampling RNG
 
@@ -237,7 +238,12 @@ class AutoPolicy:
                     lambda k, s=source, m=match.length: Choice(s, k, min_match=m))
         if Source.MODEL in self.sources:
             rates = chained(self.model_rates, rng)
-            options += self._draft_options(rates, MAX_K_MODEL, lambda k: c.verify(k + 1) + c.draft(k),
+            # The draft model first reads what it missed since it last drafted: drafting now
+            # and then costs more per cycle than drafting every cycle. Paid once for the run
+            # of model cycles it starts, so it is spread over a few.
+            behind = getattr(self.drafters[Source.MODEL], "behind", lambda context: 0)(context)
+            catch_up = c.catch_up(behind) / CATCH_UP_CYCLES
+            options += self._draft_options(rates, MAX_K_MODEL, lambda k: c.verify(k + 1) + c.draft(k) + catch_up,
                                            lambda k: Choice(Source.MODEL, k))
         return options
 
@@ -302,7 +308,7 @@ class AutoPolicy:
         if draft.source == Source.MODEL:
             # A first draft after a new prompt caught up on all of it: not a cycle's usual cost.
             self.costs.observe_draft(len(draft.tokens), draft_s, draft.first_s or draft_s,
-                                     first=draft.caught_up <= CATCH_UP)
+                                     first=draft.caught_up <= CATCH_UP, caught_up=draft.caught_up)
             rates = self.model_rates
         elif draft.source in self.match_rates:
             if draft.source == Source.LOOKUP:

@@ -26,6 +26,7 @@ class CostModel:
     verify_s: dict[int, float] = field(default_factory=dict)
     draft_first_s: float | None = None
     draft_step_s: float | None = None
+    catch_up_s: float | None = None  # the draft model's time per token it catches up on, beyond ~2
     lookup_s: float = 2e-5
     gpu: bool = False
     # Prompt chunk decodes (tokens, seconds): their per-token cost hints at the curve's
@@ -65,11 +66,21 @@ class CostModel:
         if n >= 8 and seconds > 0:
             self.prefill = (n, seconds)
 
-    def observe_draft(self, k: int, seconds: float, first_s: float, first: bool = True) -> None:
+    def observe_draft(self, k: int, seconds: float, first_s: float, first: bool = True, caught_up: int = 0) -> None:
         if first:
             self.draft_first_s = _ema(self.draft_first_s, first_s)
+        elif caught_up > 2 and self.draft_first_s is not None:  # a long catch-up: its cost per token
+            self.catch_up_s = _ema(self.catch_up_s, max(first_s - self.draft_first_s, 0.0) / (caught_up - 2))
         if k > 1:
             self.draft_step_s = _ema(self.draft_step_s, (seconds - first_s) / (k - 1))
+
+    def catch_up(self, behind: int) -> float:
+        """Seconds for the draft model to read ``behind`` tokens it missed (while plain steps
+        or other drafters ran) beyond the ~2 every cycle's first draft token includes."""
+        if behind <= 2:
+            return 0.0
+        per = self.catch_up_s if self.catch_up_s is not None else 0.15 * self.draft(1)
+        return (behind - 2) * per
 
     def draft(self, k: int) -> float:
         """Seconds for the draft model to propose k tokens."""

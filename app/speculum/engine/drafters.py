@@ -137,6 +137,14 @@ class ModelDrafter:
         return Draft(tokens, self.source, np.stack(qs[: len(tokens)]) if qs else None, conf, first_s=first_s,
                      caught_up=len(pending))
 
+    def behind(self, context: Sequence[int]) -> int:
+        """Tokens of ``context`` the draft model would read before its first draft token."""
+        cached = self.sequence.tokens
+        n = min(len(cached), len(context))
+        if n and cached[n - 1] != context[n - 1]:  # diverged (rejected drafts): a rough count
+            n = max(n - 8, 0)
+        return len(context) - n
+
     def begin(self, context: Sequence[int]) -> None:
         """Nothing to prepare: ``propose`` syncs the KV cache to the context it is given."""
 
