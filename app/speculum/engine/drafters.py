@@ -33,7 +33,7 @@ class Choice:
     source: Source
     k: int
     min_confidence: float = 0.0  # model drafts stop below this draft probability
-    min_match: int = 1  # lookup drafts need an n-gram match at least this long
+    min_match: int = 1  # lookup drafts need a suffix match at least this long
     fallback: Source = Source.NONE  # hybrid: the drafter to use when the first has nothing
 
 
@@ -45,7 +45,7 @@ class Draft:
     # point mass on each token (greedy drafts and lookup drafts).
     q: np.ndarray | None = None
     confidence: list[float] = field(default_factory=list)  # the draft's own p of each token
-    match_length: int = 0  # lookup: length of the n-gram that matched
+    match_length: int = 0  # lookup: length of the context suffix that matched
     first_s: float = 0.0  # model drafts: seconds to catch up and propose the first token
     caught_up: int = 0  # model drafts: context tokens decoded before the first (a new prompt: many)
 
