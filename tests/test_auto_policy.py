@@ -253,3 +253,21 @@ def test_the_draft_model_catching_up_is_priced_in():
     dec = make_pair(CPU)
     list(dec.generate([1, 2, 3], max_tokens=40, policy="off"))  # the draft model read nothing
     assert dec.drafters["model"].behind(list(range(43))) == 43
+
+
+def test_costs_stay_positive_below_the_smallest_size_timed():
+    # Forced draft mode never times a single token; two noisy sizes once sloped to zero there.
+    c = CostModel()
+    c.observe_verify(2, 0.010)
+    c.observe_verify(3, 0.030)
+    assert 0.010 / 1.6 <= c.verify(1) < 0.010
+    assert abs(c.verify(4) - 0.050) < 1e-12 and c.verify(16) > c.verify(4)
+
+
+def test_the_curve_follows_the_machine_speed_keeping_its_shape():
+    c = CostModel()
+    c.observe_verify(1, 0.030)
+    c.observe_verify(5, 0.060)
+    for _ in range(30):  # the machine got twice as slow: only single steps are timed
+        c.observe_verify(1, 0.060)
+    assert abs(c.verify(1) - 0.060) < 1e-3 and abs(c.verify(5) / c.verify(1) - 2.0) < 1e-9

@@ -31,7 +31,7 @@ def test_generate_json_streams_cycles_and_a_summary(smollm_path):
 
 def test_generate_terminal_view_colours_and_stdin_prompt(smollm_path):
     proc = speculum("generate", "--target", smollm_path, "--mode", "lookup", "--fixed-k", "--max-tokens", "40",
-                    "--color", "always", "-", stdin="Repeat exactly: one two three four five six seven eight nine ten")
+                    "--color", "always", "-", stdin="Repeat exactly: one two three four five six seven eight nine ten\n")
     assert proc.returncode == 0, proc.stderr
     assert "\x1b[32m" in proc.stdout  # accepted drafts in green
     assert "\x1b[9;31m" in proc.stdout  # rejected drafts struck through in red

@@ -64,7 +64,9 @@ def test_qwen_draft_acceptance_on_the_default_code_prompt(qwen_pair):
 
     code = next(p for p in load_prompts() if p.name == "code-writing")
     prompt = qwen_pair.target.tokenize(qwen_pair.target.apply_chat_template(code.messages()))
-    generate(qwen_pair, prompt, max_tokens=code.max_tokens, policy="draft")
+    # One token a cycle: the draft model's own agreement with the target. (Adaptive drafts go
+    # longer, into less confident tokens, where acceptance per token is lower by design.)
+    generate(qwen_pair, prompt, max_tokens=code.max_tokens, policy="draft", k=1)
     assert qwen_pair.stats.acceptance_rate >= 0.85, qwen_pair.stats.summary()
 
 

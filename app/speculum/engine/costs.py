@@ -59,8 +59,17 @@ class CostModel:
     # A pass the OS preempted can take 10x longer; clipping keeps one hiccup from
     # steering several cycles, while a real slowdown still shows within a few passes.
     def observe_verify(self, n: int, seconds: float) -> None:
-        self.verify_s[n] = _ema(self.verify_s.get(n), seconds)
+        old = self.verify_s.get(n)
+        self.verify_s[n] = _ema(old, seconds)
         self.observations += 1
+        if n == 1 and old:
+            # A shared machine's speed drifts, and sizes timed rarely would keep the speed of
+            # their day (a curve once read 2.8 steps for 2 tokens): the whole curve follows the
+            # single step, the size timed most often, keeping its shape.
+            factor = self.verify_s[1] / old
+            for size in self.verify_s:
+                if size != 1:
+                    self.verify_s[size] *= factor
 
     def observe_prefill(self, n: int, seconds: float) -> None:
         if n >= 8 and seconds > 0:
@@ -110,10 +119,11 @@ class CostModel:
             (k0, v0), (k1, v1), (kf, vf) = known[-2], known[-1], known[0]
             slope = max(min((v1 - v0) / (k1 - k0), (v1 - vf) / (k1 - kf)), 0.0) * self.extrapolation_scale
             return v1 + slope * (n - k1)
-        if len(known) >= 2:
+        if len(known) >= 2:  # below the smallest size timed (forced modes never time 1)
             (k0, v0), (k1, v1) = known[0], known[1]
             slope = max((v1 - v0) / (k1 - k0), 0.0)
-            return max(v0 + slope * (n - k0), 0.0)
+            # Two noisy sizes can slope steeply: never below what 0.6 steps per token allows.
+            return max(v0 - slope * (k0 - n), v0 / (1 + 0.6 * (k0 - n)))
         k0, v0 = known[0]
         slope = self._default_slope(k0, v0)
         per = v0 / (1 + slope * (k0 - 1))
