@@ -126,9 +126,7 @@ def main() -> int:
     window.show()
     window.set_pair(model, args.draft, load=False)
     # As a user would: the window has been open a moment (its engine process started) before Load.
-    started = []
-    window.engine.worker.ready.connect(lambda *info: started.append(info))
-    while not started:
+    while not window.engine.started:
         app.processEvents()
         time.sleep(0.005)
     load_start = time.perf_counter()

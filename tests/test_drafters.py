@@ -46,7 +46,7 @@ def test_a_registered_drafter_is_built_and_used(monkeypatch):
     args = dict(n_vocab=16, seed=2)
     dec = Decoder(SyntheticModel(**args))
     oracle = dec.drafters["oracle"]
-    assert set(dec.drafters) == {Source.LOOKUP, "oracle"}  # no draft model: no model drafter
+    assert set(dec.drafters) == {Source.LOOKUP, Source.PREDICTION, "oracle"}  # no draft model: no model drafter
     cycles = list(dec.generate([1, 2, 3], max_tokens=40, policy=FixedPolicy(Choice("oracle", 3))))
     assert [t for c in cycles for t in c.emitted] == plain(args, [1, 2, 3], 40)
     assert all(c.source == "oracle" and c.n_accepted == len(c.drafted) == 3 for c in cycles[:-1])

@@ -99,6 +99,56 @@ def test_after_loading_the_engine_measures_costs_while_idle_and_gives_way_to_a_r
         engine.end()
 
 
+def test_fast_cycles_share_pipe_messages_and_arrive_in_order(smollm_path, data_dirs):
+    from speculum.runner import GenerationRequest
+
+    events, finished = [], threading.Event()
+
+    def on_event(kind, *payload):
+        events.append((kind, *payload))
+        if kind in ("finished", "failed", "load_failed"):
+            finished.set()
+
+    engine = EngineProcess(on_event, lambda code: finished.set())
+    try:
+        engine.send("load", LoadRequest(str(smollm_path), n_ctx=512), "", "")
+        engine.send("generate", GenerationRequest("c1", [{"role": "user", "content": "Count from one to thirty."}],
+                                                  mode="off", max_tokens=64))
+        assert finished.wait(300)
+        before = engine.messages
+    finally:
+        engine.end()
+    cycles = [e[1].cycle for e in events if e[0] == "cycle"]
+    assert events[-1][0] == "finished" and [c.index for c in cycles] == list(range(len(cycles)))
+    assert cycles[-1].finish  # the last one arrives too, before "finished"
+    assert before <= len(events)
+
+
+def test_cycles_closer_than_the_batch_interval_travel_together():
+    from types import SimpleNamespace as NS
+
+    from speculum.engine_process import CYCLE_BATCH_S, Outbox
+
+    now, sent = [0.0], []
+    box = Outbox(sent.append, clock=lambda: now[0])
+    cycle = lambda i, finish=None: ("cycle", NS(cycle=NS(index=i, finish=finish)))  # noqa: E731
+    box.report("loaded", "facts")
+    for i in range(5):  # fast cycles wait until one comes a batch interval after the last message
+        now[0] += CYCLE_BATCH_S / 4
+        box.report(*cycle(i))
+    now[0] += 10 * CYCLE_BATCH_S  # a slow cycle goes at once
+    box.report(*cycle(5))
+    now[0] += CYCLE_BATCH_S / 4
+    box.report(*cycle(6))  # held ...
+    box.report("stage", "Part 2")  # ... and sent ahead of any other report, in order
+    now[0] += CYCLE_BATCH_S / 4
+    box.report(*cycle(7, finish="eog"))  # the last cycle never waits
+    flat = [e for m in sent for e in (m[1] if m[0] == "batch" else [m])]
+    assert [e[0] for e in flat] == ["loaded"] + ["cycle"] * 7 + ["stage", "cycle"]
+    assert [e[1].cycle.index for e in flat if e[0] == "cycle"] == list(range(8))
+    assert len(sent) == 5  # loaded; cycles 0-4 together; slow cycle 5; cycle 6 with the stage; the last
+
+
 def _crash_window(open_window, monkeypatch, smollm_path, point, **settings):
     monkeypatch.setenv(CRASH_SWITCH, point)
     return open_window(smollm_path, load=False, mode="off", max_tokens=32, **settings)

@@ -195,7 +195,7 @@ def test_batcher_wakes_the_ui_once_per_frame_and_stretches_costly_frames(qtbot):
     for i in range(6):
         batcher.put(i)
         batcher.flush()
-    # 4 ms a frame within 2% of a core: frames stretch to the 250 ms cap (4 / 0.02 = 200 ms, at least).
+    # 4 ms a frame within 2% of a core: frames stretch (4 / 0.02 = 200 ms, at least).
     assert batcher.interval_ms >= 190
 
 

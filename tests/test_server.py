@@ -116,6 +116,12 @@ def test_greedy_output_through_the_server_equals_generate(server, smollm_path, c
                      "--max-tokens", "32", "--json", prompt]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert reply.choices[0].message.content == summary["text"]
+    # With a prediction (half right: its second half is another text) the answer is the same.
+    half = summary["text"][: len(summary["text"]) // 2] + " and then something else entirely."
+    predicted = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=32, temperature=0,
+                                               prediction={"type": "content", "content": half})
+    assert predicted.choices[0].message.content == summary["text"]
+    assert predicted.usage.completion_tokens_details.accepted_prediction_tokens > 0
 
 
 def test_stop_sequences_cut_the_answer_and_finish_with_stop(server):
@@ -254,3 +260,63 @@ def test_a_follow_up_request_reuses_the_conversation_in_the_kv_cache(server, dec
     second = client.chat.completions.create(model=MODEL, messages=follow, max_tokens=4, temperature=0)
     # Only what was new was decoded: the earlier turns came from the cache.
     assert decoder.stats.prompt_tokens < second.usage.prompt_tokens / 2
+
+
+CODE = "def average(values):\n    total = 0\n    for value in values:\n    total += value\n    return total / len(values)\n"
+ASK = [{"role": "user", "content": "Write a Python function that returns the average of a list of numbers."}]
+
+
+def prediction_usage(usage) -> tuple[int, int]:
+    details = usage.completion_tokens_details
+    return details.accepted_prediction_tokens, details.rejected_prediction_tokens
+
+
+@pytest.mark.parametrize("mode", ["auto", "lookup"])
+def test_a_prediction_drafts_the_answer_and_never_changes_it(server, mode):
+    client = server(mode=mode).client()
+    plain = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=80, temperature=0)
+    assert prediction_usage(plain.usage) == (0, 0)  # no prediction: none accepted, none rejected
+    answer = plain.choices[0].message.content
+    # The client expects the answer with its middle line missing (as an editor's older copy would).
+    lines = answer.splitlines(keepends=True)
+    expected = "".join(lines[: len(lines) // 2] + lines[len(lines) // 2 + 1:])
+    predicted = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=80, temperature=0,
+                                               prediction={"type": "content", "content": expected})
+    assert predicted.choices[0].message.content == answer
+    accepted, rejected = prediction_usage(predicted.usage)
+    # Much of the answer was copied from it (how much the policy drafts at once follows this
+    # machine's measured verify curve), and nearly every predicted token it tried was right.
+    assert accepted > 0.3 * predicted.usage.completion_tokens and rejected < accepted / 4
+    # The usage is what the cycles say: prediction drafts the target verified, kept or refused.
+    by_drafter = predicted.model_extra["speculum"]["drafted_by_drafter"]["prediction"]
+    assert (accepted, rejected) == (by_drafter["accepted"], by_drafter["drafted"] - by_drafter["accepted"])
+    assert predicted.model_extra["speculum"]["passes"] < 0.8 * plain.model_extra["speculum"]["passes"]
+
+
+def test_a_prediction_as_text_parts_streams_with_its_usage(server):
+    client = server(mode="auto").client()
+    answer = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=60,
+                                            temperature=0).choices[0].message.content
+    whole = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=60, temperature=0,
+                                           prediction={"type": "content", "content": answer})
+    parts = [{"type": "text", "text": answer[:40]}, {"type": "text", "text": answer[40:]}]
+    stream = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=60, temperature=0, stream=True,
+                                            stream_options={"include_usage": True},
+                                            prediction={"type": "content", "content": parts})
+    pieces, usage = [], None
+    for chunk in stream:
+        pieces += [c.delta.content or "" for c in chunk.choices]
+        usage = chunk.usage or usage
+    assert "".join(pieces) == whole.choices[0].message.content == answer
+    # The policy's timing-led choices may differ between the two requests; both copy most of it.
+    assert prediction_usage(usage)[0] > 15 and prediction_usage(whole.usage)[0] > 15
+
+
+def test_an_unrelated_prediction_changes_nothing_but_its_counts(server):
+    client = server(mode="auto").client()
+    plain = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=32, temperature=0)
+    other = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=32, temperature=0,
+                                           prediction={"type": "content", "content": CODE * 3})
+    assert other.choices[0].message.content == plain.choices[0].message.content
+    accepted, rejected = prediction_usage(other.usage)
+    assert accepted <= 2  # a word or bracket in common at most

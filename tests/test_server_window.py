@@ -9,7 +9,21 @@ import threading
 import httpx
 import openai
 
+from speculum.ui import look
+from speculum.ui.speculation import KIND
 from test_gui_window import GENERATE_MS, LOAD_MS, open_window, send  # noqa: F401  (fixture)
+
+
+def kinds_shown(view) -> set[str]:
+    """The token kinds of every run of text in a speculation view or legend."""
+    kinds, block = set(), view.document().begin()
+    while block.isValid():
+        it = block.begin()
+        while not it.atEnd():
+            kinds.add(it.fragment().charFormat().property(KIND))
+            it += 1
+        block = block.next()
+    return kinds - {None}
 
 
 def _free_port() -> int:
@@ -41,6 +55,16 @@ def test_serve_switch_serves_the_loaded_model_and_shows_requests_live(qtbot, ope
     qtbot.waitUntil(lambda: w.replay_label.text().startswith("Answered an API request"), timeout=GENERATE_MS)
     assert "— API request —" in w.speculation.toPlainText()
     assert w.stats.value(w.stats.RATE) != "—"  # the stats panel shows the API request's numbers
+    assert look.PREDICTED not in kinds_shown(w.speculation.legend)
+
+    # A request with a prediction: its accepted drafts have their own colour, named in the legend.
+    answer = replies[0].choices[0].message.content
+    predicted = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Copy: the quick brown fox."}], max_tokens=16,
+        temperature=0, prediction={"type": "content", "content": answer})
+    assert predicted.choices[0].message.content == answer
+    qtbot.waitUntil(lambda: look.PREDICTED in kinds_shown(w.speculation), timeout=GENERATE_MS)
+    assert look.PREDICTED in kinds_shown(w.speculation.legend)
     # The window still answers its own questions between API requests.
     assert send(qtbot, w, "Say hello.").content.strip()
 

@@ -18,12 +18,41 @@ import multiprocessing
 import os
 import signal
 import threading
+import time
 from typing import Callable
 
 # Test-only fault injection, read by the engine process alone: "load", "first_decode" or
 # "mid_generation" makes it crash there with a real segmentation fault.
 CRASH_SWITCH = "SPECULUM_TEST_CRASH"
 MID_GENERATION_CYCLE = 4  # the cycle at which "mid_generation" crashes (earlier ones reach the window)
+
+# Cycles that come faster than this go down the pipe together: each message wakes the
+# window's reader thread, and on a machine whose cores all decode, every wake-up is decoding
+# lost. A slower cycle, the last one and any other report go at once.
+CYCLE_BATCH_S = 0.04
+CYCLE_EVENTS = ("cycle", "served_cycle")
+
+
+class Outbox:
+    """Reports to the window: a cycle that follows the last message within ``CYCLE_BATCH_S``
+    waits for the next report and travels with it as one ``("batch", [events])`` message."""
+
+    def __init__(self, send: Callable[[tuple], None], clock: Callable[[], float] = time.monotonic):
+        self._send = send
+        self._clock = clock
+        self._lock = threading.Lock()  # the window's generation and API clients' threads both report
+        self._held: list[tuple] = []
+        self._sent_at = float("-inf")
+
+    def report(self, *event) -> None:
+        with self._lock:
+            now = self._clock()
+            if event[0] in CYCLE_EVENTS and event[1].cycle.finish is None and now - self._sent_at < CYCLE_BATCH_S:
+                self._held.append(event)
+                return
+            self._send(("batch", self._held + [event]) if self._held else event)
+            self._held.clear()
+            self._sent_at = now
 
 # Windows reports a crash as an NTSTATUS exit code, not a signal.
 _WINDOWS_CRASHES = {
@@ -67,13 +96,12 @@ def _engine_main(conn, stop, cancel_load) -> None:
 
     crash_at = os.environ.get(CRASH_SWITCH, "")
 
-    sending = threading.Lock()  # the window's generation and API clients' threads both report
+    outbox = Outbox(conn.send)
 
     def report(*event) -> None:
         if crash_at == "load" and event[0] == "load_progress" and event[2] > 0:
             _crash()
-        with sending:
-            conn.send(event)
+        outbox.report(*event)
 
     report("ready", llama.gpu_backend(), threads.in_effect())
 
@@ -113,7 +141,7 @@ def _engine_main(conn, stop, cancel_load) -> None:
                     to_remember = (profile, why) if why else None
                 else:
                     profile, why = profiles.remembered()
-                conn.send(("profile", profile.name, why))
+                report("profile", profile.name, why)
                 options = profile.apply(LoadOptions(n_ctx=request.n_ctx, target_gpu_layers=request.target_gpu_layers,
                                                     draft_gpu_layers=request.draft_gpu_layers, rpc=request.rpc))
                 fresh = runner.load(request, options)
@@ -153,6 +181,7 @@ class EngineProcess:
         self._on_exit = on_exit
         self._ending = False
         self._send_lock = threading.Lock()
+        self.messages = 0  # read from the pipe: a batch of cycles is one
         self.process = ctx.Process(target=_engine_main, args=(child_conn, self.stop, self.cancel_load),
                                    name="speculum-engine", daemon=True)
         self.process.start()
@@ -179,7 +208,9 @@ class EngineProcess:
                 event = self._conn.recv()
             except (EOFError, OSError):
                 break
-            self._on_event(*event)
+            self.messages += 1
+            for one in event[1] if event[0] == "batch" else (event,):
+                self._on_event(*one)
         self._conn.close()
         self.process.join(10)
         if not self._ending:

@@ -51,6 +51,12 @@ LOOKUP_PRIORS = (0.2, 0.35, 0.5, 0.6, 0.7, 0.8, 0.85)
 CATCH_UP_CYCLES = 4  # model cycles a catch-up's cost is spread over
 CATCH_UP = 8  # tokens a cycle's draft usually catches up on (accepted drafts + the correction)
 SEED = 14  # the policy's own randomness: reproducible, and never the sampling RNG
+# A client's prediction: acceptance by how many output tokens in a row followed it
+# (bucket lower bounds: 1, 2-3, 4-7, 8-15, 16+). One token in common with it means little
+# (unrelated text shares newlines and brackets); a long run is an edit copying the file,
+# right nearly every time.
+PREDICTION_BUCKETS = (1, 2, 4, 8, 16)
+PREDICTION_PRIORS = (0.1, 0.5, 0.75, 0.85, 0.9)
 
 
 def bucket_of(length: int, bounds: Sequence[int] = LOOKUP_BUCKETS) -> int:
@@ -152,11 +158,16 @@ class AutoPolicy:
     not tried stays uncertain, not fixed at its prior, and is tried until it proves itself.
     """
 
-    # auto: any drafter or none; draft / lookup: that drafter only, always drafting.
-    MODE_SOURCES = {Mode.AUTO: (Source.MODEL, Source.LOOKUP), Mode.DRAFT: (Source.MODEL,),
-                    Mode.LOOKUP: (Source.LOOKUP,)}
+    # auto: any drafter or none; draft / lookup: that drafter, always drafting. A client's
+    # prediction (there only when a request brings one) is offered in every mode.
+    MODE_SOURCES = {Mode.AUTO: (Source.MODEL, Source.LOOKUP, Source.PREDICTION),
+                    Mode.DRAFT: (Source.MODEL, Source.PREDICTION), Mode.LOOKUP: (Source.LOOKUP, Source.PREDICTION)}
     # Copying drafters (``match(context)`` -> Match): acceptance by match-length bucket.
-    MATCH_TABLES = {Source.LOOKUP: (LOOKUP_BUCKETS, LOOKUP_PRIORS)}
+    # A new one is one more entry here.
+    MATCH_TABLES = {Source.LOOKUP: (LOOKUP_BUCKETS, LOOKUP_PRIORS),
+                    Source.PREDICTION: (PREDICTION_BUCKETS, PREDICTION_PRIORS)}
+    # Sources whose acceptance belongs to one request (each brings its own prediction).
+    PER_REQUEST = (Source.PREDICTION,)
 
     def __init__(self, drafters: Mapping[Source, Drafter], mode: Mode = Mode.AUTO, backend: str = "CPU",
                  store: Path | None = None, clock: Callable[[], float] = time.perf_counter, seed: int = SEED):
@@ -391,6 +402,9 @@ class AutoPolicy:
             pass  # a memory that cannot be written only costs a re-measurement next time
 
     def finish(self) -> None:
+        # Each request brings its own prediction: what one taught says nothing of the next.
+        for source in self.PER_REQUEST:
+            self.match_rates[source] = [[Rate(prior=p) for _ in range(MAX_K)] for p in self.MATCH_TABLES[source][1]]
         self.save()
 
 

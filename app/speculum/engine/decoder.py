@@ -70,15 +70,20 @@ class Decoder:
         stop: threading.Event | None = None,
         want_probs: bool = False,
         on_prompt: Callable[[int, int], None] | None = None,
+        prediction: Sequence[int] = (),
     ) -> Iterator[Cycle]:
         """Yield one Cycle per target pass until end of generation, max tokens, stop or full context.
 
         ``k``: None lets draft and lookup modes adapt the draft length; a number fixes it.
         ``on_prompt(read, total)``: prompt tokens read so far, after each chunk of the prompt.
+        ``prediction``: tokens the caller expects the answer to hold (auto mode drafts from them).
         Raises ContextFullError before decoding when the prompt alone does not fit.
         """
         if isinstance(policy, str):
             policy = self.policy_for(policy, k)
+        predicted = self.drafters.get(Source.PREDICTION)
+        if predicted is not None:
+            predicted.expect(prediction)  # empty clears the previous generation's
         context = self._prefill(prompt, policy, stop, on_prompt)
         rng = np.random.default_rng(sampling.seed)
         detok = self.target.detokenizer()

@@ -8,6 +8,8 @@ each cycle, ``accept(context)`` once the target has kept what it kept.
   with the target (synced to the accepted context before every proposal).
 - ``PromptLookup``: copies the continuation of the latest earlier occurrence of the
   context's longest repeated suffix (a suffix automaton over prompt + generated tokens).
+- ``PredictionDrafter``: the client's predicted output, kept aligned
+  with what the target writes.
 
 ``DRAFTERS`` maps each source to its class: a new drafter is one class with a ``build``
 and one entry there; the decoder builds whichever the loaded models allow.
@@ -16,6 +18,7 @@ and one entry there; the decoder builds whichever the loaded models allow.
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple, Protocol, Sequence
 
@@ -297,10 +300,108 @@ class PromptLookup:
         self.extend(context[len(self.tokens):])
 
 
+# Predicted Outputs as drafts: the client says what it expects back, we propose it.
+#
+# OpenAI's ``prediction`` (the file being edited, the document being reformatted) is a draft
+# that is mostly right. The drafter keeps a cursor into the predicted tokens, aligned with
+# the output: while the output follows the prediction the cursor advances with it; when the
+# output leaves it (an edit inserts, deletes or changes text), the cursor is lost and found
+# again at the next place where the output's latest tokens occur in the prediction, searching
+# forward from where it was first, so a rename resumes copying right after the new name.
+#
+# ``Match.length`` tells the policy how much to trust a draft: the number of output tokens
+# in a row that followed the prediction (a fresh re-alignment on one common token is weak).
+MAX_ALIGN = 8  # longest output suffix looked up when re-aligning
+START_RUN = 2  # trust at the very start: the answer usually opens with the predicted text
+
+
+class PredictionDrafter:
+    source = Source.PREDICTION
+
+    def __init__(self) -> None:
+        self.predicted: list[int] = []
+        self._index: dict[tuple[int, ...], list[int]] = {}  # n-gram -> sorted positions after it
+        self._origin = 0  # where the output starts in the context
+        self._seen = 0  # context length already followed
+        self._cursor: int | None = None  # index of the next expected predicted token; None: lost
+        self._anchor = 0  # where the output last followed the prediction
+        self._run = 0  # output tokens in a row that followed the prediction
+
+    @classmethod
+    def build(cls, inputs: DrafterInputs) -> "PredictionDrafter":
+        return cls()
+
+    def expect(self, tokens: Sequence[int]) -> None:
+        """The next generation's prediction (empty: none)."""
+        self.predicted = list(tokens)
+        index: dict[tuple[int, ...], list[int]] = {}
+        for end in range(1, len(self.predicted) + 1):
+            for n in range(1, min(MAX_ALIGN, end) + 1):
+                index.setdefault(tuple(self.predicted[end - n:end]), []).append(end)
+        self._index = index
+
+    def begin(self, context: Sequence[int]) -> None:
+        self._origin = self._seen = len(context)
+        self._cursor = 0 if self.predicted else None
+        self._anchor = 0
+        self._run = START_RUN
+
+    def match(self, context: Sequence[int]) -> Match:
+        """Where the output stands in the prediction; ``available`` predicted tokens follow."""
+        if not self.predicted:
+            return NO_MATCH
+        self._follow(context)
+        if self._cursor is None or self._cursor >= len(self.predicted):
+            return NO_MATCH
+        return Match(self._cursor - 1, self._run, len(self.predicted) - self._cursor)
+
+    def propose(self, context: Sequence[int], k: int, choice: Choice, sampling: SamplingParams,
+                rng: np.random.Generator) -> Draft:
+        end, run, _ = self.match(context) if k > 0 else NO_MATCH
+        if run <= 0 or run < choice.min_match:
+            return Draft(source=self.source)
+        tokens = self.predicted[end + 1:end + 1 + k]
+        return Draft(list(tokens), self.source, None, [1.0] * len(tokens), run)
+
+    def accept(self, context: Sequence[int]) -> None:
+        if self.predicted:
+            self._follow(context)
+
+    def _follow(self, context: Sequence[int]) -> None:
+        """Advance the cursor over output tokens not yet seen; re-align when they leave the prediction."""
+        if len(context) < self._seen:  # the context went back (should not happen within a generation)
+            self.begin(context)
+            return
+        for pos in range(self._seen, len(context)):
+            if self._cursor is not None and self._cursor < len(self.predicted) \
+                    and self.predicted[self._cursor] == context[pos]:
+                self._cursor += 1
+                self._run += 1
+                self._anchor = self._cursor
+            else:
+                self._cursor, self._run = None, 0
+        self._seen = len(context)
+        if self._cursor is None:
+            self._realign(context[self._origin:])
+
+    def _realign(self, output: Sequence[int]) -> None:
+        """The longest suffix of the output found in the prediction, nearest at or after the anchor."""
+        for n in range(min(MAX_ALIGN, len(output)), 0, -1):
+            ends = self._index.get(tuple(output[len(output) - n:]))
+            if not ends:
+                continue
+            at = bisect_left(ends, self._anchor)
+            end = ends[at] if at < len(ends) else ends[-1]  # else: the output went back in the text
+            if end < len(self.predicted):
+                self._cursor, self._run = end, n
+                return
+
+
 # Source -> drafter class. Order is the order drafters begin and accept in.
 DRAFTERS: dict[Source, type] = {
     Source.MODEL: ModelDrafter,
     Source.LOOKUP: PromptLookup,
+    Source.PREDICTION: PredictionDrafter,
 }
 
 

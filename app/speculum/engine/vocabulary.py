@@ -31,6 +31,7 @@ class Source(Word):
 
     MODEL = "model"
     LOOKUP = "lookup"
+    PREDICTION = "prediction"  # the client's expected output (OpenAI Predicted Outputs)
     NONE = "none"  # nothing drafted: a plain step
 
 

@@ -18,6 +18,7 @@ from typing import AsyncIterator
 
 from ..engine.sampling import SamplingParams
 from ..engine.stats import Stats
+from ..engine.vocabulary import Source
 from ..errors import ContextFullError, SpeculumError
 
 
@@ -92,7 +93,17 @@ def speculum_numbers(stats: Stats) -> dict:
     return {"acceptance_rate": round(stats.acceptance_rate, 4), "tokens_per_pass": round(stats.tokens_per_pass, 4),
             "tokens_per_s": round(stats.tokens_per_s, 3), "passes": stats.passes,
             "passes_by_drafter": {str(k): v for k, v in stats.passes_by_source.items()},
-            "drafted": stats.drafted, "accepted": stats.accepted}
+            "drafted": stats.drafted, "accepted": stats.accepted,
+            "drafted_by_drafter": {str(k): {"drafted": d, "accepted": a} for k, (d, a) in stats.by_source.items()}}
+
+
+def usage(prompt_tokens: int, completion_tokens: int, stats: Stats) -> dict:
+    """OpenAI's usage; a prediction's tokens the target verified are accepted or rejected."""
+    drafted, accepted = stats.by_source.get(Source.PREDICTION, (0, 0))
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "completion_tokens_details": {"reasoning_tokens": 0, "accepted_prediction_tokens": accepted,
+                                          "rejected_prediction_tokens": drafted - accepted}}
 
 
 class ServedModel:
@@ -117,6 +128,13 @@ class ServedModel:
     def chat_prompt(self, messages: list[dict]) -> list[int]:
         target = self.decoder.target
         return target.tokenize(target.apply_chat_template(messages))
+
+    def predicted_tokens(self, prediction: str | None) -> list[int]:
+        """The prediction as the model would write it: plain text, no BOS, specials not parsed."""
+        if not prediction:
+            return []
+        target = self.decoder.target  # no answer is longer than the context: neither need its draft be
+        return target.tokenize(prediction, add_special=False, parse_special=False)[: target.n_ctx]
 
     def text_prompt(self, text: str) -> list[int]:
         target = self.decoder.target
@@ -157,8 +175,10 @@ class ServedModel:
                 with self.turn:
                     if self.on_request is not None:
                         self.on_request("started", len(completion.prompt))
+                    prediction = self.predicted_tokens(completion.prediction)
                     for cycle in self.decoder.generate(completion.prompt, max_tokens=completion.max_tokens,
-                                                       sampling=completion.sampling, policy=self.mode, stop=stop):
+                                                       sampling=completion.sampling, policy=self.mode, stop=stop,
+                                                       prediction=prediction):
                         if self.on_cycle is not None:
                             self.on_cycle(cycle)
                         loop.call_soon_threadsafe(queue.put_nowait, cycle)
@@ -192,9 +212,7 @@ class ServedModel:
             if tail:
                 yield Delta(tail)
             stats = self.decoder.stats
-            usage = {"prompt_tokens": len(completion.prompt), "completion_tokens": generated,
-                     "total_tokens": len(completion.prompt) + generated}
-            done = Done(finish, usage, speculum_numbers(stats))
+            done = Done(finish, usage(len(completion.prompt), generated, stats), speculum_numbers(stats))
             if self.on_request is not None:
                 self.on_request("finished", done)
             yield done

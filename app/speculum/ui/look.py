@@ -12,6 +12,7 @@ CORRECTION = "correction"  # the target's own token after a rejection
 BONUS = "bonus"  # the target's extra token after every draft was accepted
 PLAIN = "plain"  # a token from a plain step (nothing drafted)
 PROPOSED = "proposed"  # replay: drafted, not yet verified
+PREDICTED = "predicted"  # a token of an API client's prediction the target agreed with
 
 # (text colour, background)
 COLOURS = {
@@ -21,10 +22,12 @@ COLOURS = {
     BONUS: ("#5b2a91", "#eadcfb"),
     PLAIN: ("#30343b", None),
     PROPOSED: ("#5f6670", "#eceef1"),
+    PREDICTED: ("#0b5563", "#c6eef3"),
 }
 
 # Short names for the legend; the tooltips say more.
-SHORT = {ACCEPTED: "accepted", REJECTED: "rejected", CORRECTION: "correction", BONUS: "bonus", PLAIN: "plain step"}
+SHORT = {ACCEPTED: "accepted", REJECTED: "rejected", CORRECTION: "correction", BONUS: "bonus", PLAIN: "plain step",
+         PREDICTED: "from prediction"}
 
 # The window lists the modes in this order.
 MODE_NAMES = {Mode.AUTO: "Auto", Mode.DRAFT: "Draft model", Mode.LOOKUP: "Prompt lookup", Mode.OFF: "Off"}
@@ -36,9 +39,14 @@ LABELS = {
     BONUS: "target's bonus token",
     PLAIN: "plain step",
     PROPOSED: "proposed, not yet verified",
+    PREDICTED: "accepted draft from the API client's prediction",
 }
 
-DRAFTERS = {Source.MODEL: "draft model", Source.LOOKUP: "prompt lookup", Source.NONE: "none (plain step)"}
+# An accepted draft shows in its drafter's own colour where it has one.
+ACCEPTED_AS = {Source.PREDICTION: PREDICTED}
+
+DRAFTERS = {Source.MODEL: "draft model", Source.LOOKUP: "prompt lookup", Source.PREDICTION: "client's prediction",
+            Source.NONE: "none (plain step)"}
 
 CHART_LINE = QColor("#2f6fdf")
 CHART_FILL = QColor(47, 111, 223, 40)

@@ -53,11 +53,12 @@ def token_runs(cycle, verified: bool = True) -> list[tuple[str, str, str]]:
             runs.append((look.visible(text), look.PROPOSED,
                          f"Cycle {n} · draft position {j + 1} of {k} · drafter: {drafter} · waiting for the target"))
         return runs
+    accepted = look.ACCEPTED_AS.get(cycle.source, look.ACCEPTED)
     for j, text in enumerate(cycle.drafted_text):
-        kind = look.ACCEPTED if j < cycle.n_accepted else look.REJECTED
-        runs.append((look.visible(text), kind,
+        ok = j < cycle.n_accepted
+        runs.append((look.visible(text), accepted if ok else look.REJECTED,
                      f"Cycle {n} · draft position {j + 1} of {k} · drafter: {drafter} · "
-                     f"{'accepted' if kind == look.ACCEPTED else 'rejected'}{_p(cycle.p_drafted, j)}"))
+                     f"{'accepted' if ok else 'rejected'}{_p(cycle.p_drafted, j)}"))
     for j in range(cycle.n_accepted, len(cycle.emitted)):
         text = cycle.emitted_text[j] if j < len(cycle.emitted_text) else ""
         if not k:
@@ -81,6 +82,7 @@ class SpeculationView(OpaqueScrollArea, QTextEdit):
         self.setPlaceholderText("Each cycle's drafted tokens appear here as the model writes.")
         self._pending_from: int | None = None  # where an unverified (replay) draft starts
         self._stage = ""
+        self.legend = Legend()
 
     def clear_view(self) -> None:
         self.clear()
@@ -118,6 +120,7 @@ class SpeculationView(OpaqueScrollArea, QTextEdit):
         cursor = self._cursor()
         cursor.beginEditBlock()
         for item in staged:
+            self.legend.note(item.cycle.source)
             self._stage_line(cursor, item.stage)
             self._insert(cursor, token_runs(item.cycle))
         cursor.endEditBlock()
@@ -199,11 +202,23 @@ class Legend(QTextEdit):
         self.setFrameShape(QTextEdit.NoFrame)
         self.setVerticalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
-        cursor = self.textCursor()
         for kind in (look.ACCEPTED, look.REJECTED, look.CORRECTION, look.BONUS, look.PLAIN):
-            cursor.insertText(f" {look.SHORT[kind]} ", _format(kind, look.LABELS[kind]))
-            cursor.insertText("  ", QTextCharFormat())
+            self._add(kind)
+        self.kinds = {look.ACCEPTED}
+
+    def _add(self, kind: str) -> None:
+        cursor = self.textCursor()
+        cursor.movePosition(QTextCursor.End)
+        cursor.insertText(f" {look.SHORT[kind]} ", _format(kind, look.LABELS[kind]))
+        cursor.insertText("  ", QTextCharFormat())
         self.setFixedHeight(int(self.document().size().height()) + 6)
+
+    def note(self, source) -> None:
+        """A drafter with its own colour is named once its first draft is shown."""
+        kind = look.ACCEPTED_AS.get(source, look.ACCEPTED)
+        if kind not in self.kinds:
+            self.kinds.add(kind)
+            self._add(kind)
 
     def resizeEvent(self, event):
         super().resizeEvent(event)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
 from .replaycontroller import ReplayController
-from .speculation import Legend, SpeculationView
+from .speculation import SpeculationView
 from .stats import StatsPanel
 
 
@@ -21,7 +21,7 @@ class SpeculationPane(QWidget):
         title = QLabel("Speculation, cycle by cycle")
         title.setObjectName("paneTitle")
         lay.addWidget(title)
-        lay.addWidget(Legend())
+        lay.addWidget(self.speculation.legend)
         lay.addWidget(self.speculation, 1)
         lay.addWidget(self.replay.bar)
         lay.addWidget(self.replay.label)

@@ -40,7 +40,7 @@ class CycleBatcher(QObject):
 
     batchReady = Signal(list)
     _wake = Signal()
-    MAX_FRAME_MS = 250  # still reads as live; one frame's work stays far under the 50 ms block limit
+    MAX_FRAME_MS = 500  # twice a second still reads as live; one frame's work stays far under the 50 ms block limit
 
     def __init__(self, parent=None, interval_ms: int = FRAME_MS, cpu_budget: float = 0.25):
         super().__init__(parent)
@@ -151,12 +151,14 @@ class Engine(QObject):
         self._activity = ""  # what the process is doing, for the crash message
         self._fresh = False  # loaded, and no cycle decoded since
         self._last_words = ""
+        self.started = False  # the engine process has imported llama.cpp and said so
         self._lock = threading.Lock()
         self._spawn()  # importing llama.cpp takes a moment: do it before the user presses Load
 
     # -- the process --
 
     def _spawn(self) -> None:
+        self.started = False
         self._process = EngineProcess(self._on_event, self._on_exit)
         self._holds_models = False
 
@@ -174,6 +176,8 @@ class Engine(QObject):
             return
         if kind in ("finished", "failed", "load_failed"):
             self._activity = ""
+        if kind == "ready":
+            self.started = True
         if kind == "profile":
             self.profile, self.profile_why = profiles.by_name(payload[0]), payload[1]
         if kind == "loaded":
