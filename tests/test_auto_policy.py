@@ -271,3 +271,16 @@ def test_the_curve_follows_the_machine_speed_keeping_its_shape():
     for _ in range(30):  # the machine got twice as slow: only single steps are timed
         c.observe_verify(1, 0.060)
     assert abs(c.verify(1) - 0.060) < 1e-3 and abs(c.verify(5) / c.verify(1) - 2.0) < 1e-9
+
+
+def test_a_size_timed_alone_moves_the_rest_of_the_curve_too():
+    # Forced draft mode never times a single step: when the machine speeds up, two tokens
+    # must not come to look cheaper than one (k stuck at 1 on the demo pair).
+    c = CostModel()
+    c.observe_verify(1, 0.060)
+    c.observe_verify(2, 0.090)
+    c.observe_verify(3, 0.120)
+    for _ in range(40):  # twice as fast now; only 2-token passes are timed
+        c.observe_verify(2, 0.045)
+    assert c.verify(1) < c.verify(2) < c.verify(3)
+    assert c.verify(1) < 0.045

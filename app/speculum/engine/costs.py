@@ -62,13 +62,15 @@ class CostModel:
         old = self.verify_s.get(n)
         self.verify_s[n] = _ema(old, seconds)
         self.observations += 1
-        if n == 1 and old:
+        if old:
             # A shared machine's speed drifts, and sizes timed rarely would keep the speed of
-            # their day (a curve once read 2.8 steps for 2 tokens): the whole curve follows the
-            # single step, the size timed most often, keeping its shape.
-            factor = self.verify_s[1] / old
+            # their day (a curve once read 2.8 steps for 2 tokens; in forced draft mode, where
+            # single steps are never timed, 2 tokens read cheaper than 1 and k stuck at 1): the
+            # whole curve follows each pass, fully the single step's (auto mode's most common),
+            # half another size's, so the shape is still learned.
+            factor = (self.verify_s[n] / old) ** (1.0 if n == 1 else 0.5)
             for size in self.verify_s:
-                if size != 1:
+                if size != n:
                     self.verify_s[size] *= factor
 
     def observe_prefill(self, n: int, seconds: float) -> None:
