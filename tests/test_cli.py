@@ -31,7 +31,7 @@ def test_generate_json_streams_cycles_and_a_summary(smollm_path):
 
 def test_generate_terminal_view_colours_and_stdin_prompt(smollm_path):
     proc = speculum("generate", "--target", smollm_path, "--mode", "lookup", "--fixed-k", "--max-tokens", "40",
-                    "--color", "always", "-", stdin="Repeat exactly: one two three four five six seven eight nine ten")
+                    "--color", "always", "-", stdin="Repeat exactly: one two three four five six seven eight nine ten\n")
     assert proc.returncode == 0, proc.stderr
     assert "\x1b[32m" in proc.stdout  # accepted drafts in green
     assert "\x1b[9;31m" in proc.stdout  # rejected drafts struck through in red
@@ -65,6 +65,14 @@ def test_bench_json_contract(smollm_path, tmp_path):
             assert key in r
         assert r["tokens_per_s"] > 0
     assert all(r["speedup_vs_off"] == 1.0 for r in results if r["mode"] == "off")
+    for r in results:  # the oracle for copying rows: what knowing each copy's fate would give
+        if r["mode"] in ("lookup", "auto"):
+            assert r["oracle_speedup"] >= 0.999 and r["oracle_fraction"] > 0
+        else:
+            assert "oracle_speedup" not in r
+    ttft = json.loads(proc.stdout)["ttft"]  # the first token's wait, fresh policy vs taught
+    assert all(ttft[key] > 0 for key in ("fresh_s", "calibrated_s", "plain_s", "plain_after_s",
+                                         "fresh_vs_calibrated", "fresh_vs_calibrated_vs_plain"))
 
 
 def test_bench_table(smollm_path, tmp_path):
@@ -139,3 +147,20 @@ def test_generate_with_a_document_that_fits_has_no_stage(smollm_path, tmp_path):
     assert proc.returncode == 0, proc.stderr
     cycles = [json.loads(line) for line in proc.stdout.splitlines()][:-1]
     assert cycles and all("stage" not in c for c in cycles)
+
+
+def test_generate_reports_reading_a_long_prompt_on_stderr_only(smollm_path, tmp_path):
+    doc = tmp_path / "log.txt"
+    doc.write_text("\n".join(f"Day {i}: the lighthouse lamp was lit at dusk and the sea was calm." for i in range(60)))
+    proc = speculum("generate", "--target", smollm_path, "--mode", "auto", "--document", doc, "--max-tokens", "4",
+                    "--json", "Summarise.")
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]  # stdout stays pure JSON
+    assert lines[-1]["type"] == "summary"
+    reading = [line for line in proc.stderr.splitlines() if line.startswith("Reading the prompt…")]
+    assert len(reading) >= 3, proc.stderr  # off a terminal: a line per tenth or so, for a long prompt
+    read, total = reading[-1].split("… ")[1].split(" tokens")[0].split(" / ")
+    assert read == total and int(total.replace(",", "")) >= 512
+    # A short prompt off a terminal: nothing.
+    short = speculum("generate", "--target", smollm_path, "--max-tokens", "2", "--json", "Hi.")
+    assert "Reading the prompt" not in short.stderr

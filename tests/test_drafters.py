@@ -65,3 +65,55 @@ def test_hybrid_falls_back_when_the_first_drafter_has_nothing(monkeypatch):
     sources = {c.source for c in cycles[:-1]}
     assert sources == {Source.LOOKUP, "oracle"}, sources  # lookup on 3-token matches, the oracle otherwise
     assert all(c.match_length >= 3 for c in cycles if c.source == Source.LOOKUP)
+
+
+def _longest_earlier_suffix(tokens):
+    """Brute force: the longest suffix of ``tokens`` that also ends at an earlier position."""
+    n = len(tokens)
+    for length in range(n - 1, 0, -1):
+        suffix = tokens[n - length:]
+        if any(tokens[end - length + 1:end + 1] == suffix for end in range(length - 1, n - 1)):
+            return length
+    return 0
+
+
+def test_suffix_index_finds_the_longest_earlier_match_incrementally():
+    rng = np.random.default_rng(3)
+    for vocab in (2, 3, 7, 50):
+        tokens = [int(t) for t in rng.integers(0, vocab, size=120)]
+        index = drafters.SuffixIndex()
+        for i, tok in enumerate(tokens):
+            index.extend([tok])  # one token at a time, as a generation grows
+            m = index.match
+            assert m.length == _longest_earlier_suffix(tokens[:i + 1]), (vocab, i)
+            if m.length:  # a real earlier occurrence, with tokens after it to copy
+                assert m.end < i and tokens[m.end - m.length + 1:m.end + 1] == tokens[i + 1 - m.length:i + 1]
+                assert m.available == i - m.end
+
+
+def test_lookup_copies_a_long_passage_and_reports_its_full_match_length():
+    passage = list(range(100, 160))
+    lookup = drafters.PromptLookup()
+    context = [1, 2] + passage + [3, 4] + passage[:25]
+    lookup.begin(context)
+    m = lookup.match(context)
+    assert m.length == 25 and m.available == 60 - 25 + 2 + 25  # matched far beyond 3 tokens
+    draft = lookup.propose(context, 15, Choice(Source.LOOKUP, 15), None, None)
+    assert draft.tokens == passage[25:40] and draft.match_length == 25
+    # As the copy goes on, the match grows with it.
+    context += passage[25:30]
+    assert lookup.match(context).length == 30
+
+
+def test_lookup_starts_over_when_the_context_is_not_an_extension():
+    lookup = drafters.PromptLookup()
+    lookup.begin([5, 6, 7, 8, 5, 6, 7])
+    assert lookup.match([5, 6, 7, 8, 5, 6, 7]).length == 3
+    # A new conversation (or an edited one): nothing of the old text may be matched.
+    lookup.begin([9, 10, 11, 9])
+    assert lookup.tokens == [9, 10, 11, 9]
+    m = lookup.match([9, 10, 11, 9])
+    assert (m.length, m.end) == (1, 0)
+    # A context truncated behind the index's back is caught by match() itself.
+    assert lookup.match([9, 10, 9, 10]).length == 2 and lookup.tokens == [9, 10, 9, 10]
+    assert lookup.match([1, 2, 3]) == drafters.NO_MATCH

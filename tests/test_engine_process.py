@@ -68,6 +68,37 @@ def test_the_engine_process_waits_for_threads_as_speculum_sets_it_before_llama_c
     assert setting["libgomp_loaded"] is True  # llama.cpp's OpenMP runtime, which reads it, is loaded
 
 
+def test_after_loading_the_engine_measures_costs_while_idle_and_gives_way_to_a_request(smollm_path, data_dirs):
+    from speculum.runner import GenerationRequest
+
+    events, finished = [], threading.Event()
+
+    def on_event(*event):
+        events.append(event)
+        if event[0] in ("finished", "failed"):
+            finished.set()
+
+    engine = EngineProcess(on_event, lambda code: None)
+    try:
+        engine.send("load", LoadRequest(str(smollm_path), n_ctx=512), "", "")
+        # Sent at once: the idle calibration must give way to it, not run first to the end.
+        engine.send("generate", GenerationRequest("c", [{"role": "user", "content": "Hi."}], max_tokens=4))
+        assert finished.wait(120)
+        assert events[-1][0] == "finished", events[-1]
+        # Loaded again with the window idle: the measured curve is saved for this pair.
+        finished.clear()
+        engine.send("load", LoadRequest(str(smollm_path), n_ctx=512), "", "")
+        stores = paths.data_dir() / "policy"
+        for _ in range(600):
+            saved = [json.loads(f.read_text()) for f in stores.glob("*.json")] if stores.is_dir() else []
+            if saved and len(saved[0]["costs"]["verify_s"]) >= 6:
+                break
+            threading.Event().wait(0.2)
+        assert saved and len(saved[0]["costs"]["verify_s"]) >= 6, saved
+    finally:
+        engine.end()
+
+
 def test_fast_cycles_share_pipe_messages_and_arrive_in_order(smollm_path, data_dirs):
     from speculum.runner import GenerationRequest
 

@@ -276,3 +276,32 @@ def test_live_widgets_repaint_without_the_window_behind_them(qtbot):
         qtbot.wait(5)
     # Once at most, when the scroll bar appears and the viewport narrows; not once per update.
     assert view.verticalScrollBar().maximum() > 0 and Paints.count <= 1
+
+
+def test_stats_say_when_the_policy_is_still_learning(qtbot):
+    from speculum.runner import StatsSnapshot
+
+    panel = StatsPanel()
+    qtbot.addWidget(panel)
+    policy = PolicyReport("none", 0, mode="auto", plain_tokens_per_s=10.0, learning=True).to_json()
+    panel.show_snapshot(StatsSnapshot(policy=policy))
+    assert "still learning" in panel.value(panel.POLICY)
+    panel.show_snapshot(StatsSnapshot(policy={**policy, "learning": False}))
+    assert "learning" not in panel.value(panel.POLICY)
+    # A stored cycle from before the field existed: nothing claimed either way.
+    assert PolicyReport.from_json({"source": "none", "k": 0}).learning is None
+
+
+def test_prompt_progress_bar_counts_tokens_and_hides_when_read(qtbot):
+    from speculum.ui.chatpane import ChatPane
+
+    pane = ChatPane()
+    qtbot.addWidget(pane)
+    pane.show()
+    assert not pane.prompt_progress.isVisible()
+    pane.show_prompt_progress(384, 1200)
+    assert pane.prompt_progress.isVisible()
+    assert pane.prompt_progress.text() == "Reading the prompt… 384 / 1,200 tokens"
+    assert pane.prompt_progress.value() == 384 and pane.prompt_progress.maximum() == 1200
+    pane.show_prompt_progress(1200, 1200)
+    assert not pane.prompt_progress.isVisible()

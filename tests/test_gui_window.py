@@ -227,6 +227,24 @@ def test_summarise_highlights_copied_spans(qtbot, open_window, smollm_path):
     assert "copied into the answer" in w.document.caption.text()
 
 
+def test_reading_a_document_shows_tokens_read(qtbot, open_window, smollm_path):
+    w = open_window(smollm_path, mode="auto", max_tokens=8, n_ctx=2048)
+    document = paths.resource("samples/lighthouse.md").read_text(encoding="utf-8")
+    w.document.set_document(document, "lighthouse.md")
+    seen = []
+    # After the window's own slot: what the bar showed for each report.
+    w.engine.worker.promptProgress.connect(
+        lambda read, total: seen.append((read, total, w.chat.prompt_progress.isVisible(),
+                                         w.chat.prompt_progress.text())))
+    with qtbot.waitSignal(w.generationFinished, timeout=GENERATE_MS):
+        w.summarise()
+    total = seen[-1][1]
+    assert total > 256 and seen[-1][0] == total
+    shown = [text for read, _, visible, text in seen if visible]
+    assert shown and shown[0] == f"Reading the prompt… 0 / {total:,} tokens"
+    assert not w.chat.prompt_progress.isVisible()  # gone once the answer is written
+
+
 def test_long_document_is_summarised_in_parts(qtbot, open_window, smollm_path):
     w = open_window(smollm_path, mode="lookup", max_tokens=16, n_ctx=512)
     document = paths.resource("samples/lighthouse.md").read_text(encoding="utf-8") * 2

@@ -41,7 +41,7 @@ def test_bench_repeats_report_the_median_rate(monkeypatch):
 
     def run_one(decoder, tokens, mode, prompt, max_tokens, k=None):
         return Stats(tokens=10, passes=5, drafted=4, accepted=2, verify_s=10 / next(rates),
-                     passes_by_source={"lookup" if mode == Mode.LOOKUP else "none": 5})
+                     passes_by_source={"lookup" if mode == Mode.LOOKUP else "none": 5}), [1] * 10
 
     monkeypatch.setattr(bench, "run_one", run_one)
     target = SimpleNamespace(apply_chat_template=lambda messages: "", tokenize=lambda text: [1, 2])
@@ -56,3 +56,19 @@ def test_bench_repeats_report_the_median_rate(monkeypatch):
     assert by_mode["lookup"]["tokens"] == 10 and by_mode["lookup"]["acceptance_rate"] == 0.5
     assert by_mode["lookup"]["choices"] == {"lookup": 1.0}
     assert progress.getvalue().count("[3/3]") == 2
+
+
+def test_oracle_speedup_knows_how_much_of_each_copy_is_right():
+    # The prompt holds 1..6 after a 7; the output copies 1..6, then departs from the copy.
+    prompt, output = [7, 1, 2, 3, 4, 5, 6, 8, 7], [1, 2, 3, 4, 5, 6, 0]
+    linear = lambda n: 1 + 0.25 * (n - 1)  # noqa: E731
+    # One pass: 6 copied tokens accepted and the target's own 0, for verify(7) = 2.5 steps.
+    assert bench.oracle_speedup(prompt, output, linear) == pytest.approx(7 / 2.5)
+    # Where a batch costs as much as its tokens one by one, knowing in advance gains nothing.
+    assert bench.oracle_speedup(prompt, output, lambda n: float(n)) == pytest.approx(1.0)
+    # Nothing to copy: plain decoding.
+    assert bench.oracle_speedup([1, 2, 3], [4, 5, 6, 7], linear) == pytest.approx(1.0)
+    # The best path may copy fewer tokens than it could: a batch of 3 costs more than 3 steps
+    # here, so the oracle copies 1 token per pass (2 tokens for 1.5 steps).
+    steep = {1: 1.0, 2: 1.5, 3: 3.5, 4: 5.0, 5: 6.5, 6: 8.0, 7: 9.5}
+    assert bench.oracle_speedup(prompt, output, steep.__getitem__) == pytest.approx(7 / (1.5 * 3 + 1.0))

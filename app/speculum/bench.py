@@ -10,11 +10,13 @@ import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Callable, Sequence, TextIO
 
 from . import paths
 from .documents import read_document
+from .engine.costs import MAX_BATCH
 from .engine.decoder import Decoder
+from .engine.drafters import SuffixIndex
 from .engine.prompts import build_messages
 from .engine.sampling import SamplingParams
 from .engine.stats import Stats
@@ -60,36 +62,107 @@ def load_prompts(path: str | None = None) -> list[BenchPrompt]:
 
 
 def run_one(decoder: Decoder, prompt_tokens: list[int], mode: Mode, prompt: BenchPrompt,
-            max_tokens: int, k: int | None = None) -> Stats:
-    """One generation; its Stats."""
+            max_tokens: int, k: int | None = None) -> tuple[Stats, list[int]]:
+    """One generation; its Stats and the tokens it wrote."""
     sampling = SamplingParams(temperature=prompt.temperature, seed=prompt.seed)
-    for _ in decoder.generate(prompt_tokens, max_tokens=max_tokens, sampling=sampling, policy=mode, k=k):
-        pass
-    return decoder.stats
+    output: list[int] = []
+    for cycle in decoder.generate(prompt_tokens, max_tokens=max_tokens, sampling=sampling, policy=mode, k=k):
+        output += cycle.emitted
+    return decoder.stats, output
+
+
+def time_to_first_token(stats: Stats) -> float:
+    return stats.prompt_s + (stats.tokens_over_time[0][0] if stats.tokens_over_time else 0.0)
+
+
+def oracle_speedup(prompt: Sequence[int], output: Sequence[int], verify: Callable[[int], float],
+                   max_batch: int = MAX_BATCH) -> float | None:
+    """The speedup over plain decoding of a lookup that knew in advance how many of its
+    tokens would be accepted, on this output with this verify curve (seconds per pass by
+    tokens in it). At each position it may copy what followed the longest earlier match
+    (the lookup drafter's proposal), cut where the output departs from it, or step plainly;
+    the fastest way through the whole output is found by dynamic programming."""
+    n = len(output)
+    if n == 0:
+        return None
+    index = SuffixIndex()
+    index.extend(prompt)
+    accepted = []  # per position: how many of the lookup's proposed tokens are right
+    for t in range(n):
+        m = index.match
+        a = 0
+        if m.length:
+            copy = index.tokens[m.end + 1:m.end + max_batch]
+            while a < len(copy) and t + a < n and copy[a] == output[t + a]:
+                a += 1
+        accepted.append(a)
+        index.extend([output[t]])
+    best = [0.0] * (n + 1)  # seconds to write output[t:]
+    for t in range(n - 1, -1, -1):
+        best[t] = verify(1) + best[t + 1]
+        for j in range(1, min(accepted[t], max_batch - 1, n - t - 1) + 1):
+            best[t] = min(best[t], verify(j + 1) + best[t + j + 1])
+    return n * verify(1) / best[0]
+
+
+def _verify_curve(decoder) -> Callable[[int], float] | None:
+    """The verify curve the policies measured during the run (auto's first)."""
+    policies = getattr(decoder, "policies", {})
+    for mode in (Mode.AUTO, Mode.LOOKUP, Mode.DRAFT):
+        costs = getattr(policies.get(mode), "costs", None)
+        if costs is not None and costs.verify_s:
+            return costs.verify
+    return None
+
+
+def cold_ttft(decoder: Decoder, prompt_tokens: list[int], mode: Mode) -> float:
+    """Time to the first token with nothing of the prompt cached."""
+    decoder.sequence.sync([])
+    stats, _ = run_one(decoder, prompt_tokens, mode, BenchPrompt("ttft", ""), 1)
+    return time_to_first_token(stats)
 
 
 def run_bench(decoder: Decoder, prompts: list[BenchPrompt], modes: list[Mode], max_tokens: int | None = None,
-              repeat: int = 1, k: int | None = None, progress: TextIO | None = None) -> list[dict]:
+              repeat: int = 1, k: int | None = None, progress: TextIO | None = None,
+              info: dict | None = None) -> list[dict]:
     """Interleave modes per prompt and repetition; per (prompt, mode) the median tokens/s of
-    the repeats, and the other figures over all of them."""
+    the repeats, and the other figures over all of them.
+
+    ``info`` (a dict) receives the first token's wait with a fresh policy and with the one
+    the run has taught (the prompt read from scratch both times): "ttft"."""
     if Source.MODEL not in decoder.drafters:
         modes = [m for m in modes if m != Mode.DRAFT]
     if Source.MTP not in decoder.drafters:  # no NextN layers: nothing to compare
         modes = [m for m in modes if m != Mode.MTP]
     merged: dict[tuple[str, Mode], Stats] = {}
     rates: dict[tuple[str, Mode], list[float]] = {}
+    outputs: dict[tuple[str, Mode], list[int]] = {}
     tokenized = {p.name: decoder.target.tokenize(decoder.target.apply_chat_template(p.messages())) for p in prompts}
     # Warm-up: the first decode after loading is slower (page faults, thread start).
     list(decoder.generate(tokenized[prompts[0].name], max_tokens=4, policy=Mode.OFF))
+    first_mode = next((m for m in modes if m == Mode.AUTO), None)
+    ttft: dict = {}
+    if info is not None and first_mode is not None and hasattr(decoder, "sequence"):
+        ttft["fresh_s"] = cold_ttft(decoder, tokenized[prompts[0].name], first_mode)
+        ttft["plain_s"] = cold_ttft(decoder, tokenized[prompts[0].name], Mode.OFF)
     for r in range(repeat):
         for p in prompts:
             for mode in modes:
-                stats = run_one(decoder, tokenized[p.name], mode, p, max_tokens or p.max_tokens, k)
+                stats, output = run_one(decoder, tokenized[p.name], mode, p, max_tokens or p.max_tokens, k)
                 if progress:
                     progress.write(f"[{r + 1}/{repeat}] {p.name:<22} {mode:<7} {stats.tokens_per_s:6.1f} tok/s\n")
                     progress.flush()
                 merged.setdefault((p.name, mode), Stats()).merge(stats)
                 rates.setdefault((p.name, mode), []).append(stats.tokens_per_s)
+                outputs[p.name, mode] = output
+    if ttft:
+        ttft["calibrated_s"] = cold_ttft(decoder, tokenized[prompts[0].name], first_mode)
+        ttft["plain_after_s"] = cold_ttft(decoder, tokenized[prompts[0].name], Mode.OFF)
+        ttft["fresh_vs_calibrated"] = ttft["fresh_s"] / ttft["calibrated_s"]
+        # A shared machine's speed drifts over a run: each against plain decoding timed next to it.
+        ttft["fresh_vs_calibrated_vs_plain"] = ((ttft["fresh_s"] / ttft["plain_s"])
+                                                / (ttft["calibrated_s"] / ttft["plain_after_s"]))
+        info["ttft"] = {key: round(v, 4) for key, v in ttft.items()}
     results = []
     for (name, mode), s in merged.items():
         results.append({
@@ -102,19 +175,33 @@ def run_bench(decoder: Decoder, prompts: list[BenchPrompt], modes: list[Mode], m
             "choices": {source: round(share, 3) for source, share in s.choices.items()},
         })
     off = {r["name"]: r["tokens_per_s"] for r in results if r["mode"] == Mode.OFF}
+    curve = _verify_curve(decoder)
     for r in results:
         base = off.get(r["name"])
         r["speedup_vs_off"] = round(r["tokens_per_s"] / base, 3) if base else None
+        if r["mode"] in (Mode.LOOKUP, Mode.AUTO) and curve is not None:
+            oracle = oracle_speedup(tokenized[r["name"]], outputs[r["name"], r["mode"]], curve)
+            r["oracle_speedup"] = round(oracle, 3) if oracle else None
+            r["oracle_fraction"] = (round(r["speedup_vs_off"] / oracle, 3)
+                                    if oracle and r["speedup_vs_off"] is not None else None)
     return results
 
 
-def print_table(results: list[dict], out: TextIO) -> None:
+def print_table(results: list[dict], out: TextIO, info: dict | None = None) -> None:
     head = (f"{'prompt':<22} {'mode':<7} {'tokens':>6} {'tok/s':>7} {'accept':>7} {'tok/pass':>8} "
-            f"{'ovh ms':>7} {'vs off':>7}  passes by drafter")
+            f"{'ovh ms':>7} {'vs off':>7} {'oracle':>7} {'of it':>6}  passes by drafter")
     out.write(head + "\n" + "-" * len(head) + "\n")
     for r in results:
         sp = f"{r['speedup_vs_off']:.2f}x" if r["speedup_vs_off"] is not None else "-"
         acc = f"{100 * r['acceptance_rate']:.0f}%" if r["mode"] != Mode.OFF else "-"
+        oracle = f"{r['oracle_speedup']:.2f}x" if r.get("oracle_speedup") else "-"
+        share = f"{100 * r['oracle_fraction']:.0f}%" if r.get("oracle_fraction") else "-"
         out.write(f"{r['name']:<22} {r['mode']:<7} {r['tokens']:>6} {r['tokens_per_s']:>7.1f} {acc:>7} "
-                  f"{r['tokens_per_pass']:>8.2f} {r['overhead_ms_per_cycle']:>7.3f} {sp:>7}  "
+                  f"{r['tokens_per_pass']:>8.2f} {r['overhead_ms_per_cycle']:>7.3f} {sp:>7} {oracle:>7} {share:>6}  "
                   + " ".join(f"{src} {100 * share:.0f}%" for src, share in r["choices"].items()) + "\n")
+    ttft = (info or {}).get("ttft")
+    if ttft:
+        out.write(f"\nFirst token, prompt read from scratch: fresh policy {ttft['fresh_s']:.2f} s "
+                  f"(plain next to it {ttft['plain_s']:.2f} s), taught by this run {ttft['calibrated_s']:.2f} s "
+                  f"(plain {ttft['plain_after_s']:.2f} s): fresh/taught {ttft['fresh_vs_calibrated']:.2f}x, "
+                  f"each against its plain {ttft['fresh_vs_calibrated_vs_plain']:.2f}x\n")

@@ -90,17 +90,18 @@ def cmd_generate(args) -> int:
     from .engine.sampling import SamplingParams
     from .engine.stats import Stats
     from .summarise import DocumentSummary
-    from .termview import TerminalView
+    from .termview import PromptProgress, TerminalView
 
     user = sys.stdin.read() if args.prompt == "-" else args.prompt
     document = read_document(args.document) if args.document else None
     decoder = _load(args)
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.seed)
+    reading = PromptProgress(sys.stderr)
 
     def generate(messages):
         prompt = decoder.target.tokenize(decoder.target.apply_chat_template(messages))
         return decoder.generate(prompt, max_tokens=args.max_tokens, sampling=sampling, policy=Mode(args.mode),
-                                k=_fixed_k(args))
+                                k=_fixed_k(args), on_prompt=reading)
 
     if document is None:
         steps = (("", cycle) for cycle in generate(build_messages(user, args.system)))
@@ -149,12 +150,13 @@ def cmd_bench(args) -> int:
     prompts = load_prompts(args.prompts)
     modes = [_mode(m.strip()) for m in args.modes.split(",") if m.strip()]
     decoder = _load(args)
+    info: dict = {}
     results = run_bench(decoder, prompts, modes, max_tokens=args.max_tokens, repeat=args.repeat,
-                        k=_fixed_k(args), progress=sys.stderr)
+                        k=_fixed_k(args), progress=sys.stderr, info=info)
     if args.json:
-        print(json.dumps({"results": results, "profile": args.profile}, indent=1))
+        print(json.dumps({"results": results, "profile": args.profile, **info}, indent=1))
     else:
-        print_table(results, sys.stdout)
+        print_table(results, sys.stdout, info)
     return 0
 
 

@@ -145,6 +145,8 @@ def _engine_main(conn, stop, cancel_load) -> None:
                 options = profile.apply(LoadOptions(n_ctx=request.n_ctx, target_gpu_layers=request.target_gpu_layers,
                                                     draft_gpu_layers=request.draft_gpu_layers, rpc=request.rpc))
                 fresh = runner.load(request, options)
+                if fresh:  # while the user types: stops at the next pass once a command arrives
+                    runner.calibrate_while_idle(lambda: conn.poll() or stop.is_set())
             elif command == "generate":
                 runner.generate(args[0], on_cycle)
             elif command == "plain_rate":

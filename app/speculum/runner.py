@@ -265,7 +265,20 @@ class EngineRunner:
         sampling = SamplingParams(temperature=request.temperature, top_p=request.top_p)
         return self.decoder.generate(prompt, max_tokens=request.max_tokens, sampling=sampling,
                                      policy=request.mode, k=request.k,
-                                     stop=self.stop, want_probs=True)
+                                     stop=self.stop, want_probs=True, on_prompt=self._prompt_progress)
+
+    def _prompt_progress(self, read: int, total: int) -> None:
+        """Prompt tokens read so far: the window shows them while a long prompt is read."""
+        self.report("prompt_progress", read, total)
+
+    def calibrate_while_idle(self, interrupted) -> None:
+        """Measure this machine's costs for auto mode between requests, one pass at a time,
+        giving way as soon as ``interrupted()`` (a request is waiting). The first answer
+        then starts on measured costs without ever waiting for them."""
+        if self.decoder is None:
+            return
+        with self.turn:
+            self.decoder.calibrate(interrupted)
 
     def _follow(self, request: GenerationRequest, steps, on_cycle) -> GenerationResult:
         """Report each (stage, cycle) as it comes; the result of the whole run."""

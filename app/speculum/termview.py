@@ -16,6 +16,33 @@ DIM = "\x1b[2m"
 RESET = "\x1b[0m"
 
 
+LONG_PROMPT = 512  # tokens: reading takes seconds on a CPU, worth a line even off a terminal
+
+
+class PromptProgress:
+    """"Reading the prompt… 340 / 1,200 tokens" on stderr while a prompt is read: redrawn in
+    place on a terminal; off one (a log), a line per tenth, and only for a long prompt.
+    Never on stdout, which may carry --json."""
+
+    def __init__(self, err: TextIO | None = None):
+        self.err = err or sys.stderr
+        self.tty = self.err.isatty()
+        self._shown = -1.0
+        self._open = False
+
+    def __call__(self, read: int, total: int) -> None:
+        if not (self.tty or total >= LONG_PROMPT) or total <= 0:
+            return
+        line = f"Reading the prompt… {read:,} / {total:,} tokens"
+        if self.tty:
+            self.err.write("\r" + line + ("\r\x1b[K" if read >= total else ""))
+            self._open = read < total
+        elif read >= total or read / total - self._shown >= 0.1:
+            self._shown = read / total
+            self.err.write(line + "\n")
+        self.err.flush()
+
+
 class TerminalView:
     def __init__(self, model, out: TextIO | None = None, color: bool | None = None):
         self.model = model

@@ -5,8 +5,9 @@ A cost model measured live on the running machine, kept per model pair between r
 - ``verify_s[n]``: the target's pass time with n tokens in the batch (1..MAX_BATCH),
 - ``draft_first_s`` / ``draft_step_s``: the draft model's time for its first token of a
   cycle (it first catches up on the tokens the target just emitted) and for each next one,
-- acceptance per draft position, per drafter (lookup also per n-gram match length),
-  as decaying Beta counts so estimates follow the text within a few cycles.
+- acceptance per draft position, per drafter (lookup also per match-length bucket),
+  as decaying Beta counts so estimates follow the text within a few cycles; choices
+  are made on Thompson draws from them, so untried draft lengths keep being tried.
 
 Each cycle the policy picks the drafter and k maximising expected tokens per second,
 E[tokens | acceptance, k] / (T_verify(k+1) + k·T_draft), against plain decoding
@@ -21,9 +22,11 @@ import hashlib
 import json
 import platform
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
+
+import numpy as np
 
 from .. import paths
 from .backend import Backend
@@ -35,20 +38,33 @@ from .vocabulary import Mode, Source
 MAX_K = 15  # lookup drafts are nearly free to make: long copies can pay
 MAX_K_MODEL = 8
 DECAY = 0.8  # per observation: old evidence fades, a collapse shows within a few cycles
+UNSEEN_DECAY = 0.97  # per cycle that does not reach a position: its evidence ages, slowly
+IDLE_DECAY = 0.99  # per cycle a table is not drafted from at all: half its evidence in ~70
 CONFIDENCE_BINS = 10
-# Now and then the runner-up is tried even if the cost model says no: a load spike
-# during calibration must not lock speculation out for good. Rare enough to cost <1%.
-EXPLORE_EVERY = 128
-EXPLORE_FLOOR = 0.6  # only options expected at >= 60% of the best
+PRIOR_WEIGHT = 2.0  # pseudo-observations a prior is worth: little, so evidence wins fast
+# Lookup acceptance is learned per match-length bucket (lower bounds: 1, 2, 3, 4-5, 6-8,
+# 9-16, 17+): a copy that matched 30 tokens of context is right far more often than one
+# that matched a newline. Priors from the default bench suite; Thompson sampling lets a
+# wrong prior be found out within a few cycles.
+LOOKUP_BUCKETS = (1, 2, 3, 4, 6, 9, 17)
+LOOKUP_PRIORS = (0.2, 0.35, 0.5, 0.6, 0.7, 0.8, 0.85)
+CATCH_UP_CYCLES = 4  # model cycles a catch-up's cost is spread over
+CATCH_UP = 8  # tokens a cycle's draft usually catches up on (accepted drafts + the correction)
+SEED = 14  # the policy's own randomness: reproducible, and never the sampling RNG
 # A client's prediction: acceptance by how many output tokens in a row followed it
-# (bucket upper bounds). One token in common with it means little (unrelated text shares
-# newlines and brackets); a long run is an edit copying the file, right nearly every time.
-PREDICTION_RUNS = (1, 3, 7, 15)
+# (bucket lower bounds: 1, 2-3, 4-7, 8-15, 16+). One token in common with it means little
+# (unrelated text shares newlines and brackets); a long run is an edit copying the file,
+# right nearly every time.
+PREDICTION_BUCKETS = (1, 2, 4, 8, 16)
 PREDICTION_PRIORS = (0.1, 0.5, 0.75, 0.85, 0.9)
 
 
-def prediction_bucket(run: int) -> int:
-    return next((i for i, top in enumerate(PREDICTION_RUNS) if run <= top), len(PREDICTION_RUNS))
+def bucket_of(length: int, bounds: Sequence[int] = LOOKUP_BUCKETS) -> int:
+    """Index of the bucket holding ``length`` (bounds are the buckets' lower bounds)."""
+    i = 0
+    while i + 1 < len(bounds) and length >= bounds[i + 1]:
+        i += 1
+    return i
 
 
 @dataclass
@@ -58,36 +74,64 @@ class Rate:
     accepted: float = 0.0
     rejected: float = 0.0
     prior: float = 0.5
-    weight: float = 2.0  # pseudo-observations the prior is worth
+    weight: float = PRIOR_WEIGHT  # pseudo-observations the prior is worth
 
     def observe(self, ok: bool) -> None:
         self.forget()
         self.accepted += ok
         self.rejected += not ok
 
-    def forget(self) -> None:
-        self.accepted *= DECAY
-        self.rejected *= DECAY
+    def forget(self, decay: float = DECAY) -> None:
+        self.accepted *= decay
+        self.rejected *= decay
 
     @property
     def value(self) -> float:
         return self.value_with(self.prior)
 
+    @property
+    def prior_weight(self) -> float:
+        """The prior counts for less as evidence comes in: with decaying counts evidence never
+        exceeds 1 / (1 - DECAY) observations, and a fixed weight kept every estimate a
+        third of the way to its prior (a draft right 100% of the time read as 89%)."""
+        return self.weight / (1.0 + self.evidence)
+
     def value_with(self, prior: float) -> float:
-        return (self.accepted + prior * self.weight) / (self.accepted + self.rejected + self.weight)
+        w = self.prior_weight
+        return (self.accepted + prior * w) / (self.accepted + self.rejected + w)
+
+    def sample_with(self, prior: float, rng: np.random.Generator) -> float:
+        """A draw from the Beta posterior: wide where evidence is thin, so a position or a
+        threshold never tried is tried now and then, until it has proven not to pay."""
+        w = self.prior_weight
+        return float(rng.beta(self.accepted + prior * w, self.rejected + (1 - prior) * w))
 
     @property
     def evidence(self) -> float:
         return self.accepted + self.rejected
 
 
-def chained(rates: Sequence[Rate]) -> list[float]:
+def chained(rates: Sequence[Rate], rng: np.random.Generator | None = None) -> list[float]:
     """Acceptance per position; a position with little evidence leans on the one before it
-    (after a run of accepted copies the next is usually right too)."""
+    (after a run of accepted copies the next is usually right too). With ``rng``, each is
+    a Thompson draw from its posterior instead of its mean."""
     out: list[float] = []
     for i, r in enumerate(rates):
-        out.append(r.value if i == 0 else r.value_with(0.5 * (r.prior + out[-1])))
+        prior = r.prior if i == 0 else 0.5 * (r.prior + out[-1])
+        out.append(r.value_with(prior) if rng is None else r.sample_with(prior, rng))
     return out
+
+
+def observe_positions(rates: Sequence[Rate], n_drafted: int, n_accepted: int) -> None:
+    """Position i is seen when the first i drafts were accepted. The unseen forget slowly:
+    as fast as the seen (as before), a long draft that proved itself was forgotten within
+    ten short ones, and k fell back for good; Thompson draws already retry low estimates."""
+    seen = min(n_drafted, n_accepted + 1, len(rates))
+    for i, rate in enumerate(rates):
+        if i < seen:
+            rate.observe(i < n_accepted)
+        else:
+            rate.forget(UNSEEN_DECAY)
 
 
 def expected_tokens(rates: Sequence[float]) -> float:
@@ -103,8 +147,15 @@ class AutoPolicy:
     """Picks (drafter, k) per cycle by expected tokens per second; k = 0 when nothing pays.
 
     Its inputs are narrow: the drafters it may choose from, the compute backend's name,
-    a clock and a file to remember costs and acceptance in; ``calibrated`` hands it the
-    costs the decoder measured.
+    a clock and a file to remember costs and acceptance in; ``calibrated`` hands it costs
+    measured while the engine was idle. Nothing is measured inside a generation beyond
+    the passes it makes anyway: until the costs are known it runs on defaults and says so
+    (``learning`` in its report).
+
+    Acceptance is kept per source in tables of per-position rates: one for the draft
+    model, one per match-length bucket for copying drafters. Choices are made on Thompson
+    draws from those rates (with the policy's own RNG), so a draft length the policy has
+    not tried stays uncertain, not fixed at its prior, and is tried until it proves itself.
     """
 
     # auto: any drafter or none; draft / lookup / mtp: that drafter, always drafting. A client's
@@ -112,154 +163,203 @@ class AutoPolicy:
     MODE_SOURCES = {Mode.AUTO: (Source.MODEL, Source.LOOKUP, Source.PREDICTION, Source.MTP),
                     Mode.DRAFT: (Source.MODEL, Source.PREDICTION), Mode.LOOKUP: (Source.LOOKUP, Source.PREDICTION),
                     Mode.MTP: (Source.MTP, Source.PREDICTION)}
+    # Copying drafters (``match(context)`` -> Match): acceptance by match-length bucket.
+    # A new one is one more entry here.
+    MATCH_TABLES = {Source.LOOKUP: (LOOKUP_BUCKETS, LOOKUP_PRIORS),
+                    Source.PREDICTION: (PREDICTION_BUCKETS, PREDICTION_PRIORS)}
+    # Sources whose acceptance belongs to one request (each brings its own prediction).
+    PER_REQUEST = (Source.PREDICTION,)
 
     def __init__(self, drafters: Mapping[Source, Drafter], mode: Mode = Mode.AUTO, backend: str = "CPU",
-                 store: Path | None = None, clock: Callable[[], float] = time.perf_counter):
+                 store: Path | None = None, clock: Callable[[], float] = time.perf_counter, seed: int = SEED):
         self.mode = Mode(mode)
         self.sources = [s for s in self.MODE_SOURCES[self.mode] if s in drafters]
-        self.lookup = drafters.get(Source.LOOKUP)
-        self.prediction = drafters.get(Source.PREDICTION)
+        self.drafters = drafters
         self.min_k = 0 if self.mode == Mode.AUTO else 1  # forced modes keep drafting; auto may choose plain decoding
         self.store = store
         self.clock = clock
+        self.rng = np.random.default_rng(seed)
         self.costs = CostModel(gpu=backend != "CPU")
         self.model_rates = [Rate(prior=0.6) for _ in range(MAX_K_MODEL)]
         self.mtp_rates = [Rate(prior=0.6) for _ in range(MAX_K_MODEL)]  # the target's own NextN head
-        # Lookup acceptance by n-gram match length (1..max) and position.
-        # Priors from the default bench suite: 1- and 2-token matches are right ~20% and
-        # ~35% of the time; the longest matches are where copying pays, so they start
-        # optimistic and are tried at once (a miss is learned within a few cycles).
-        n_max = self.lookup.max_ngram if self.lookup is not None else 3
-        self.lookup_rates = {n: [Rate(prior=0.7 if n == n_max else 0.05 + 0.15 * n) for _ in range(MAX_K)]
-                             for n in range(1, n_max + 1)}
-        self.prediction_rates = self._fresh_prediction_rates()
+        # Per copying source, per match-length bucket, per position.
+        self.match_rates = {source: [[Rate(prior=p) for _ in range(MAX_K)] for p in priors]
+                            for source, (_, priors) in self.MATCH_TABLES.items()}
         # Draft-model acceptance by its own confidence, to tune the early-stop threshold.
         self.confidence_rates = [Rate(prior=(i + 0.5) / CONFIDENCE_BINS) for i in range(CONFIDENCE_BINS)]
         self.min_confidence = 0.0
         self.last: Choice = Choice(Source.NONE, 0)
         self.last_estimate: dict = {}
-        self.cycles_since_explore = 0
         self._load()
+
+    @property
+    def lookup_rates(self) -> list[list[Rate]]:
+        return self.match_rates[Source.LOOKUP]
 
     # -- costs ----------------------------------------------------------------------------
 
     @property
     def needs_calibration(self) -> bool:
-        """Once per machine and pair: a remembered cost model is not measured again."""
+        """Whether idle time is worth spending on measuring the verify curve (never done
+        inside a generation: ``Decoder.calibrate`` runs while the engine waits)."""
         return not self.costs.calibrated
+
+    @property
+    def learning(self) -> bool:
+        """Still running on default costs for part of what it may choose."""
+        return self.costs.learning
 
     def calibrated(self, measured: CostModel) -> None:
         self.costs.update(measured)
+
+    def observe_prompt(self, n_tokens: int, seconds: float) -> None:
+        """A prompt chunk's decode: a free hint at the verify curve's slope."""
+        self.costs.observe_prefill(n_tokens, seconds)
 
     # -- choosing -------------------------------------------------------------------------
 
     def plain_tokens_per_s(self) -> float:
         return 1.0 / self.costs.verify(1)
 
-    def _options(self, context: Sequence[int]) -> list[tuple[float, Choice, float]]:
-        """(expected tokens/s, choice, expected tokens per pass) for every candidate."""
+    def _draft_options(self, rates: Sequence[float], k_max: int, seconds: Callable[[int], float],
+                       choice: Callable[[int], Choice]) -> list[tuple[float, Choice, float]]:
+        out = []
+        e = 1.0
+        run = 1.0
+        for k in range(1, min(k_max, len(rates), MAX_BATCH - 1) + 1):
+            run *= rates[k - 1]
+            e += run
+            out.append((e / seconds(k), choice(k), e))
+        return out
+
+    def _options(self, context: Sequence[int], rng: np.random.Generator | None = None
+                 ) -> list[tuple[float, Choice, float]]:
+        """(expected tokens/s, choice, expected tokens per pass) for every candidate; with
+        ``rng`` on Thompson draws of the acceptance rates, else on their means."""
         c = self.costs
         options = []
         if self.min_k == 0:
             options.append((1.0 / c.verify(1), Choice(Source.NONE, 0), 1.0))
-        if Source.LOOKUP in self.sources:
-            match = self.lookup.match(context)
+        for source, (bounds, _) in self.MATCH_TABLES.items():
+            if source not in self.sources:
+                continue
+            match = self.drafters[source].match(context)
             if match.length > 0:
-                rates = chained(self.lookup_rates[match.length])
-                for k in range(1, min(MAX_K, match.available, MAX_BATCH - 1) + 1):
-                    e = expected_tokens(rates[:k])
-                    options.append((e / (c.verify(k + 1) + c.lookup_s),
-                                    Choice(Source.LOOKUP, k, min_match=match.length), e))
-        if Source.PREDICTION in self.sources:
-            match = self.prediction.match(context)
-            if match.length > 0:
-                rates = chained(self.prediction_rates[prediction_bucket(match.length)])
-                for k in range(1, min(MAX_K, match.available, MAX_BATCH - 1) + 1):
-                    e = expected_tokens(rates[:k])
-                    options.append((e / (c.verify(k + 1) + c.lookup_s),
-                                    Choice(Source.PREDICTION, k, min_match=match.length), e))
+                rates = chained(self.match_rates[source][bucket_of(match.length, bounds)], rng)
+                options += self._draft_options(
+                    rates, min(MAX_K, match.available), lambda k: c.verify(k + 1) + c.lookup_s,
+                    lambda k, s=source, m=match.length: Choice(s, k, min_match=m))
         if Source.MODEL in self.sources:
-            rates = chained(self.model_rates)
-            for k in range(1, min(MAX_K_MODEL, MAX_BATCH - 1) + 1):
-                e = expected_tokens(rates[:k])
-                options.append((e / (c.verify(k + 1) + c.draft(k)), Choice(Source.MODEL, k, self.min_confidence), e))
+            rates = chained(self.model_rates, rng)
+            # The draft model first reads what it missed since it last drafted: drafting now
+            # and then costs more per cycle than drafting every cycle. Paid once for the run
+            # of model cycles it starts, so it is spread over a few.
+            behind = getattr(self.drafters[Source.MODEL], "behind", lambda context: 0)(context)
+            catch_up = c.catch_up(behind) / CATCH_UP_CYCLES
+            options += self._draft_options(rates, MAX_K_MODEL, lambda k: c.verify(k + 1) + c.draft(k) + catch_up,
+                                           lambda k: Choice(Source.MODEL, k))
         if Source.MTP in self.sources:
-            rates = chained(self.mtp_rates)
-            for k in range(1, min(MAX_K_MODEL, MAX_BATCH - 1) + 1):
-                e = expected_tokens(rates[:k])
-                options.append((e / (c.verify(k + 1) + c.mtp(k)), Choice(Source.MTP, k), e))
+            options += self._draft_options(chained(self.mtp_rates, rng), MAX_K_MODEL,
+                                           lambda k: c.verify(k + 1) + c.mtp(k), lambda k: Choice(Source.MTP, k))
         return options
 
+    def _guess_costs(self) -> None:
+        """Until two batch sizes are timed, the verify curve's slope is a draw: around the prompt
+        chunk's hint when there is one, else anywhere from a GPU's 0.03 to a slow CPU's 0.6
+        single steps per token. Trying a draft once measures it for good."""
+        c = self.costs
+        # Batches larger than any timed: somewhere between free and the measured slope.
+        c.extrapolation_scale = 1.0 if max(c.verify_s, default=0) >= MAX_BATCH else float(self.rng.uniform(0.3, 1.0))
+        if c.slope_measured:
+            c.slope_guess = None
+            return
+        hint = c.slope_hint()
+        low, high = (hint / 2, hint * 1.5) if hint is not None else (0.03, 0.6)
+        c.slope_guess = float(np.exp(self.rng.uniform(np.log(low), np.log(high))))
+
     def choose(self, context: Sequence[int] = ()) -> Choice:
-        options = self._options(context)
+        self._guess_costs()
+        options = self._options(context, self.rng)
         if not options:  # forced lookup with no match: a plain step
             self.last = Choice(Source.NONE, 0)
             self.last_estimate = {"expected_tokens_per_s": round(self.plain_tokens_per_s(), 2)}
             return self.last
-        options.sort(key=lambda o: o[0], reverse=True)
-        speed, choice, e = options[0]
-        self.cycles_since_explore += 1
-        if self.cycles_since_explore >= EXPLORE_EVERY:
-            n_best = choice.k + 1
-            runner = next((o for o in options[1:] if o[1].k + 1 != n_best and o[0] >= EXPLORE_FLOOR * speed), None)
-            if runner is not None:
-                self.cycles_since_explore = 0
-                speed, choice, e = runner
+        speed, choice, e = max(options, key=lambda o: o[0])
         if choice.source in (Source.MODEL, Source.MTP):
-            # Hybrid: a confident lookup match goes first, the model (or MTP head) drafts when it has none.
-            look = [o for o in options if o[1].source == Source.LOOKUP]
+            # Hybrid: a confident copy goes first, the model (or MTP head) drafts when it has none.
+            look = [o for o in options if o[1].source in self.MATCH_TABLES]
             if look:
                 best_look = max(look, key=lambda o: o[0])
                 if best_look[0] >= 0.9 * speed:
                     drafter = choice.source
                     speed, choice, e = best_look
-                    choice = Choice(Source.LOOKUP, choice.k, min_match=choice.min_match, fallback=drafter)
+                    choice = Choice(choice.source, choice.k, min_match=choice.min_match, fallback=drafter)
+        if Source.MODEL in (choice.source, choice.fallback):
+            self.min_confidence = self._threshold(speed, self.rng)
+            choice = replace(choice, min_confidence=self.min_confidence)
         self.last = choice
         self.last_estimate = {"expected_tokens_per_s": round(speed, 2), "expected_tokens_per_pass": round(e, 3)}
         return choice
 
     # -- learning -------------------------------------------------------------------------
 
+    def _tables(self) -> list[list[Rate]]:
+        return [self.model_rates, self.mtp_rates, *(t for tables in self.match_rates.values() for t in tables)]
+
     def observe(self, draft: Draft, n_accepted: int, draft_s: float, verify_s: float) -> None:
         n = 1 + len(draft.tokens)
         if n <= MAX_BATCH and verify_s > 0:
             self.costs.observe_verify(n, verify_s)
+        observed = self._observe_draft(draft, n_accepted, draft_s)
+        # What was not tried this cycle ages: a drafter that failed a few times long ago is
+        # uncertain again after a while and gets tried again (never locked out for good).
+        for table in self._tables():
+            if table is not observed:
+                for rate in table:
+                    rate.forget(IDLE_DECAY)
+
+    def _observe_draft(self, draft: Draft, n_accepted: int, draft_s: float) -> list[Rate] | None:
+        """Learn from a draft's fate; the table of rates it taught (None: no draft)."""
         if not draft.tokens:
-            return
+            return None
         if draft.source == Source.MODEL:
-            self.costs.observe_draft(len(draft.tokens), draft_s, draft.first_s or draft_s)
+            # A first draft after a new prompt caught up on all of it: not a cycle's usual cost.
+            self.costs.observe_draft(len(draft.tokens), draft_s, draft.first_s or draft_s,
+                                     first=draft.caught_up <= CATCH_UP, caught_up=draft.caught_up)
             rates = self.model_rates
         elif draft.source == Source.MTP:
             self.costs.observe_mtp(len(draft.tokens), draft_s, draft.first_s or draft_s)
             rates = self.mtp_rates
-        elif draft.source == Source.PREDICTION:
-            rates = self.prediction_rates[prediction_bucket(draft.match_length)]
+        elif draft.source in self.match_rates:
+            if draft.source == Source.LOOKUP:
+                self.costs.lookup_s = 0.8 * self.costs.lookup_s + 0.2 * draft_s
+            bounds = self.MATCH_TABLES[draft.source][0]
+            rates = self.match_rates[draft.source][bucket_of(max(1, draft.match_length), bounds)]
         else:
-            self.costs.lookup_s = 0.8 * self.costs.lookup_s + 0.2 * draft_s
-            match = max(1, min(draft.match_length, len(self.lookup_rates)))
-            rates = self.lookup_rates[match]
-        seen = min(len(draft.tokens), n_accepted + 1, len(rates))
-        for i, rate in enumerate(rates):
-            if i < seen:
-                rate.observe(i < n_accepted)
-            else:  # unseen positions forget too, so an old low estimate cannot trap k short
-                rate.forget()
+            return None
+        observe_positions(rates, len(draft.tokens), n_accepted)
         if draft.source == Source.MODEL and draft.confidence:
-            self._tune_confidence(draft.confidence, n_accepted)
+            for i, conf in enumerate(draft.confidence[: n_accepted + 1]):
+                self.confidence_rates[min(int(conf * CONFIDENCE_BINS), CONFIDENCE_BINS - 1)].observe(i < n_accepted)
+        return rates
 
-    def _tune_confidence(self, confidence: Sequence[float], n_accepted: int) -> None:
-        for i, c in enumerate(confidence[: n_accepted + 1]):
-            self.confidence_rates[min(int(c * CONFIDENCE_BINS), CONFIDENCE_BINS - 1)].observe(i < n_accepted)
-        # Stop drafting where one more token is expected to cost more than it returns:
-        # it returns a(c) tokens for (T_draft + dT_verify) seconds, vs plain speed.
+    def _threshold(self, tokens_per_s: float, rng: np.random.Generator | None = None) -> float:
+        """The draft model's early stop: the lowest confidence at which one more drafted token
+        is expected to return what it costs at the rate the cycle is expected to run at,
+        a(c) >= (dT_draft + dT_verify) * tokens_per_s. (Against the plain rate, as before,
+        forced draft mode, which must draft even when plain would be faster, stopped after
+        one token where three paid.)
+
+        Never above the top bin's lower edge: the most confident drafts always go on, so
+        acceptance there keeps being measured (a threshold of 1.0 stopped every draft after
+        its first token and could never learn it was wrong)."""
         c = self.costs
-        marginal = (c.draft(2) - c.draft(1) + c.verify(3) - c.verify(2)) / c.verify(1)
+        marginal = (c.draft(2) - c.draft(1) + c.verify(3) - c.verify(2)) * tokens_per_s
         for i, rate in enumerate(self.confidence_rates):
-            if rate.value >= marginal:
-                self.min_confidence = i / CONFIDENCE_BINS
-                break
-        else:
-            self.min_confidence = 1.0
+            a = rate.value if rng is None else rate.sample_with(rate.prior, rng)
+            if a >= marginal:
+                return i / CONFIDENCE_BINS
+        return (CONFIDENCE_BINS - 1) / CONFIDENCE_BINS
 
     def report(self) -> PolicyReport:
         c = self.last
@@ -270,14 +370,15 @@ class AutoPolicy:
         return PolicyReport(
             source=c.source if c.k else Source.NONE, k=c.k, mode=self.mode,
             plain_tokens_per_s=round(plain, 2),
-            verify_cost={n: round(self.costs.verify(n) / self.costs.verify(1), 3) for n in (2, 3, 5, 9)},
+            verify_cost={n: round(self.costs.verify(n) / self.costs.verify(1), 3) for n in (2, 3, 5, 9, 16)},
             draft_cost={k: round(drafting(k) / self.costs.verify(1), 3) for k in (1, 3)},
             model_acceptance=[round(r.value, 3) for r in rates[:4]],
-            min_confidence=round(self.min_confidence, 2),
+            min_confidence=round(c.min_confidence if c.source == Source.MODEL else self.min_confidence, 2),
             expected_tokens_per_s=expected,
             expected_tokens_per_pass=self.last_estimate.get("expected_tokens_per_pass"),
-            lookup_match=c.min_match if c.source == Source.LOOKUP else None,
+            lookup_match=c.min_match if c.source in self.MATCH_TABLES else None,
             expected_speedup=round(expected / plain, 3) if expected else None,
+            learning=self.learning,
         )
 
     # -- memory between runs --------------------------------------------------------------
@@ -287,35 +388,37 @@ class AutoPolicy:
             return
         try:
             d = json.loads(self.store.read_text())
-            self.costs = CostModel.from_json(d["costs"])
-            for r, v in zip(self.model_rates, d.get("model", [])):
-                r.prior = float(v)
-            for r, v in zip(self.mtp_rates, d.get("mtp", [])):
-                r.prior = float(v)
-            for n, saved in d.get("lookup", {}).items():
-                for r, v in zip(self.lookup_rates.get(int(n), []), saved):
-                    r.prior = float(v)
-        except (OSError, ValueError, KeyError, TypeError):
-            pass  # a damaged memory only costs a re-measurement
+            costs = CostModel.from_json(d["costs"])
+            model = [float(v) for v in d.get("model", [])]
+            mtp = [float(v) for v in d.get("mtp", [])]
+            # "lookup": {bucket lower bound: [per position]}. Files from before buckets held
+            # n-gram lengths 1..3, which are the first three buckets' bounds.
+            lookup = {bucket_of(int(n)): [float(v) for v in vs] for n, vs in d.get("lookup", {}).items()}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return  # a damaged memory only costs a re-measurement
+        self.costs = costs
+        for rates, saved in ((self.model_rates, model), (self.mtp_rates, mtp)):
+            for r, v in zip(rates, saved):
+                r.prior = min(max(v, 0.01), 0.99)
+        for b, saved in lookup.items():
+            for r, v in zip(self.lookup_rates[b], saved):
+                r.prior = min(max(v, 0.01), 0.99)
 
     def save(self) -> None:
         if not self.store:
             return
         d = {"costs": self.costs.to_json(), "model": [r.value for r in self.model_rates],
              "mtp": [r.value for r in self.mtp_rates],
-             "lookup": {n: [r.value for r in rs] for n, rs in self.lookup_rates.items()}}
+             "lookup": {str(LOOKUP_BUCKETS[b]): [r.value for r in rs] for b, rs in enumerate(self.lookup_rates)}}
         try:
             paths.write_json_atomic(self.store, d)
         except OSError:
             pass  # a memory that cannot be written only costs a re-measurement next time
 
-    @staticmethod
-    def _fresh_prediction_rates() -> list[list[Rate]]:
-        return [[Rate(prior=p) for _ in range(MAX_K)] for p in PREDICTION_PRIORS]
-
     def finish(self) -> None:
         # Each request brings its own prediction: what one taught says nothing of the next.
-        self.prediction_rates = self._fresh_prediction_rates()
+        for source in self.PER_REQUEST:
+            self.match_rates[source] = [[Rate(prior=p) for _ in range(MAX_K)] for p in self.MATCH_TABLES[source][1]]
         self.save()
 
 

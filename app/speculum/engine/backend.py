@@ -10,7 +10,7 @@ import codecs
 from dataclasses import dataclass
 import os
 import threading
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -113,16 +113,22 @@ class CachedSequence:
         del self.tokens[n:]
         return n
 
-    def feed(self, tokens: Sequence[int], stop: threading.Event | None = None) -> None:
-        """Decode tokens that need no logits (prompt prefill), checking ``stop`` between chunks."""
+    def feed(self, tokens: Sequence[int], stop: threading.Event | None = None,
+             on_chunk: Callable[[int, int], None] | None = None, chunk: int | None = None) -> None:
+        """Decode tokens that need no logits (prompt prefill), checking ``stop`` between chunks.
+
+        ``on_chunk(read, chunk_size)`` after each chunk; ``chunk``: tokens per decode
+        (at most the model's batch)."""
         if tokens:
-            step = self.model.n_batch
+            step = min(chunk or self.model.n_batch, self.model.n_batch)
             for start in range(0, len(tokens), step):
                 if stop is not None and stop.is_set():
                     return
-                chunk = tokens[start:start + step]
-                self.model.decode(chunk, rows=())
-                self.tokens.extend(chunk)
+                part = tokens[start:start + step]
+                self.model.decode(part, rows=())
+                self.tokens.extend(part)
+                if on_chunk is not None:
+                    on_chunk(start + len(part), len(part))
 
     def decode(self, tokens: Sequence[int], rows: Sequence[int] | None = None) -> np.ndarray:
         logits = self.model.decode(tokens, rows)

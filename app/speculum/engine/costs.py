@@ -1,8 +1,10 @@
 """What a pass costs on this machine: the target by batch size, the draft model and the
 target's MTP head per token.
 
-``calibrate`` measures it once per machine and pair, before the first cycle; the policy
-then keeps it current from every cycle's timings.
+Learned from the passes the engine makes anyway (each cycle's verify pass, the prompt's
+chunks), and, while the engine is idle after loading, from ``calibrate``, which can be
+interrupted between passes. Until a size is measured, its cost is interpolated from
+what is known, or from defaults: the first generation never waits for a calibration.
 """
 
 from __future__ import annotations
@@ -25,18 +27,33 @@ class CostModel:
     verify_s: dict[int, float] = field(default_factory=dict)
     draft_first_s: float | None = None
     draft_step_s: float | None = None
+    catch_up_s: float | None = None  # the draft model's time per token it catches up on, beyond ~2
     lookup_s: float = 2e-5
     gpu: bool = False
     mtp_first_s: float | None = None  # the MTP head: catch-up on the confirmed tokens + first draft
     mtp_step_s: float | None = None
+    # Prompt chunk decodes (tokens, seconds): their per-token cost hints at the curve's
+    # slope before any batched verify pass has been timed.
+    prefill: tuple[int, float] | None = None
+    observations: int = 0  # verify passes timed, calibration's included
+    # The policy's current guess at the slope while no batch beyond one token is timed
+    # (a Thompson draw: a machine whose batches are cheap gets found out, not assumed away).
+    slope_guess: float | None = field(default=None, compare=False)
+    extrapolation_scale: float = field(default=1.0, compare=False)
 
     @property
     def calibrated(self) -> bool:
         return all(n in self.verify_s for n in CALIBRATION_SIZES[:6])
 
+    @property
+    def learning(self) -> bool:
+        """Few passes timed yet, or the cost of batches beyond one token only guessed."""
+        return not self.calibrated and (self.observations < 24 or len(self.verify_s) < 3)
+
     def update(self, measured: "CostModel") -> None:
         """Take what ``measured`` holds, keep the rest."""
         self.verify_s.update(measured.verify_s)
+        self.observations += measured.observations
         if measured.draft_first_s is not None:
             self.draft_first_s = measured.draft_first_s
         if measured.draft_step_s is not None:
@@ -49,18 +66,39 @@ class CostModel:
     # A pass the OS preempted can take 10x longer; clipping keeps one hiccup from
     # steering several cycles, while a real slowdown still shows within a few passes.
     def observe_verify(self, n: int, seconds: float) -> None:
-        self.verify_s[n] = _ema(self.verify_s.get(n), seconds)
+        old = self.verify_s.get(n)
+        self.verify_s[n] = _ema(old, seconds)
+        self.observations += 1
+        if old:
+            # A shared machine's speed drifts, and sizes timed rarely would keep the speed of
+            # their day (a curve once read 2.8 steps for 2 tokens; in forced draft mode, where
+            # single steps are never timed, 2 tokens read cheaper than 1 and k stuck at 1): the
+            # whole curve follows each pass, fully the single step's (auto mode's most common),
+            # half another size's, so the shape is still learned.
+            factor = (self.verify_s[n] / old) ** (1.0 if n == 1 else 0.5)
+            for size in self.verify_s:
+                if size != n:
+                    self.verify_s[size] *= factor
 
-    def observe_draft(self, k: int, seconds: float, first_s: float) -> None:
-        self.draft_first_s = _ema(self.draft_first_s, first_s)
+    def observe_prefill(self, n: int, seconds: float) -> None:
+        if n >= 8 and seconds > 0:
+            self.prefill = (n, seconds)
+
+    def observe_draft(self, k: int, seconds: float, first_s: float, first: bool = True, caught_up: int = 0) -> None:
+        if first:
+            self.draft_first_s = _ema(self.draft_first_s, first_s)
+        elif caught_up > 2 and self.draft_first_s is not None:  # a long catch-up: its cost per token
+            self.catch_up_s = _ema(self.catch_up_s, max(first_s - self.draft_first_s, 0.0) / (caught_up - 2))
         if k > 1:
             self.draft_step_s = _ema(self.draft_step_s, (seconds - first_s) / (k - 1))
 
-    def draft(self, k: int) -> float:
-        """Seconds for the draft model to propose k tokens."""
-        first = self.draft_first_s if self.draft_first_s is not None else 0.6 * self.verify(1)
-        step = self.draft_step_s if self.draft_step_s is not None else 0.4 * self.verify(1)
-        return first + (k - 1) * step
+    def catch_up(self, behind: int) -> float:
+        """Seconds for the draft model to read ``behind`` tokens it missed (while plain steps
+        or other drafters ran) beyond the ~2 every cycle's first draft token includes."""
+        if behind <= 2:
+            return 0.0
+        per = self.catch_up_s if self.catch_up_s is not None else 0.15 * self.draft(1)
+        return (behind - 2) * per
 
     def observe_mtp(self, k: int, seconds: float, first_s: float) -> None:
         self.mtp_first_s = _ema(self.mtp_first_s, first_s)
@@ -72,6 +110,12 @@ class CostModel:
         guessed at a fifth of a target pass)."""
         first = self.mtp_first_s if self.mtp_first_s is not None else 0.2 * self.verify(1)
         step = self.mtp_step_s if self.mtp_step_s is not None else 0.2 * self.verify(1)
+        return first + (k - 1) * step
+
+    def draft(self, k: int) -> float:
+        """Seconds for the draft model to propose k tokens."""
+        first = self.draft_first_s if self.draft_first_s is not None else 0.6 * self.verify(1)
+        step = self.draft_step_s if self.draft_step_s is not None else 0.4 * self.verify(1)
         return first + (k - 1) * step
 
     def verify(self, n: int) -> float:
@@ -86,25 +130,62 @@ class CostModel:
         if lower and upper:
             (k0, v0), (k1, v1) = lower[-1], upper[0]
             return v0 + (v1 - v0) * (n - k0) / (k1 - k0)
-        if len(known) >= 2:
-            (k0, v0), (k1, v1) = (known[-2], known[-1]) if lower else (known[0], known[1])
+        if len(known) >= 2 and lower:
+            # Beyond the largest size timed. A batch's cost per extra token does not grow with
+            # its size (bigger matrix products run no less efficiently), so the slope is at
+            # most the average one from the smallest size; the last two sizes alone, a few
+            # noisy passes, once put 16 tokens at 26 single steps where 4 was true, and a size
+            # never tried could never be measured. ``extrapolation_scale`` is the policy's
+            # draw below that bound, so larger batches get tried until they are timed.
+            (k0, v0), (k1, v1), (kf, vf) = known[-2], known[-1], known[0]
+            slope = max(min((v1 - v0) / (k1 - k0), (v1 - vf) / (k1 - kf)), 0.0) * self.extrapolation_scale
+            return v1 + slope * (n - k1)
+        if len(known) >= 2:  # below the smallest size timed (forced modes never time 1)
+            (k0, v0), (k1, v1) = known[0], known[1]
             slope = max((v1 - v0) / (k1 - k0), 0.0)
-            base_k, base_v = (k1, v1) if lower else (k0, v0)
-            return max(base_v + slope * (n - base_k), base_v if n > base_k else 0.0)
+            # Two noisy sizes can slope steeply: never below what 0.6 steps per token allows.
+            return max(v0 - slope * (k0 - n), v0 / (1 + 0.6 * (k0 - n)))
         k0, v0 = known[0]
-        per = v0 / (1 + (0.05 if self.gpu else 0.5) * (k0 - 1))
-        return per * (1 + (0.05 if self.gpu else 0.5) * (n - 1))
+        slope = self._default_slope(k0, v0)
+        per = v0 / (1 + slope * (k0 - 1))
+        return per * (1 + slope * (n - 1))
+
+    @property
+    def slope_measured(self) -> bool:
+        """Whether two batch sizes have been timed, so the curve's slope is known."""
+        return len(self.verify_s) >= 2
+
+    def slope_hint(self) -> float | None:
+        """The slope a prompt chunk's decode suggests (None: no chunk timed, or no single step)."""
+        if self.prefill is None or 1 not in self.verify_s:
+            return None
+        n, seconds = self.prefill
+        return min(max(1.3 * (seconds / self.verify_s[1] - 1) / (n - 1), 0.1), 0.5)
+
+    def _default_slope(self, k0: int, v0: float) -> float:
+        """Extra cost per token in a batch, in single steps, before two sizes are measured:
+        from a prompt chunk's decode when one was timed (it computes no logits, so a verify
+        pass costs somewhat more: kept between 0.1 and 0.5), else 0.5 on a CPU (a cautious
+        guess: machines measured 0.2-0.5) and 0.05 on a GPU."""
+        if self.slope_guess is not None:
+            return self.slope_guess
+        hint = self.slope_hint() if k0 == 1 else None
+        if hint is not None:
+            return hint
+        return 0.05 if self.gpu else 0.5
 
     def to_json(self) -> dict:
         return {"verify_s": {str(k): v for k, v in self.verify_s.items()}, "draft_first_s": self.draft_first_s,
-                "draft_step_s": self.draft_step_s, "gpu": self.gpu,
+                "draft_step_s": self.draft_step_s, "gpu": self.gpu, "observations": self.observations,
                 "mtp_first_s": self.mtp_first_s, "mtp_step_s": self.mtp_step_s}
 
     @classmethod
     def from_json(cls, d: dict) -> "CostModel":
         return cls({int(k): float(v) for k, v in d.get("verify_s", {}).items()}, d.get("draft_first_s"),
                    d.get("draft_step_s"), gpu=bool(d.get("gpu", False)),
-                   mtp_first_s=d.get("mtp_first_s"), mtp_step_s=d.get("mtp_step_s"))
+                   mtp_first_s=d.get("mtp_first_s"), mtp_step_s=d.get("mtp_step_s"),
+                   # Files from before this count were written after a full calibration.
+                   observations=int(d.get("observations", 3 * len(d.get("verify_s", {})))))
 
 
 def _ema(old: float | None, new: float) -> float:
@@ -112,12 +193,14 @@ def _ema(old: float | None, new: float) -> float:
 
 
 def calibrate(target: Backend, draft: Backend | None, token: int, clock: Callable[[], float],
-              mtp=None, context: Sequence[int] = ()) -> CostModel:
-    """Time the target's pass by batch size (and the draft model's, or the MTP drafter's on
-    ``context``, first and next token).
+              interrupted: Callable[[], bool] = lambda: False, skip: Sequence[int] = ()) -> CostModel:
+    """Time the target's pass by batch size (and the draft model's first and next token; an
+    MTP head's cost is learned from the cycles that use it).
 
     Decodes ``token`` repeated after what each KV cache holds, and trims it away again:
-    the caches end as they began.
+    the caches end as they began. Meant for idle time: ``interrupted`` is asked before
+    each pass, and what was measured until then is returned. Sizes in ``skip`` are
+    already known.
     """
 
     def timed(model: Backend, tokens: Sequence[int]) -> float:
@@ -129,19 +212,22 @@ def calibrate(target: Backend, draft: Backend | None, token: int, clock: Callabl
         return seconds
 
     measured = CostModel()
+    if interrupted():
+        return measured
     # A recurrent target cannot undo a whole pass (only drafts within one): it is timed live.
     recurrent = getattr(target, "max_rollback", None) is not None
-    sizes = [n for n in CALIBRATION_SIZES if target.n_past + n <= target.n_ctx and not recurrent]
+    sizes = [n for n in CALIBRATION_SIZES if target.n_past + n <= target.n_ctx and n not in skip and not recurrent]
     if sizes:
         timed(target, [token])  # warm-up: the first pass after loading pages weights in
     for _ in range(3):  # rounds across all sizes: a passing hiccup spoils one sample, not a size
         for n in sizes:
+            if interrupted():
+                return measured
             measured.verify_s[n] = min(measured.verify_s.get(n, float("inf")), timed(target, [token] * n))
-    if draft is not None and draft.n_past + 2 <= draft.n_ctx:
+            measured.observations += 1
+    if draft is not None and draft.n_past + 2 <= draft.n_ctx and not interrupted():
         timed(draft, [token])
         # A cycle's first draft token follows a catch-up on ~2 new tokens.
         measured.draft_first_s = min(timed(draft, [token] * 2) for _ in range(2))
         measured.draft_step_s = min(timed(draft, [token]) for _ in range(3))
-    if mtp is not None and context:
-        measured.mtp_first_s, measured.mtp_step_s = mtp.measure(context)
     return measured

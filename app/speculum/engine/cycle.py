@@ -29,6 +29,7 @@ class PolicyReport:
     expected_tokens_per_pass: float | None = None
     lookup_match: int | None = None
     expected_speedup: float | None = None
+    learning: bool | None = None  # still on default costs for part of what it may choose
 
     def to_json(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
@@ -71,7 +72,7 @@ class Cycle:
     p_drafted: list[float] = field(default_factory=list)  # target p of each drafted token
     p_emitted: list[float] = field(default_factory=list)  # target p of each emitted token
     draft_confidence: list[float] = field(default_factory=list)  # the drafter's own p of each draft
-    match_length: int = 0  # lookup: length of the n-gram the draft was copied after
+    match_length: int = 0  # lookup: length of the context suffix the draft was copied after
     draft_s: float = 0.0
     draft_first_s: float = 0.0  # model drafts: catching up and proposing the first token
     verify_s: float = 0.0

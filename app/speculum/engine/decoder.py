@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -27,10 +27,15 @@ from .verify import Verdict, verify
 from .vocabulary import Finish, Mode, Source
 
 
+# Prompt tokens per decode while someone watches the progress: small enough for a steady
+# "340 / 1,200", large enough to keep batched decoding's speed.
+PROMPT_CHUNK = 128
+
+
 class Decoder:
     """Owns the target (and optional draft) model and their KV caches across generations."""
 
-    def __init__(self, target: Backend, draft: Backend | None = None, max_ngram: int = 3,
+    def __init__(self, target: Backend, draft: Backend | None = None, max_ngram: int | None = None,
                  clock=time.perf_counter):
         self.clock = clock  # tests pass a fake clock that synthetic models advance
         self.target = target
@@ -71,11 +76,13 @@ class Decoder:
         k: int | None = None,
         stop: threading.Event | None = None,
         want_probs: bool = False,
+        on_prompt: Callable[[int, int], None] | None = None,
         prediction: Sequence[int] = (),
     ) -> Iterator[Cycle]:
         """Yield one Cycle per target pass until end of generation, max tokens, stop or full context.
 
         ``k``: None lets draft and lookup modes adapt the draft length; a number fixes it.
+        ``on_prompt(read, total)``: prompt tokens read so far, after each chunk of the prompt.
         ``prediction``: tokens the caller expects the answer to hold (auto mode drafts from them).
         Raises ContextFullError before decoding when the prompt alone does not fit.
         """
@@ -84,7 +91,7 @@ class Decoder:
         predicted = self.drafters.get(Source.PREDICTION)
         if predicted is not None:
             predicted.expect(prediction)  # empty clears the previous generation's
-        context = self._prefill(prompt, policy, stop)
+        context = self._prefill(prompt, policy, stop, on_prompt)
         rng = np.random.default_rng(sampling.seed)
         detok = self.target.detokenizer()
         generated = 0
@@ -131,9 +138,11 @@ class Decoder:
 
     # -- the steps --------------------------------------------------------------------------
 
-    def _prefill(self, prompt: Sequence[int], policy: Policy, stop: threading.Event | None) -> list[int]:
-        """Check the prompt fits, decode all but its last token (reusing the cached prefix),
-        calibrate the policy if it asks, and start the drafters; returns the context."""
+    def _prefill(self, prompt: Sequence[int], policy: Policy, stop: threading.Event | None,
+                 on_prompt: Callable[[int, int], None] | None = None) -> list[int]:
+        """Check the prompt fits, decode all but its last token (reusing the cached prefix)
+        and start the drafters; returns the context. No calibration here: the policy learns
+        costs from the passes made anyway (a prompt chunk's decode is one of them)."""
         context = list(prompt)
         if not context:
             raise ValueError("empty prompt")
@@ -146,16 +155,39 @@ class Decoder:
         t0 = self.clock()
         have = self.sequence.sync(context[:-1])
         stats.prompt_tokens = len(context) - 1 - have
-        self.sequence.feed(context[have:-1], stop)
-        if policy.needs_calibration and not (stop is not None and stop.is_set()):
-            # The draft model is timed only when the policy may choose it.
-            draft = self.draft if Source.MODEL in policy.sources else None
-            mtp = self.drafters.get(Source.MTP) if Source.MTP in policy.sources else None
-            policy.calibrated(calibrate(self.target, draft, context[-1], self.clock, mtp, context))
+        last = [t0]
+
+        def chunk_read(n_read: int, n_chunk: int) -> None:
+            now = self.clock()
+            policy.observe_prompt(n_chunk, now - last[0])
+            last[0] = now
+            if on_prompt is not None:
+                on_prompt(have + n_read, len(context) - 1)
+
+        if on_prompt is not None and stats.prompt_tokens:
+            on_prompt(have, len(context) - 1)
+        self.sequence.feed(context[have:-1], stop, chunk_read, chunk=PROMPT_CHUNK if on_prompt else None)
         stats.prompt_s = self.clock() - t0
         for drafter in self.drafters.values():
             drafter.begin(context)
         return context
+
+    def calibrate(self, interrupted: Callable[[], bool] = lambda: False, mode: Mode = Mode.AUTO) -> bool:
+        """Measure the verify curve (and the draft model's cost) for ``mode``'s policy, one pass
+        at a time, stopping as soon as ``interrupted()``: for idle time after loading, while
+        the user types. True when the policy's costs are now fully measured."""
+        policy = self.policy_for(mode)
+        if not isinstance(policy, AutoPolicy) or not policy.needs_calibration:
+            return True
+        draft = self.draft if Source.MODEL in self.drafters else None
+        token = self.sequence.tokens[-1] if self.sequence.tokens else 0
+        measured = calibrate(self.target, draft, token, self.clock, interrupted)
+        policy.calibrated(measured)
+        for other in self.policies.values():  # draft / lookup modes share the machine's costs
+            if other is not policy and isinstance(other, AutoPolicy):
+                other.calibrated(measured)
+        policy.save()
+        return not policy.needs_calibration
 
     def _ending(self, context: list[int], generated: int, max_tokens: int,
                 stop: threading.Event | None) -> tuple[Finish | None, str]:

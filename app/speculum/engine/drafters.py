@@ -7,7 +7,7 @@ each cycle, ``accept(context)`` once the target has kept what it kept.
 - ``ModelDrafter``: a small model of the same tokenizer, its KV cache kept in step
   with the target (synced to the accepted context before every proposal).
 - ``PromptLookup``: copies the continuation of the latest earlier occurrence of the
-  current n-gram suffix, from the prompt and what was generated so far.
+  context's longest repeated suffix (a suffix automaton over prompt + generated tokens).
 - ``MtpDrafter`` (``mtp.py``): the target's own multi-token prediction head.
 - ``PredictionDrafter``: the client's predicted output, kept aligned
   with what the target writes.
@@ -20,64 +20,16 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
-from dataclasses import dataclass, field
-from typing import Callable, NamedTuple, Protocol, Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from .backend import Backend, CachedSequence
+from .backend import CachedSequence
+from .draft import Choice, Draft, Drafter, DrafterInputs  # noqa: F401  (re-exported: callers import them from here)
+from .mtp import MtpDrafter
 from .sampling import SamplingParams, distribution, sample
 from .vocabulary import Source
 
-
-@dataclass(frozen=True)
-class Choice:
-    """The policy's pick for one cycle: which drafter, how many tokens, and its thresholds."""
-
-    source: Source
-    k: int
-    min_confidence: float = 0.0  # model drafts stop below this draft probability
-    min_match: int = 1  # lookup drafts need an n-gram match at least this long
-    fallback: Source = Source.NONE  # hybrid: the drafter to use when the first has nothing
-
-
-@dataclass
-class Draft:
-    tokens: list[int] = field(default_factory=list)
-    source: Source = Source.NONE
-    # Per drafted token, the draft's distribution q (rows, V) when sampling; None means a
-    # point mass on each token (greedy drafts and lookup drafts).
-    q: np.ndarray | None = None
-    confidence: list[float] = field(default_factory=list)  # the draft's own p of each token
-    match_length: int = 0  # lookup: length of the n-gram that matched
-    first_s: float = 0.0  # model drafts: seconds to catch up and propose the first token
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-
-class Drafter(Protocol):
-    source: Source
-
-    @classmethod
-    def build(cls, inputs: "DrafterInputs") -> "Drafter | None": ...  # None: the inputs do not allow it
-
-    def begin(self, context: Sequence[int]) -> None: ...  # a generation starts from context
-
-    def propose(self, context: Sequence[int], k: int, choice: Choice, sampling: SamplingParams,
-                rng: np.random.Generator) -> Draft: ...  # up to k tokens following context
-
-    def accept(self, context: Sequence[int]) -> None: ...  # the target kept context; drop the rest
-
-
-@dataclass(frozen=True)
-class DrafterInputs:
-    """What a drafter may be built from."""
-
-    target: Backend
-    draft: Backend | None = None  # a second model of the same tokenizer
-    clock: Callable[[], float] = time.perf_counter
-    max_ngram: int = 3
 
 
 class ModelDrafter:
@@ -137,7 +89,16 @@ class ModelDrafter:
             if i + 1 < k:
                 logits = seq.decode([tok])[0]
         self._drafted = bool(tokens)
-        return Draft(tokens, self.source, np.stack(qs[: len(tokens)]) if qs else None, conf, first_s=first_s)
+        return Draft(tokens, self.source, np.stack(qs[: len(tokens)]) if qs else None, conf, first_s=first_s,
+                     caught_up=len(pending))
+
+    def behind(self, context: Sequence[int]) -> int:
+        """Tokens of ``context`` the draft model would read before its first draft token."""
+        cached = self.sequence.tokens
+        n = min(len(cached), len(context))
+        if n and cached[n - 1] != context[n - 1]:  # diverged (rejected drafts): a rough count
+            n = max(n - 8, 0)
+        return len(context) - n
 
     def begin(self, context: Sequence[int]) -> None:
         """Nothing to prepare: ``propose`` syncs the KV cache to the context it is given."""
@@ -150,48 +111,111 @@ class ModelDrafter:
 
 
 class Match(NamedTuple):
-    """The latest earlier occurrence of the context's n-gram suffix."""
+    """The latest earlier occurrence of the context's longest repeated suffix."""
 
     end: int  # position of its last token (-1: none)
-    length: int  # n-gram length (0: none)
+    length: int  # matched suffix length in tokens (0: none)
     available: int  # tokens after it that a draft could copy
 
 
 NO_MATCH = Match(-1, 0, 0)
 
 
+class SuffixIndex:
+    """Suffix automaton over a growing token sequence, extended one token at a time.
+
+    After each token it knows the longest suffix of the sequence that also occurred
+    earlier, and an earlier place where it ended: the longest copy the text allows,
+    found in amortised constant time per token (a dict of 1-3-grams knew only 3 tokens).
+    """
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        # Per state: transitions, suffix link, longest length, an end position of its strings.
+        self._next: list[dict[int, int]] = [{}]
+        self._link: list[int] = [-1]
+        self._len: list[int] = [0]
+        self._end: list[int] = [-1]
+        self._last = 0
+        self.match = NO_MATCH  # for the whole sequence so far
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def extend(self, new_tokens: Sequence[int]) -> None:
+        for t in new_tokens:
+            self._add(int(t))
+
+    def _add(self, t: int) -> None:
+        nxt, link, length, end = self._next, self._link, self._len, self._end
+        i = len(self.tokens)
+        self.tokens.append(t)
+        cur = len(length)
+        nxt.append({})
+        link.append(0)
+        length.append(length[self._last] + 1)
+        end.append(i)
+        p = self._last
+        while p != -1 and t not in nxt[p]:
+            nxt[p][t] = cur
+            p = link[p]
+        if p != -1:
+            q = nxt[p][t]
+            if length[p] + 1 == length[q]:
+                link[cur] = q
+            else:  # split q: the shorter strings now also end at i
+                clone = len(length)
+                nxt.append(dict(nxt[q]))
+                link.append(link[q])
+                length.append(length[p] + 1)
+                end.append(end[q])
+                while p != -1 and nxt[p].get(t) == q:
+                    nxt[p][t] = clone
+                    p = link[p]
+                link[q] = link[cur] = clone
+        self._last = cur
+        # link[cur]: the longest suffix that occurred before. Its recorded end is an earlier
+        # occurrence; from now on it points here, so the next match copies the latest one.
+        u = link[cur]
+        if u > 0 and end[u] < i:
+            self.match = Match(end[u], length[u], i - end[u])
+            end[u] = i
+        else:
+            self.match = NO_MATCH
+
+
 class PromptLookup:
-    """n-gram index over prompt + generated tokens, updated as tokens arrive."""
+    """Copies what followed the longest earlier occurrence of the context's suffix.
+
+    Prompt + generated tokens sit in a ``SuffixIndex`` updated as tokens arrive; a match
+    of any length is found (a verbatim passage matches dozens of tokens deep), and the
+    policy learns acceptance by match length.
+    """
 
     source = Source.LOOKUP
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
-        self.max_ngram = max_ngram
+    def __init__(self, max_ngram: int | None = None, min_ngram: int = 1):
+        self.max_ngram = max_ngram  # None: no cap on the match length reported
         self.min_ngram = min_ngram
-        self.tokens: list[int] = []
-        # n-gram -> end position of its latest occurrence that has a continuation.
-        self._index: dict[tuple[int, ...], int] = {}
+        self._index = SuffixIndex()
 
     @classmethod
     def build(cls, inputs: DrafterInputs) -> "PromptLookup":
         return cls(max_ngram=inputs.max_ngram)
 
+    @property
+    def tokens(self) -> list[int]:
+        return self._index.tokens
+
     def reset(self) -> None:
-        self.tokens = []
-        self._index = {}
+        self._index = SuffixIndex()
 
     def extend(self, new_tokens: Sequence[int]) -> None:
-        toks = self.tokens
-        for t in new_tokens:
-            toks.append(t)
-            end = len(toks) - 2  # the n-grams ending here now have a continuation
-            for n in range(1, self.max_ngram + 1):
-                if end - n + 1 < 0:
-                    break
-                self._index[tuple(toks[end - n + 1:end + 1])] = end
+        self._index.extend(new_tokens)
 
     def begin(self, context: Sequence[int]) -> None:
-        """Start a generation: keep the index when ``context`` extends what it holds."""
+        """Start a generation: keep the index when ``context`` extends what it holds, else
+        rebuild it (a conversation edited or truncated between generations)."""
         n = len(self.tokens)
         if len(context) >= n and list(context[:n]) == self.tokens:
             self.extend(context[n:])
@@ -200,14 +224,18 @@ class PromptLookup:
             self.extend(context)
 
     def match(self, context: Sequence[int]) -> Match:
-        """The longest n-gram suffix of ``context`` seen before, at its latest occurrence."""
-        self.extend(context[len(self.tokens):])
-        toks = self.tokens
-        for n in range(min(self.max_ngram, len(toks) - 1), self.min_ngram - 1, -1):
-            end = self._index.get(tuple(toks[len(toks) - n:]))
-            if end is not None:
-                return Match(end, n, len(toks) - end - 1)
-        return NO_MATCH
+        """The longest suffix of ``context`` seen before, at its latest occurrence."""
+        n = len(self.tokens)
+        if len(context) < n or (n and context[n - 1] != self.tokens[n - 1]):
+            self.begin(context)  # not an extension of what the index holds
+        else:
+            self.extend(context[n:])
+        m = self._index.match
+        if m.length < self.min_ngram:
+            return NO_MATCH
+        if self.max_ngram is not None and m.length > self.max_ngram:
+            m = Match(m.end, self.max_ngram, m.available)
+        return m
 
     def propose(self, context: Sequence[int], k: int, choice: Choice, sampling: SamplingParams,
                 rng: np.random.Generator) -> Draft:
@@ -320,7 +348,6 @@ class PredictionDrafter:
                 self._cursor, self._run = end, n
                 return
 
-from .mtp import MtpDrafter  # noqa: E402  (built on the classes above)
 
 # Source -> drafter class. Order is the order drafters begin and accept in.
 DRAFTERS: dict[Source, type] = {

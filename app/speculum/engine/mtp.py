@@ -22,7 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .drafters import Choice, Draft, DrafterInputs
+from .draft import Choice, Draft, DrafterInputs
 from .sampling import SamplingParams, distribution, sample
 from .vocabulary import Source
 
@@ -159,20 +159,6 @@ class MtpDrafter:
             if i + 1 < k:
                 logits, hidden = self.head.decode([tok], hidden[None, :], pos0 + 1 + i, logits=True)
         return Draft(tokens, self.source, np.stack(qs[: len(tokens)]) if qs else None, conf, first_s=first_s)
-
-    def measure(self, context: Sequence[int], k: int = 3) -> tuple[float, float]:
-        """Seconds for the first draft token of a cycle and for each next one (the best of two
-        proposals on ``context``, after one that catches the head up on it)."""
-        choice, greedy, rng = Choice(Source.MTP, k), SamplingParams(), np.random.default_rng(0)
-        self.propose(context, k, choice, greedy, rng)
-        first = step = float("inf")
-        for _ in range(2):
-            t = self.clock()
-            draft = self.propose(context, k, choice, greedy, rng)
-            total = self.clock() - t
-            first = min(first, draft.first_s)
-            step = min(step, (total - draft.first_s) / max(1, len(draft) - 1))
-        return first, step
 
     def accept(self, context: Sequence[int]) -> None:
         """Nothing: the next ``propose`` drops the draft positions and catches up."""

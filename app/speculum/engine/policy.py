@@ -19,8 +19,9 @@ class Policy(Protocol):
     sources: Sequence[Source]  # the drafters it may choose
 
     @property
-    def needs_calibration(self) -> bool: ...  # measure costs (``costs.calibrate``) before the first cycle
+    def needs_calibration(self) -> bool: ...  # idle time is worth measuring costs in (``Decoder.calibrate``)
     def calibrated(self, measured: CostModel) -> None: ...
+    def observe_prompt(self, n_tokens: int, seconds: float) -> None: ...  # a prompt chunk's decode
     def choose(self, context: Sequence[int]) -> Choice: ...
     def observe(self, draft: Draft, n_accepted: int, draft_s: float, verify_s: float) -> None: ...
     def report(self) -> PolicyReport: ...
@@ -56,6 +57,9 @@ class FixedPolicy:
         }[mode])
 
     def calibrated(self, measured: CostModel) -> None:
+        pass
+
+    def observe_prompt(self, n_tokens: int, seconds: float) -> None:
         pass
 
     def choose(self, context: Sequence[int] = ()) -> Choice:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QHBoxLayout, QPushButton, QSplitter, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QProgressBar, QPushButton, QSplitter, QVBoxLayout, QWidget
 
 from .. import summarise
 from ..engine.vocabulary import Source
@@ -43,6 +43,10 @@ class ChatPane(QWidget):
         lay = QVBoxLayout(self)
         lay.addWidget(self.banner)
         lay.addWidget(self.chat_split, 1)
+        # A long prompt (a document) takes seconds to read before the first token: say how far.
+        self.prompt_progress = QProgressBar(objectName="promptProgress", textVisible=True)
+        self.prompt_progress.hide()
+        lay.addWidget(self.prompt_progress)
         lay.addLayout(row)
         self.send_button.clicked.connect(lambda: self.sendRequested.emit(self.input.toPlainText()))
         self.input.submitted.connect(self.sendRequested)
@@ -54,6 +58,16 @@ class ChatPane(QWidget):
         self.send_button.setEnabled(not busy)
         self.document.summarise_button.setEnabled(not busy and bool(self.document.text().strip()))
         self.stop_button.setEnabled(generating)
+
+    def show_prompt_progress(self, read: int, total: int) -> None:
+        """Prompt tokens read so far while the prompt is read; hidden once it is (Stop cancels)."""
+        if read >= total:
+            self.prompt_progress.hide()
+            return
+        self.prompt_progress.setRange(0, total)
+        self.prompt_progress.setValue(read)
+        self.prompt_progress.setFormat(f"Reading the prompt… {read:,} / {total:,} tokens")
+        self.prompt_progress.show()
 
     def begin_answer(self, messages) -> None:
         """The conversation so far, and a place for the answer about to be written."""

@@ -123,6 +123,7 @@ class MainWindow(QMainWindow):
         w.finished.connect(self._on_finished)
         w.failed.connect(self._on_failed)
         w.stageChanged.connect(self._on_stage)
+        w.promptProgress.connect(self._on_prompt_progress)
         w.plainRateMeasured.connect(self._on_plain_rate)
         self.engine.batcher.batchReady.connect(self._on_batch)
 
@@ -371,10 +372,15 @@ class MainWindow(QMainWindow):
         self.document.show_progress(f"Summarising in parts: {stage}…")
         self.statusBar().showMessage(f"Summarising in parts: {stage}")
 
+    def _on_prompt_progress(self, read: int, total: int) -> None:
+        if self._live is not None:
+            self.chat.show_prompt_progress(read, total)
+
     def _on_batch(self, events: list) -> None:
         live = self._live
         if live is None:
             return
+        self.chat.prompt_progress.hide()
         live.events.extend(events)
         # The speculation view is the live one, every frame. The Markdown answer and the stats
         # panel are re-rendered less often: each costs the UI thread more than a frame of tokens.
@@ -408,6 +414,7 @@ class MainWindow(QMainWindow):
         live, self._live = self._live, None
         self.generating = False
         self.document.show_progress("")
+        self.chat.prompt_progress.hide()
         self.statusBar().clearMessage()
         return live
 

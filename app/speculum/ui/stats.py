@@ -233,7 +233,8 @@ class StatsPanel(QGroupBox):
             self.SPEEDUP: (f"{snap.speedup:.2f}×  ({snap.speedup_source})" if snap.speedup is not None
                            else "— (no plain step measured yet)"),
             self.POLICY: ((f"{drafter}, k = {policy.get('k', 0)}" if policy else "—")
-                          + ("\n" + " · ".join(estimates) if estimates else "")),
+                          + ("\n" + " · ".join(estimates) if estimates else "")
+                          + ("\nstill learning this machine's costs" if policy.get("learning") else "")),
             self.PROMPT: prompt,
         })
         self.bars.set_rates(snap.acceptance_by_position)

@@ -107,6 +107,7 @@ class EngineSignals(QObject):
     loadFailed = Signal(str)
     cycleReady = Signal(object)  # CycleEvent
     stageChanged = Signal(str)
+    promptProgress = Signal(int, int)  # prompt tokens read, of how many
     finished = Signal(object)  # GenerationResult
     failed = Signal(str)
     plainRateMeasured = Signal(str, float)  # target path, tokens/s
@@ -185,6 +186,7 @@ class Engine(QObject):
         {"ready": self.worker.ready, "load_progress": self.worker.loadProgress, "loaded": self.worker.loaded,
          "load_failed": self.worker.loadFailed, "stage": self.worker.stageChanged,
          "finished": self.worker.finished, "failed": self.worker.failed,
+         "prompt_progress": self.worker.promptProgress,
          "plain_rate": self.worker.plainRateMeasured, "profile": self.worker.profileChosen,
          "serving": self.worker.serving, "serve_failed": self.worker.serveFailed,
          "served_request": self.worker.servedRequest}[kind].emit(*payload)

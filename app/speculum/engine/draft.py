@@ -1,0 +1,67 @@
+"""What every drafter shares: the policy's ``Choice``, the ``Draft`` it returns, the
+``Drafter`` protocol and the ``DrafterInputs`` it is built from. The drafters themselves
+live in ``drafters.py`` and ``mtp.py``, which both build on this module.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, Sequence
+
+import numpy as np
+
+from .backend import Backend
+from .sampling import SamplingParams
+from .vocabulary import Source
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The policy's pick for one cycle: which drafter, how many tokens, and its thresholds."""
+
+    source: Source
+    k: int
+    min_confidence: float = 0.0  # model drafts stop below this draft probability
+    min_match: int = 1  # lookup drafts need a suffix match at least this long
+    fallback: Source = Source.NONE  # hybrid: the drafter to use when the first has nothing
+
+
+@dataclass
+class Draft:
+    tokens: list[int] = field(default_factory=list)
+    source: Source = Source.NONE
+    # Per drafted token, the draft's distribution q (rows, V) when sampling; None means a
+    # point mass on each token (greedy drafts and lookup drafts).
+    q: np.ndarray | None = None
+    confidence: list[float] = field(default_factory=list)  # the draft's own p of each token
+    match_length: int = 0  # lookup: length of the context suffix that matched
+    first_s: float = 0.0  # model drafts: seconds to catch up and propose the first token
+    caught_up: int = 0  # model drafts: context tokens decoded before the first (a new prompt: many)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+class Drafter(Protocol):
+    source: Source
+
+    @classmethod
+    def build(cls, inputs: "DrafterInputs") -> "Drafter | None": ...  # None: the inputs do not allow it
+
+    def begin(self, context: Sequence[int]) -> None: ...  # a generation starts from context
+
+    def propose(self, context: Sequence[int], k: int, choice: Choice, sampling: SamplingParams,
+                rng: np.random.Generator) -> Draft: ...  # up to k tokens following context
+
+    def accept(self, context: Sequence[int]) -> None: ...  # the target kept context; drop the rest
+
+
+@dataclass(frozen=True)
+class DrafterInputs:
+    """What a drafter may be built from."""
+
+    target: Backend
+    draft: Backend | None = None  # a second model of the same tokenizer
+    clock: Callable[[], float] = time.perf_counter
+    max_ngram: int | None = None  # lookup: cap on the match length (None: as long as the text allows)
