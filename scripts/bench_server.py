@@ -5,12 +5,14 @@ client process (as from an editor), streaming. Rows, run alternately so both see
 machine load:
 
 - overhead: one chat request through the server vs the same prompt in a bare
-  ``Decoder.generate`` loop in the server's process (tokens/s from the request to the last
-  token, the prompt cached in both after a warm-up);
+  ``Decoder.generate`` loop in the server's process;
 - edit: rename a variable through a 100-line file (resources/bench/edit_inventory.py.txt),
   with plain decoding (mode off), without a prediction, with the original file as the
   prediction, and with unrelated text as the prediction: tokens/s and accepted/rejected
   prediction tokens.
+
+Every rate is decoding alone: tokens after the first over the time after the first, so a
+row that reads its prompt afresh (the first edit after the chat rows) is not charged for it.
 
     SPECULUM_MODELS_DIR=~/.cache/speculum-dev/models python scripts/bench_server.py
     (add --target T --draft D, --mode auto, --max-tokens N, --repeat N, --json)
@@ -39,6 +41,7 @@ def client(url: str, body: dict) -> dict:
     import httpx
 
     start = time.perf_counter()
+    first = None
     usage, numbers, pieces = {}, {}, []
     with httpx.stream("POST", url + "/chat/completions", json={**body, "stream": True,
                       "stream_options": {"include_usage": True}}, timeout=3600) as response:
@@ -49,10 +52,13 @@ def client(url: str, body: dict) -> dict:
             chunk = json.loads(line[6:])
             for choice in chunk.get("choices", []):
                 pieces.append(choice.get("delta", {}).get("content") or "")
+                first = first or (time.perf_counter() if pieces[-1] else None)
             usage = chunk.get("usage") or usage
             numbers = chunk.get("speculum") or numbers
     seconds = time.perf_counter() - start
-    return {"seconds": seconds, "tokens": usage.get("completion_tokens", 0), "usage": usage,
+    # Decoding alone: from the first token on (the prompt may or may not be cached already).
+    return {"seconds": seconds, "decode_s": time.perf_counter() - (first or start),
+            "tokens": usage.get("completion_tokens", 0), "usage": usage,
             "speculum": numbers, "text": "".join(pieces)}
 
 
@@ -106,10 +112,15 @@ def main() -> int:
     def bare_loop(messages) -> dict:
         prompt = decoder.target.tokenize(decoder.target.apply_chat_template(messages))
         start = time.perf_counter()
-        n = sum(len(c.emitted) for c in decoder.generate(prompt, max_tokens=args.max_tokens, policy=args.mode))
-        return {"seconds": time.perf_counter() - start, "tokens": n}
+        n, first = 0, None
+        for cycle in decoder.generate(prompt, max_tokens=args.max_tokens, policy=args.mode):
+            first = first or time.perf_counter()
+            n += len(cycle.emitted)
+        end = time.perf_counter()
+        return {"seconds": end - start, "decode_s": end - first, "tokens": n}
 
-    rate = lambda r: r["tokens"] / r["seconds"]  # noqa: E731
+    # Tokens after the first over the time after it: decoding, whether or not the prompt was cached.
+    rate = lambda r: (r["tokens"] - 1) / r["decode_s"]  # noqa: E731
     chat = build_messages(CHAT)
     source = EDIT_FILE.read_text(encoding="utf-8")
     edit = build_messages("Rename the variable `total` to `running_sum` everywhere in this file. Answer with "

@@ -65,22 +65,30 @@ def tokenizer_kv(gguf: Path) -> list[tuple[str, int, bytes]]:
     return out
 
 
-def _weights(n_vocab: int, noise: float, seed: int) -> dict[str, np.ndarray]:
-    """name -> array, numpy shape = the GGUF shape reversed (rows of the ggml matrix)."""
-    rng = np.random.default_rng(seed)
-    E, dq, dkv = N_EMBD, N_EMBD, N_EMBD // N_HEAD * N_HEAD_KV
+class _Maker:
+    """Random f32 weights of a seed, and the tensors every test architecture shares."""
 
-    def rnd(*shape, scale=1.0):
-        return (rng.standard_normal(shape) * scale).astype(np.float32)
+    def __init__(self, seed: int):
+        self.rng = np.random.default_rng(seed)
 
+    def rnd(self, *shape, scale=1.0):
+        return (self.rng.standard_normal(shape) * scale).astype(np.float32)
+
+    @staticmethod
     def ones(n):
         return np.ones(n, np.float32)
 
-    w = {
-        "token_embd.weight": rnd(n_vocab, E),
-        "output_norm.weight": ones(E),
-        "output.weight": rnd(n_vocab, E, scale=0.25),
-    }
+    def base(self, n_vocab: int) -> dict[str, np.ndarray]:
+        return {"token_embd.weight": self.rnd(n_vocab, N_EMBD), "output_norm.weight": self.ones(N_EMBD),
+                "output.weight": self.rnd(n_vocab, N_EMBD, scale=0.25)}
+
+
+def _weights(n_vocab: int, noise: float, seed: int) -> dict[str, np.ndarray]:
+    """name -> array, numpy shape = the GGUF shape reversed (rows of the ggml matrix)."""
+    make = _Maker(seed)
+    rnd, ones = make.rnd, make.ones
+    E, dq, dkv = N_EMBD, N_EMBD, N_EMBD // N_HEAD * N_HEAD_KV
+    w = make.base(n_vocab)
     for il in range(N_TRUNK + N_NEXTN):
         b = f"blk.{il}."
         w[b + "attn_norm.weight"] = ones(E)
@@ -115,21 +123,11 @@ SSM_STATE, SSM_V_HEADS, SSM_K_HEADS, SSM_CONV = 16, 4, 2, 4
 
 
 def _qwen35_weights(n_vocab: int, noise: float, seed: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
+    make = _Maker(seed)
+    rnd, ones = make.rnd, make.ones
     E, hd = N_EMBD, N_EMBD // N_HEAD
-
-    def rnd(*shape, scale=1.0):
-        return (rng.standard_normal(shape) * scale).astype(np.float32)
-
-    def ones(n):
-        return np.ones(n, np.float32)
-
     key_dim, value_dim = SSM_STATE * SSM_K_HEADS, SSM_STATE * SSM_V_HEADS
-    w = {
-        "token_embd.weight": rnd(n_vocab, E),
-        "output_norm.weight": ones(E),
-        "output.weight": rnd(n_vocab, E, scale=0.25),
-    }
+    w = make.base(n_vocab)
     for il in range(N_TRUNK + N_NEXTN):
         b = f"blk.{il}."
         w[b + "attn_norm.weight"] = ones(E)

@@ -12,7 +12,7 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 
 from .backend import Backend
-from .sampling import SamplingParams
+from .sampling import SamplingParams, distribution, sample
 from .vocabulary import Source
 
 
@@ -65,3 +65,35 @@ class DrafterInputs:
     draft: Backend | None = None  # a second model of the same tokenizer
     clock: Callable[[], float] = time.perf_counter
     max_ngram: int | None = None  # lookup: cap on the match length (None: as long as the text allows)
+
+
+def draft_one_by_one(logits: np.ndarray, k: int, next_logits: Callable[[int, int], np.ndarray], choice: Choice,
+                     sampling: SamplingParams, rng: np.random.Generator, since: float,
+                     clock: Callable[[], float]) -> tuple[list[int], np.ndarray | None, list[float], float]:
+    """A model's draft, a token at a time from ``logits``: greedy or sampled, stopping early
+    once a token's own probability falls below ``choice.min_confidence``.
+    ``next_logits(i, token)`` decodes the i-th drafted token and returns the logits after it.
+    Returns the tokens, their q rows when sampling, their confidences, and the seconds from
+    ``since`` to the first token."""
+    tokens: list[int] = []
+    qs: list[np.ndarray] = []
+    conf: list[float] = []
+    first_s = 0.0
+    for i in range(k):
+        if sampling.greedy:
+            tok = int(np.argmax(logits))
+            c = 1.0 / float(np.exp(np.asarray(logits, np.float32) - logits[tok]).sum())
+        else:
+            q = distribution(logits, sampling)
+            tok = sample(q, rng)
+            qs.append(q)
+            c = float(q[tok])
+        if tokens and c < choice.min_confidence:
+            break
+        tokens.append(tok)
+        conf.append(c)
+        if i == 0:
+            first_s = clock() - since
+        if i + 1 < k:
+            logits = next_logits(i, tok)
+    return tokens, np.stack(qs[: len(tokens)]) if qs else None, conf, first_s

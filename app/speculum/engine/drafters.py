@@ -25,9 +25,9 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from .backend import CachedSequence
-from .draft import Choice, Draft, Drafter, DrafterInputs  # noqa: F401  (re-exported: callers import them from here)
+from .draft import Choice, Draft, Drafter, DrafterInputs, draft_one_by_one  # noqa: F401  (re-exported)
 from .mtp import MtpDrafter
-from .sampling import SamplingParams, distribution, sample
+from .sampling import SamplingParams
 from .vocabulary import Source
 
 
@@ -66,31 +66,10 @@ class ModelDrafter:
         else:  # a long catch-up (a new chat turn): in chunks, logits from the last one
             seq.feed(pending[:-1])
             logits = seq.decode(pending[-1:])[0]
-        first_s = 0.0
-        tokens: list[int] = []
-        qs: list[np.ndarray] = []
-        conf: list[float] = []
-        for i in range(k):
-            if sampling.greedy:
-                tok = int(np.argmax(logits))
-                top = logits[tok]
-                c = 1.0 / float(np.exp(np.asarray(logits, np.float32) - top).sum())
-            else:
-                q = distribution(logits, sampling)
-                tok = sample(q, rng)
-                qs.append(q)
-                c = float(q[tok])
-            if tokens and c < choice.min_confidence:
-                break
-            tokens.append(tok)
-            conf.append(c)
-            if i == 0:
-                first_s = self.clock() - start
-            if i + 1 < k:
-                logits = seq.decode([tok])[0]
+        tokens, q, conf, first_s = draft_one_by_one(logits, k, lambda i, tok: seq.decode([tok])[0], choice,
+                                                    sampling, rng, start, self.clock)
         self._drafted = bool(tokens)
-        return Draft(tokens, self.source, np.stack(qs[: len(tokens)]) if qs else None, conf, first_s=first_s,
-                     caught_up=len(pending))
+        return Draft(tokens, self.source, q, conf, first_s=first_s, caught_up=len(pending))
 
     def behind(self, context: Sequence[int]) -> int:
         """Tokens of ``context`` the draft model would read before its first draft token."""

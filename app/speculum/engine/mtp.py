@@ -22,8 +22,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .draft import Choice, Draft, DrafterInputs
-from .sampling import SamplingParams, distribution, sample
+from .draft import Choice, Draft, DrafterInputs, draft_one_by_one
+from .sampling import SamplingParams
 from .vocabulary import Source
 
 
@@ -137,28 +137,14 @@ class MtpDrafter:
         del self.tokens[n:]
         logits, hidden = self._catch_up(list(context[n:pos0 + 1]), logits=True)
         self._forget_before(pos0 - 1)
-        first_s = 0.0
-        tokens: list[int] = []
-        qs: list[np.ndarray] = []
-        conf: list[float] = []
-        for i in range(k):
-            if sampling.greedy:
-                tok = int(np.argmax(logits))
-                c = 1.0 / float(np.exp(np.asarray(logits, np.float32) - logits[tok]).sum())
-            else:
-                q = distribution(logits, sampling)
-                tok = sample(q, rng)
-                qs.append(q)
-                c = float(q[tok])
-            if tokens and c < choice.min_confidence:
-                break
-            tokens.append(tok)
-            conf.append(c)
-            if i == 0:
-                first_s = self.clock() - start
-            if i + 1 < k:
-                logits, hidden = self.head.decode([tok], hidden[None, :], pos0 + 1 + i, logits=True)
-        return Draft(tokens, self.source, np.stack(qs[: len(tokens)]) if qs else None, conf, first_s=first_s)
+
+        def next_logits(i: int, tok: int) -> np.ndarray:  # the head's next step reads its own last hidden state
+            nonlocal hidden
+            out, hidden = self.head.decode([tok], hidden[None, :], pos0 + 1 + i, logits=True)
+            return out
+
+        tokens, q, conf, first_s = draft_one_by_one(logits, k, next_logits, choice, sampling, rng, start, self.clock)
+        return Draft(tokens, self.source, q, conf, first_s=first_s)
 
     def accept(self, context: Sequence[int]) -> None:
         """Nothing: the next ``propose`` drops the draft positions and catches up."""
