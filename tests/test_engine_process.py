@@ -13,14 +13,13 @@ import signal
 import threading
 
 import pytest
-from PySide6.QtCore import Qt
 
 from speculum import paths
 from speculum.engine import profiles
 from speculum.engine_process import CRASH_SWITCH, MID_GENERATION_CYCLE, EngineProcess, describe_exit
 from speculum.runner import LoadRequest
 
-from test_gui_window import GENERATE_MS, LOAD_MS, open_window, send  # noqa: F401  (fixture)
+from test_gui_window import GENERATE_MS, LOAD_MS, open_window, send, start_answer  # noqa: F401  (fixture)
 
 SEGV = "SIGSEGV"
 
@@ -231,12 +230,8 @@ def test_crash_at_the_first_decode_offers_the_safe_profile(qtbot, open_window, m
 
 def test_stop_reaches_the_engine_process_within_a_pass(qtbot, open_window, smollm_path):
     w = open_window(smollm_path, mode="off", max_tokens=400)
-    seen = []
-    w.engine.worker.cycleReady.connect(seen.append, Qt.DirectConnection)
     with qtbot.waitSignal(w.generationFinished, timeout=GENERATE_MS):
-        w.input.setPlainText("Write a long story about a lighthouse keeper.")
-        qtbot.keyClick(w.input, Qt.Key_Return)
-        qtbot.waitUntil(lambda: len(seen) >= 3, timeout=GENERATE_MS)
+        start_answer(qtbot, w, "Write a long story about a lighthouse keeper.")
         w.stop()
     answer = w.current.messages[-1]
     assert answer.finish == "stopped"

@@ -57,6 +57,15 @@ def send(qtbot, window, text: str, timeout: int = GENERATE_MS):
     return window.current.messages[-1]
 
 
+def start_answer(qtbot, window, text: str, cycles: int = 3) -> None:
+    """Send ``text`` and return once ``cycles`` cycles of its answer have reached the window."""
+    seen = []
+    window.engine.worker.cycleReady.connect(seen.append, Qt.DirectConnection)
+    window.input.setPlainText(text)
+    qtbot.keyClick(window.input, Qt.Key_Return)
+    qtbot.waitUntil(lambda: len(seen) >= cycles, timeout=GENERATE_MS)
+
+
 def test_answer_fills_transcript_and_speculation_view(qtbot, open_window, smollm_path):
     w = open_window(smollm_path, mode="lookup", k=4)
     assert w.windowTitle().startswith("Speculum")

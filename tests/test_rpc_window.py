@@ -3,9 +3,8 @@ worker lost mid-answer ends in one plain banner naming it, the window and the an
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
 
-from test_gui_window import GENERATE_MS, LOAD_MS, open_window, send  # noqa: F401  (fixture)
+from test_gui_window import GENERATE_MS, LOAD_MS, open_window, send, start_answer  # noqa: F401  (fixture)
 from test_rpc import Worker, workers  # noqa: F401  (fixture)
 
 
@@ -32,12 +31,8 @@ def test_a_worker_lost_mid_answer_is_named_and_reload_is_offered(qtbot, open_win
                         rpc=f"{workers[0].endpoint},{doomed.endpoint}")
         with qtbot.waitSignal(w.modelsLoaded, timeout=LOAD_MS):
             w.load_pair()
-        seen = []
-        w.engine.worker.cycleReady.connect(seen.append, Qt.DirectConnection)
         with qtbot.waitSignal(w.engineDied, timeout=GENERATE_MS):
-            w.input.setPlainText("Write a very long story about a lighthouse keeper.")
-            qtbot.keyClick(w.input, Qt.Key_Return)
-            qtbot.waitUntil(lambda: len(seen) >= 3, timeout=GENERATE_MS)
+            start_answer(qtbot, w, "Write a very long story about a lighthouse keeper.")
             doomed.process.kill()
     finally:
         doomed.stop()
