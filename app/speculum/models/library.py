@@ -27,7 +27,7 @@ from .download import (
     STAGING, CancelToken, DiskUsage, DownloadProgress, FileRequest, Progress, download,
     library_path, staged_bytes,
 )
-from .gguf import VOCAB_KEYS, check_gguf_file
+from .gguf import VOCAB_KEYS, check_gguf_file, nextn_layers
 from .remote import HubRef, check_sources
 from .stamps import read_stamp, stamp_path
 
@@ -229,8 +229,8 @@ class Library:
         for entry in self._load()["pairs"]:
             target = self._abs(entry["target"])
             draft = None if entry["draft"] == MTP else self._abs(entry["draft"])
-            if not (target.is_file() and (draft is None or draft.is_file())):
-                continue  # files moved or deleted behind our back: not usable, not listed
+            if not (target.is_file() and (draft.is_file() if draft else nextn_layers(target))):
+                continue  # files moved, deleted or replaced behind our back: not usable, not listed
             seen.add((target, draft))
             out.append(LibraryPair(entry["id"], entry.get("name", entry["id"]), self.model_at(target),
                                    None if draft is None else self.model_at(draft), entry.get("catalog")))
@@ -238,7 +238,8 @@ class Library:
         for cp in self.catalog:
             target = self._catalog_model_path(cp.target)
             draft = None if cp.mtp else self._catalog_model_path(cp.draft)
-            if target and (cp.mtp or draft) and (target, draft) not in seen and cp.id not in ids:
+            complete = bool(target and (draft or (cp.mtp and nextn_layers(target))))  # a head the file really has
+            if complete and (target, draft) not in seen and cp.id not in ids:
                 out.append(LibraryPair(cp.id, cp.name, self.model_at(target),
                                        None if draft is None else self.model_at(draft), cp.id))
         return out
