@@ -333,6 +333,7 @@ def test_an_mtp_entry_downloads_only_its_target_and_is_a_pair_on_its_own(hub, ca
     listing = json.loads(capsys.readouterr().out)
     [entry] = [e for e in listing["catalog"] if e["id"] == pair.id]
     assert entry["installed"] and entry["drafts_with"] == "mtp" and entry["download_bytes"] == f.size
+    assert entry["source"] == pair.source and entry["memory_note"] == pair.memory_note
     [mine] = listing["library"]["pairs"]
     assert (mine["target"], mine["draft"], mine["drafts_with"]) == (str(target), None, "mtp")
     assert main(["models", "list"]) == 0

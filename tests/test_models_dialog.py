@@ -123,8 +123,10 @@ def test_an_mtp_entry_shows_built_in_draft_downloads_its_target_and_loads_in_mtp
     summary = d.pair_summary.text()
     assert f"draft {BUILT_IN_MTP}" in summary and "1 file." in summary
     assert cell(d, "test-mtp", 3) == "3 MB"  # the download is the target alone
-    d._select_catalog_pair("qwen3.6-27b-mtp")  # a shipped entry says the same
+    d._select_catalog_pair("qwen3.6-27b-mtp")  # a shipped entry says the same, and how its memory was estimated
     assert f"draft {BUILT_IN_MTP}" in d.pair_summary.text()
+    memory = d.catalog_table.item(catalog_row(d, "qwen3.6-27b-mtp"), 4)
+    assert memory.text() == "17.0 GB" and "16 of its 64 layers" in memory.toolTip()
 
     row = d.download_pair(next(p for p in pairs if p.id == "test-mtp"))
     qtbot.waitUntil(lambda: row.state == "done", timeout=20_000)

@@ -135,7 +135,8 @@ def cmd_list(args) -> int:
             "catalog": [{"id": p.id, "name": p.name, "good_at": list(p.good_at), "download_bytes": p.download_size,
                          "memory_gb": p.memory_gb, "fit": hardware.fit(p, machine).value,
                          "installed": p.id in installed, "offline": bool(p.offline),
-                         "drafts_with": "mtp" if p.mtp else "model"} for p in pairs],
+                         "drafts_with": "mtp" if p.mtp else "model", "memory_note": p.memory_note,
+                         "source": p.source} for p in pairs],
             "library": {"folder": str(library.root), "disk_bytes": library.disk_use(),
                         "partial_bytes": staged_bytes(library.root),
                         # draft: the draft file, null for a target that drafts with its own MTP head

@@ -147,6 +147,8 @@ class ModelsDialog(QDialog):
                     font.setBold(True)
                     item.setFont(font)
                     item.setToolTip("Recommended for this machine: the most capable pair that fits.")
+                if col == 4 and pair.memory_note:
+                    item.setToolTip(escaped_tooltip(pair.memory_note))  # how an estimate was made
                 table.setItem(row, col, item)
         table.resizeColumnsToContents()
         table.horizontalHeader().setSectionResizeMode(1, QHeaderView.Stretch)
