@@ -12,6 +12,7 @@ import os
 import struct
 import threading
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -349,3 +350,21 @@ def check_gguf_file(path: str | os.PathLike, keep_arrays: Iterable[str] = ()) ->
     if not header.tensors:
         raise SpeculumError(f"{path} holds no tensors, so it is not a usable model.")
     return header
+
+
+def nextn_layers(path: str | os.PathLike) -> int:
+    """The NextN (MTP) layers a model file carries, from its header (0: none, or unreadable).
+    Remembered per file version: the pair picker and the library ask on every refresh."""
+    try:
+        st = Path(path).stat()
+    except OSError:
+        return 0
+    return _nextn_layers(str(path), st.st_mtime_ns, st.st_size)
+
+
+@lru_cache(maxsize=256)
+def _nextn_layers(path: str, mtime_ns: int, size: int) -> int:
+    try:
+        return check_gguf_file(path).nextn_layers
+    except (SpeculumError, OSError, ValueError):  # unreadable or not GGUF: loading it will say why
+        return 0

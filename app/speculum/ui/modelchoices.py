@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 from .. import paths
@@ -21,25 +20,6 @@ def _size(path: Path) -> str:
         return human_bytes(path.stat().st_size)  # as the models dialog shows sizes
     except OSError:
         return "missing"
-
-
-@lru_cache(maxsize=256)
-def _nextn(path: str, mtime_ns: int, size: int) -> int:
-    from ..models.gguf import check_gguf_file
-
-    try:
-        return check_gguf_file(path).nextn_layers
-    except Exception:  # unreadable or not GGUF: loading it will say why
-        return 0
-
-
-def nextn_layers(path: str | Path) -> int:
-    """The NextN (MTP) layers a model file carries, from its header (0: none, or unreadable)."""
-    try:
-        st = Path(path).stat()
-    except OSError:
-        return 0
-    return _nextn(str(path), st.st_mtime_ns, st.st_size)
 
 
 def local_models() -> list[ModelChoice]:
