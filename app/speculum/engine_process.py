@@ -28,8 +28,11 @@ MID_GENERATION_CYCLE = 4  # the cycle at which "mid_generation" crashes (earlier
 
 # Cycles that come faster than this go down the pipe together: each message wakes the
 # window's reader thread, and on a machine whose cores all decode, every wake-up is decoding
-# lost. A slower cycle, the last one and any other report go at once.
-CYCLE_BATCH_S = 0.04
+# lost. A slower cycle, the last one and any other report go at once. 100 ms: the window
+# draws at most 20 frames a second, and on a CPU-bound machine every 500 ms (ui/worker.py),
+# so a cycle held this long is not seen later; at 40 ms the reader thread took 1.0-1.4% of
+# a core with SmolLM2 (bench_gui's per-thread shares).
+CYCLE_BATCH_S = 0.1
 CYCLE_EVENTS = ("cycle", "served_cycle")
 
 
