@@ -460,9 +460,16 @@ class LlamaModel(TokenPieces):
 class MtpHead:
     """llama.cpp's MTP context (``LLAMA_CONTEXT_TYPE_MTP``) on a target's own weights.
 
-    It has its own KV cache (the NextN block's layer). Each position p takes the token at p
-    and the hidden state that predicted it (the target's at p - 1, or the head's own while
+    It has its own KV cache (the NextN blocks' layers). Each position p takes the token at p
+    and the hidden state that predicted it (the target's at p - 1, or a head's own while
     drafting); its logits there are for the token at p + 1.
+
+    With several NextN blocks (Step-3.5, MiMo-V2, Hunyuan V3) each is a trained head of its
+    own, ``layer`` 0 .. n_layers - 1, chosen per decode with ``llama_set_nextn_layer_offset``.
+    They share the cache's cells, one K/V tensor per layer: a decode under one head writes
+    only its layer, so a head reads at a position what it wrote there itself. llama.cpp's
+    driver relies on the same thing: with one sequence a cache cut at p and refilled puts
+    position p back in the same cell, leaving the other layers' K/V there untouched.
     """
 
     def __init__(self, target: LlamaModel):
@@ -488,19 +495,25 @@ class MtpHead:
         self.n_batch = target.n_batch
         self.n_ctx = lc.llama_n_ctx(self._ctx)
         self.n_layers = target.n_nextn
+        # llama.cpp chains heads wherever there is more than one and the head has its own cache.
+        self.chained = self.n_layers > 1
+        self.layer = 0  # the head the next decode runs under
         self.n_past = 0
         target._mtp_heads.append(self)
 
     def decode(self, tokens: Sequence[int], hidden: np.ndarray, pos: int,
-               logits: bool = False) -> tuple[np.ndarray, np.ndarray] | None:
-        """Decode (token, hidden row) pairs at positions pos, pos+1, ...; anything cached from
-        ``pos`` on is dropped first. With ``logits``: the last row's logits and hidden state
-        (copies)."""
+               logits: bool = False, layer: int = 0) -> tuple[np.ndarray, np.ndarray] | None:
+        """Decode (token, hidden row) pairs at positions pos, pos+1, ... under head ``layer``;
+        anything cached from ``pos`` on is dropped first. With ``logits``: the last row's
+        logits and hidden state (copies)."""
         n = len(tokens)
         if n == 0 or n > self.n_batch or pos + n > self.n_ctx:
             raise ValueError(f"MTP decode of {n} tokens at {pos} (batch {self.n_batch}, context {self.n_ctx})")
+        if not 0 <= layer < self.n_layers:
+            raise ValueError(f"MTP head {layer} of {self.n_layers}")
         hidden = np.ascontiguousarray(hidden, dtype=np.float32)
         self.trim(pos)
+        self.use(layer)
         b = self._batch
         lc.llama_batch_ext_clear(b)
         base = hidden.ctypes.data
@@ -523,6 +536,12 @@ class MtpHead:
         row = np.ctypeslib.as_array(lc.llama_get_logits_ith(self._ctx, n - 1), shape=(self.n_vocab,))
         h = np.ctypeslib.as_array(self._ext.get_embeddings_nextn_ith(self._ctx, n - 1), shape=(self.n_embd,))
         return row.copy(), h.copy()
+
+    def use(self, layer: int) -> None:
+        """Run the next decodes under head ``layer`` (0: the first, llama.cpp's default)."""
+        if layer != self.layer:
+            self._ext.set_nextn_layer_offset(self._ctx, layer)
+            self.layer = layer
 
     def trim(self, n: int) -> None:
         if n < self.n_past:
