@@ -160,16 +160,55 @@ def _qwen35_weights(n_vocab: int, noise: float, seed: int) -> dict[str, np.ndarr
     return w
 
 
+# Step-3.5 (``step35``): chained heads, one trained NextN block per draft step. Sliding-window
+# and full attention layers alternate (full ones rotate half the head's dimensions), each
+# with a head-wise sigmoid gate; the FFNs are dense here (Step-3.5's are MoE from layer 3 on;
+# its NextN graph takes either). The heads alternate full/sliding too, so the MTP context's
+# cache has both kinds. The window is short enough that the tests' prompts reach past it.
+STEP35_HEADS, STEP35_WINDOW = 3, 16
+
+
+def _step35_weights(n_vocab: int, noise: float, seed: int) -> dict[str, np.ndarray]:
+    make = _Maker(seed)
+    rnd, ones = make.rnd, make.ones
+    E, hd = N_EMBD, N_EMBD // N_HEAD
+    eh = np.concatenate([np.eye(E, dtype=np.float32), np.zeros((E, E), np.float32)], axis=1)
+    w = make.base(n_vocab)
+    for il in range(N_TRUNK + STEP35_HEADS):
+        b = f"blk.{il}."
+        w[b + "attn_norm.weight"] = ones(E)
+        w[b + "attn_q.weight"] = rnd(hd * N_HEAD, E, scale=0.3)
+        w[b + "attn_k.weight"] = rnd(hd * N_HEAD_KV, E, scale=0.3)
+        w[b + "attn_v.weight"] = rnd(hd * N_HEAD_KV, E, scale=0.3)
+        w[b + "attn_q_norm.weight"] = ones(hd)
+        w[b + "attn_k_norm.weight"] = ones(hd)
+        w[b + "attn_gate.weight"] = rnd(N_HEAD, E, scale=0.3)
+        w[b + "attn_output.weight"] = rnd(E, hd * N_HEAD, scale=noise / 4)  # zero at noise 0: no context
+        w[b + "ffn_norm.weight"] = ones(E)
+        w[b + "ffn_gate.weight"] = rnd(N_FF, E, scale=0.2)
+        w[b + "ffn_up.weight"] = rnd(N_FF, E, scale=0.2)
+        w[b + "ffn_down.weight"] = rnd(E, N_FF, scale=noise / 4)
+        if il >= N_TRUNK:  # each head its own projections (its own random guesses when noisy)
+            w[b + "nextn.eh_proj.weight"] = eh + rnd(E, 2 * E, scale=noise / 8)
+            w[b + "nextn.enorm.weight"] = ones(E)
+            w[b + "nextn.hnorm.weight"] = ones(E)
+    return w
+
+
+NEXTN_LAYERS = {"glm4moe": N_NEXTN, "qwen35": N_NEXTN, "step35": STEP35_HEADS}
+_WEIGHTS = {"glm4moe": _weights, "qwen35": _qwen35_weights, "step35": _step35_weights}
+
+
 def write_mtp_gguf(path: Path, tokenizer_from: Path, noise: float = 0.0, seed: int = 0,
                    nextn: bool = True, arch: str = ARCH) -> Path:
     """The test model; ``nextn=False`` writes the same trunk with no NextN block (no MTP);
-    ``arch`` is ``glm4moe`` or ``qwen35``."""
+    ``arch`` is ``glm4moe``, ``qwen35`` or ``step35``."""
     tok = tokenizer_kv(tokenizer_from)
     n_vocab = next(struct.unpack_from("<IQ", raw)[1] for k, _, raw in tok if k == "tokenizer.ggml.tokens")
-    weights = (_qwen35_weights if arch == "qwen35" else _weights)(n_vocab, noise, seed)
-    n_blocks = N_TRUNK + (N_NEXTN if nextn else 0)
-    if not nextn:
-        weights = {k: v for k, v in weights.items() if not k.startswith(f"blk.{N_TRUNK}.")}
+    weights = _WEIGHTS[arch](n_vocab, noise, seed)
+    n_nextn = NEXTN_LAYERS[arch] if nextn else 0
+    n_blocks = N_TRUNK + n_nextn
+    weights = {k: v for k, v in weights.items() if not k.startswith("blk.") or int(k.split(".")[1]) < n_blocks}
     a = arch
     kv: list[tuple[str, int, object]] = [
         ("general.architecture", STRING, a),
@@ -195,6 +234,12 @@ def write_mtp_gguf(path: Path, tokenizer_from: Path, noise: float = 0.0, seed: i
             (f"{a}.ssm.time_step_rank", UINT32, SSM_V_HEADS),
             (f"{a}.ssm.group_count", UINT32, SSM_K_HEADS),
         ]
+    elif arch == "step35":
+        kv += [
+            (f"{a}.expert_feed_forward_length", UINT32, N_FF_EXP),  # required, though no layer here is MoE
+            (f"{a}.attention.sliding_window", UINT32, STEP35_WINDOW),
+            (f"{a}.attention.sliding_window_pattern", ARRAY, (INT32, [1 - il % 2 for il in range(n_blocks)])),
+        ]
     else:
         kv += [
             (f"{a}.expert_feed_forward_length", UINT32, N_FF_EXP),
@@ -204,7 +249,7 @@ def write_mtp_gguf(path: Path, tokenizer_from: Path, noise: float = 0.0, seed: i
             (f"{a}.leading_dense_block_count", UINT32, N_TRUNK),
         ]
     if nextn:
-        kv.append((f"{a}.nextn_predict_layers", UINT32, N_NEXTN))
+        kv.append((f"{a}.nextn_predict_layers", UINT32, n_nextn))
     out = bytearray(b"GGUF" + struct.pack("<IQQ", 3, len(weights), len(kv) + len(tok)))
     for key, vtype, value in kv:
         out += struct.pack("<Q", len(key)) + key.encode() + struct.pack("<I", vtype) + encode_value(vtype, value)
