@@ -350,6 +350,21 @@ def test_auto_mode_measures_and_learns_the_mtp_head(mtp_models, data_dirs):
         assert again.mtp_rates[0].prior > 0.8
 
 
+def test_adaptive_k_asks_chained_heads_for_no_more_than_they_have(mtp_models):
+    """Step-3.5's three heads draft three tokens at most: told the head is nearly free (as on
+    a deep model) and seeing every draft kept, the MTP policy asks for no more than three
+    (before the cap it asked for 8, its longest MTP draft)."""
+    with LlamaModel(mtp_models["step35-aligned"], n_ctx=512, n_threads=1) as model:
+        decoder = Decoder(model)
+        prompt = prompt_of(model)
+        generate(decoder, prompt, max_tokens=24, policy="mtp")
+        costs = decoder.policies["mtp"].costs
+        costs.mtp_first_s = costs.mtp_step_s = costs.verify(1) / 20
+        _, cycles = generate(decoder, prompt, max_tokens=40, policy="mtp")
+        assert 2 <= max(c.k for c in cycles) <= 3
+        assert all(c.n_accepted == len(c.drafted) <= 3 for c in cycles)
+
+
 def test_auto_puts_a_confident_lookup_first_with_the_mtp_head_behind():
     """Hybrid, as users run MTP with n-gram drafts on code edits: a long lookup match drafts
     first and the MTP head drafts when lookup has nothing."""

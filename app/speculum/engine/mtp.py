@@ -53,6 +53,7 @@ class MtpDrafter:
         self.max_pending = head.n_batch
         # Chained: one head per draft step; otherwise the one head drafts every step.
         self.n_heads = head.n_layers if head.chained else 1
+        self.max_k = self.n_heads if head.chained else None  # the most tokens a draft can have (None: no cap)
         target.listen_to_decodes(self._on_target_decode)
 
     @classmethod
@@ -134,8 +135,8 @@ class MtpDrafter:
         """Up to k tokens following ``context``; stops early below ``choice.min_confidence``."""
         pos0 = len(context) - 1  # the pending last token's position: the target has all before it
         k = min(k, self.head.n_ctx - pos0)
-        if self.head.chained:
-            k = min(k, self.n_heads)  # one head per step
+        if self.max_k is not None:
+            k = min(k, self.max_k)  # one head per step
         if k <= 0 or pos0 < 0:
             return Draft(source=self.source)
         start = self.clock()
