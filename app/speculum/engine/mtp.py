@@ -20,6 +20,12 @@ has head i decode them again in its own layer: rows pos0 + j for j = 1..i, the j
 token paired with the hidden state head j - 1 gave at its last row. (Row pos0 pairs the
 pending token with the target's hidden state, the same under every head, so it stays from
 the catch-up: llama.cpp decodes it again with the rest, to the same K/V.)
+
+A Gemma 4 assistant (``is_mem_shared`` in llama.cpp) reads the target's own KV cache, which
+holds exactly the context before the pending token when a draft starts: nothing to catch up
+on and nothing kept. Its first step takes (pending token, the target's last hidden state),
+each next one (the drafted token, the assistant's hidden state), all at the pending token's
+position, as llama.cpp and transformers' Gemma 4 assistant do.
 """
 
 from __future__ import annotations
@@ -54,12 +60,13 @@ class MtpDrafter:
         # Chained: one head per draft step; otherwise the one head drafts every step.
         self.n_heads = head.n_layers if head.chained else 1
         self.max_k = self.n_heads if head.chained else None  # the most tokens a draft can have (None: no cap)
+        self.shared = head.shares_target_cache
         target.listen_to_decodes(self._on_target_decode)
 
     @classmethod
     def build(cls, inputs: DrafterInputs) -> "MtpDrafter | None":
         target = inputs.target
-        if not getattr(target, "n_nextn", 0):
+        if not getattr(target, "has_mtp", False):
             return None
         return cls(target, target.open_mtp_head(), inputs.clock)
 
@@ -88,6 +95,9 @@ class MtpDrafter:
             grown[:keep] = self._hidden[:keep]
             self._hidden = grown
         self._hidden[keep:need] = hidden
+        if self.shared:  # only the row before the next pending token is ever read: in this decode
+            self._forget_before(pos)
+            return
         self._forget_before(len(self.tokens) - 1)
         if pos - len(self.tokens) > self.max_pending:
             # Everything before ``pos`` is in the target's cache: confirmed, it can go in.
@@ -140,17 +150,12 @@ class MtpDrafter:
         if k <= 0 or pos0 < 0:
             return Draft(source=self.source)
         start = self.clock()
-        # The head's pairs agree with the context up to n; pairs n..pos0 go in as one batch.
-        n = 0
-        limit = min(len(self.tokens), pos0)
-        if self.tokens[:limit] == list(context[:limit]):
-            n = limit
+        if self.shared:
+            if self.target.n_past != pos0:  # it would read a cache that is not this context's
+                return Draft(source=self.source)
+            logits, hidden = self.head.decode([context[pos0]], self._hidden_before(pos0, pos0 + 1), pos0, logits=True)
         else:
-            while self.tokens[n] == context[n]:
-                n += 1
-        del self.tokens[n:]
-        logits, hidden = self._catch_up(list(context[n:pos0 + 1]), logits=True)
-        self._forget_before(pos0 - 1)
+            logits, hidden = self._catch_up_to(context, pos0)
 
         drafted: list[int] = []
         chain = [hidden]  # chain[j]: the hidden state row pos0 + 1 + j pairs with its token
@@ -161,8 +166,8 @@ class MtpDrafter:
             # One head: only the new row (its cache holds the rest). Chained: head i+1 rebuilds
             # every draft row in its own layer.
             first, layer = (0, i + 1) if self.head.chained else (i, 0)
-            out, h = self.head.decode(drafted[first:], np.stack(chain[first:]), pos0 + 1 + first,
-                                      logits=True, layer=layer)
+            pos = pos0 if self.shared else pos0 + 1 + first  # the assistant drafts at one position
+            out, h = self.head.decode(drafted[first:], np.stack(chain[first:]), pos, logits=True, layer=layer)
             chain.append(h)
             return out
 
@@ -172,6 +177,21 @@ class MtpDrafter:
         finally:
             self.head.use(0)  # as llama.cpp leaves it: decodes outside drafting run the first head
         return Draft(tokens, self.source, q, conf, first_s=first_s)
+
+    def _catch_up_to(self, context: Sequence[int], pos0: int) -> tuple[np.ndarray, np.ndarray]:
+        """The head's pairs agree with the context up to n; pairs n..pos0 go in as one batch:
+        the last one's (logits, hidden)."""
+        n = 0
+        limit = min(len(self.tokens), pos0)
+        if self.tokens[:limit] == list(context[:limit]):
+            n = limit
+        else:
+            while self.tokens[n] == context[n]:
+                n += 1
+        del self.tokens[n:]
+        out = self._catch_up(list(context[n:pos0 + 1]), logits=True)
+        self._forget_before(pos0 - 1)
+        return out
 
     def accept(self, context: Sequence[int]) -> None:
         """Nothing: the next ``propose`` drops the draft positions and catches up."""
