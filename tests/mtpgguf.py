@@ -250,6 +250,11 @@ def write_mtp_gguf(path: Path, tokenizer_from: Path, noise: float = 0.0, seed: i
         ]
     if nextn:
         kv.append((f"{a}.nextn_predict_layers", UINT32, n_nextn))
+    return _write(path, kv, tok, weights)
+
+
+def _write(path: Path, kv: list[tuple[str, int, object]], tok: list[tuple[str, int, bytes]],
+           weights: dict[str, np.ndarray]) -> Path:
     out = bytearray(b"GGUF" + struct.pack("<IQQ", 3, len(weights), len(kv) + len(tok)))
     for key, vtype, value in kv:
         out += struct.pack("<Q", len(key)) + key.encode() + struct.pack("<I", vtype) + encode_value(vtype, value)
@@ -270,3 +275,86 @@ def write_mtp_gguf(path: Path, tokenizer_from: Path, noise: float = 0.0, seed: i
         for data in blobs:
             f.write(data)
     return path
+
+
+# Gemma 4 with its assistant: a separate GGUF (``gemma4-assistant``) whose layers have queries
+# only; their keys and values are the target's, read from the target's own KV cache (the last
+# sliding-window layer's for its sliding layers, the last full layer's for the others). It
+# takes the target's token embedding, scaled, beside the target's final hidden state, and
+# predicts with its own tied, narrower embedding. Aligned at noise 0: the target's
+# attention and FFN outputs are zero (its hidden state is the token's embedding) and its
+# output matrix is [A | 0], A the assistant's embedding; the assistant's pre-projection
+# keeps the first ASSISTANT_EMBD dimensions of the target's embedding, its own attention and
+# FFN outputs are zero, so both heads rank the vocabulary by A . e[:ASSISTANT_EMBD].
+ASSISTANT_EMBD, ASSISTANT_LAYERS, GEMMA4_WINDOW = 32, 2, 16
+
+
+def _gemma4_layer(make: _Maker, b: str, E: int, n_head: int, n_kv: int, noise: float) -> dict[str, np.ndarray]:
+    """A Gemma 4 block (the assistant's has no keys and values of its own: n_kv = 0)."""
+    rnd, ones, hd = make.rnd, make.ones, N_EMBD // N_HEAD
+    # Gemma normalises the attention and FFN outputs before adding them: their post-norm
+    # weights, not the projections, set how loud they are (zero at noise 0).
+    loud = ones(E) * noise * 20
+    w = {b + "attn_norm.weight": ones(E), b + "attn_q.weight": rnd(hd * n_head, E, scale=0.3),
+         b + "attn_q_norm.weight": ones(hd), b + "attn_output.weight": rnd(E, hd * n_head, scale=0.3),
+         b + "post_attention_norm.weight": loud, b + "ffn_norm.weight": ones(E),
+         b + "ffn_gate.weight": rnd(2 * E, E, scale=0.2), b + "ffn_up.weight": rnd(2 * E, E, scale=0.2),
+         b + "ffn_down.weight": rnd(E, 2 * E, scale=0.2), b + "post_ffw_norm.weight": loud.copy()}
+    if n_kv:
+        w.update({b + "attn_k.weight": rnd(hd * n_kv, E, scale=0.3), b + "attn_v.weight": rnd(hd * n_kv, E, scale=0.3),
+                  b + "attn_k_norm.weight": ones(hd)})
+    else:
+        w[b + "layer_output_scale.weight"] = ones(1)
+    return w
+
+
+def _gemma4_kv(a: str, n_embd: int, n_blocks: int) -> list[tuple[str, int, object]]:
+    hd = N_EMBD // N_HEAD
+    return [
+        ("general.architecture", STRING, a), ("general.file_type", UINT32, 0),
+        (f"{a}.context_length", UINT32, 2048), (f"{a}.embedding_length", UINT32, n_embd),
+        (f"{a}.block_count", UINT32, n_blocks), (f"{a}.feed_forward_length", UINT32, 2 * n_embd),
+        (f"{a}.attention.head_count", UINT32, N_HEAD), (f"{a}.attention.head_count_kv", UINT32, N_HEAD_KV),
+        (f"{a}.attention.key_length", UINT32, hd), (f"{a}.attention.value_length", UINT32, hd),
+        (f"{a}.attention.key_length_swa", UINT32, hd), (f"{a}.attention.value_length_swa", UINT32, hd),
+        (f"{a}.attention.layer_norm_rms_epsilon", FLOAT32, 1e-6),
+        (f"{a}.attention.sliding_window", UINT32, GEMMA4_WINDOW),
+        # Sliding layers first, the last one full (as Gemma 4 ends): the assistant's sliding
+        # layer reads the target's last sliding layer, its full layer the target's full one.
+        (f"{a}.attention.sliding_window_pattern", ARRAY, (INT32, [int(il < n_blocks - 1) for il in range(n_blocks)])),
+        (f"{a}.rope.freq_base", FLOAT32, 10000.0), (f"{a}.rope.freq_base_swa", FLOAT32, 10000.0),
+    ]
+
+
+def write_gemma4_pair(folder: Path, tokenizer_from: Path, noise: float = 0.0, seed: int = 0,
+                      name: str = "gemma4") -> tuple[Path, Path]:
+    """A tiny Gemma 4 target (two layers: sliding, full) and its assistant (two query-only
+    layers) in ``folder``: (target, assistant)."""
+    tok = tokenizer_kv(tokenizer_from)
+    n_vocab = next(struct.unpack_from("<IQ", raw)[1] for k, _, raw in tok if k == "tokenizer.ggml.tokens")
+    make = _Maker(seed)
+    A = make.rnd(n_vocab, ASSISTANT_EMBD)  # the assistant's tied embedding
+    target = {"token_embd.weight": make.rnd(n_vocab, N_EMBD), "output_norm.weight": make.ones(N_EMBD),
+              "output.weight": np.concatenate([A, np.zeros((n_vocab, N_EMBD - ASSISTANT_EMBD), np.float32)], axis=1)
+              + make.rnd(n_vocab, N_EMBD, scale=noise / 8),
+              "rope_freqs.weight": make.ones(N_EMBD // N_HEAD // 2)}
+    for il in range(2):
+        target.update(_gemma4_layer(make, f"blk.{il}.", N_EMBD, N_HEAD, N_HEAD_KV, noise))
+    keep = np.zeros((ASSISTANT_EMBD, 2 * N_EMBD), np.float32)  # input: [target embedding * sqrt(n) | target hidden]
+    keep[:, :ASSISTANT_EMBD] = np.eye(ASSISTANT_EMBD, dtype=np.float32) / np.sqrt(N_EMBD)
+    assistant = {"token_embd.weight": A, "output_norm.weight": make.ones(ASSISTANT_EMBD),
+                 "nextn.pre_projection.weight": keep + make.rnd(ASSISTANT_EMBD, 2 * N_EMBD, scale=noise / 8),
+                 "nextn.post_projection.weight": make.rnd(N_EMBD, ASSISTANT_EMBD, scale=0.3),
+                 "rope_freqs.weight": make.ones(N_EMBD // N_HEAD // 2)}
+    for il in range(ASSISTANT_LAYERS):
+        assistant.update(_gemma4_layer(make, f"blk.{il}.", ASSISTANT_EMBD, N_HEAD, 0, noise))
+    t_kv = _gemma4_kv("gemma4", N_EMBD, 2) + [
+        ("general.name", STRING, "Speculum Gemma 4 test"),
+        ("gemma4.embedding_length_per_layer_input", UINT32, 0)]
+    a = "gemma4-assistant"
+    a_kv = _gemma4_kv(a, ASSISTANT_EMBD, ASSISTANT_LAYERS) + [
+        ("general.name", STRING, "Speculum Gemma 4 assistant test"),
+        (f"{a}.embedding_length_out", UINT32, N_EMBD),  # the target's width: its hidden state comes in
+        (f"{a}.nextn_predict_layers", UINT32, ASSISTANT_LAYERS)]
+    return (_write(folder / f"{name}.gguf", t_kv, tok, target),
+            _write(folder / f"{name}-assistant.gguf", a_kv, tok, assistant))

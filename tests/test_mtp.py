@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from mtpgguf import NEXTN_LAYERS, write_mtp_gguf
+from mtpgguf import NEXTN_LAYERS, write_gemma4_pair, write_mtp_gguf
 from speculum.engine import llama_ext
 from speculum.engine.decoder import Decoder
 from speculum.engine.llama import LlamaModel
@@ -40,9 +40,27 @@ def mtp_models(tmp_path_factory, smollm_path):
 ARCHS = {"glm4moe": "", "qwen35": "qwen35-", "step35": "step35-"}  # architecture -> its models' key prefix
 
 
-@pytest.fixture(scope="module", params=list(ARCHS))
-def noisy(mtp_models, request):
-    model = LlamaModel(mtp_models[ARCHS[request.param] + "noisy"], n_ctx=512, n_threads=1)
+@pytest.fixture(scope="session")
+def gemma4_models(tmp_path_factory, smollm_path):
+    """Gemma 4 targets with their assistants (separate files): (target, assistant) pairs.
+    Gemma's post-norms make every output loud, so its noise is smaller."""
+    folder = tmp_path_factory.mktemp("gemma4")
+    return {"aligned": write_gemma4_pair(folder, smollm_path, name="aligned"),
+            "noisy": write_gemma4_pair(folder, smollm_path, noise=0.005, seed=1, name="noisy")}
+
+
+def gemma4_target(pair, n_ctx=512):
+    model = LlamaModel(pair[0], n_ctx=n_ctx, n_threads=1)
+    model.attach_assistant(pair[1])
+    return model
+
+
+@pytest.fixture(scope="module", params=[*ARCHS, "gemma4"])
+def noisy(mtp_models, gemma4_models, request):
+    if request.param == "gemma4":  # the target, drafted for by its assistant
+        model = gemma4_target(gemma4_models["noisy"])
+    else:
+        model = LlamaModel(mtp_models[ARCHS[request.param] + "noisy"], n_ctx=512, n_threads=1)
     yield Decoder(model)
     model.close()
 
@@ -444,3 +462,99 @@ def test_a_llama_cpp_without_mtp_says_so_for_a_model_with_nextn_layers(mtp_model
         with pytest.raises(SpeculumError, match="aligned.gguf has NextN .MTP. layers, but this llama.cpp does not"):
             decoder.policy_for("mtp")
         assert len(generate(decoder, prompt_of(model), max_tokens=4, policy="off")[0]) == 4  # it still runs
+
+
+def test_gemma4_assistant_drafts_on_its_targets_cache(gemma4_models, mtp_models):
+    """A Gemma 4 assistant is a file of its own, loaded as the draft: it becomes the target's
+    MTP head, with no cache of its own and no chained heads; it refuses other targets."""
+    from speculum.engine.loading import LoadOptions, load_decoder
+    from speculum.errors import SpeculumError
+
+    target, assistant = gemma4_models["aligned"]
+    decoder = load_decoder(target, assistant, LoadOptions(n_ctx=256, n_threads=1))
+    try:
+        assert decoder.draft is None and decoder.target.n_nextn == 0 and decoder.target.has_mtp
+        head = decoder.drafters[Source.MTP].head
+        assert head.shares_target_cache and head.n_layers == 2 and not head.chained
+        assert decoder.drafters[Source.MTP].max_k is None
+    finally:
+        decoder.target.close()
+    with LlamaModel(target, n_ctx=256, n_threads=1) as gemma:
+        # Making the assistant's context empties the target's cache (llama.cpp resizes the
+        # cells they share): the model starts over rather than believe it still holds them.
+        gemma.prefill([1, 2, 3, 4])
+        gemma.attach_assistant(assistant)
+        assert gemma.n_past == 0 and llama_ext_pos_max(gemma) == -1
+        assert gemma.open_mtp_head() is gemma.open_mtp_head()  # one context: another would empty it again
+    with LlamaModel(mtp_models["aligned"], n_ctx=256, n_threads=1) as glm:
+        with pytest.raises(SpeculumError, match="drafts for Gemma 4 targets"):
+            glm.attach_assistant(assistant)
+    with LlamaModel(target, n_ctx=256, n_threads=1) as gemma:
+        with pytest.raises(SpeculumError, match="is not a Gemma 4 assistant"):
+            gemma.attach_assistant(target)
+
+
+def llama_ext_pos_max(model) -> int:
+    """The last position llama.cpp itself holds in the model's cache (-1: empty)."""
+    from speculum.engine.llama import lc
+    return lc.llama_memory_seq_pos_max(model._mem, 0)
+
+
+def test_gemma4_aligned_assistant_is_accepted_and_cycles_record_it(gemma4_models):
+    with gemma4_target(gemma4_models["aligned"]) as model:
+        decoder = Decoder(model)
+        prompt = prompt_of(model)
+        plain, _ = generate(decoder, prompt, max_tokens=40, policy="off")
+        spec, cycles = generate(decoder, prompt, max_tokens=40, policy="mtp", k=4)
+        assert spec == plain
+        stats = decoder.stats
+        assert stats.drafted >= 30 and stats.accepted / stats.drafted >= 0.95
+        assert len(stats.drafted_at) == 4
+        assert all(a >= 0.9 * d > 0 for a, d in zip(stats.accepted_at, stats.drafted_at))
+        assert all(c.source == Source.MTP for c in cycles if c.drafted)
+
+
+def test_gemma4_assistant_is_fed_as_llama_cpp_feeds_it(gemma4_models):
+    """Every step of the assistant sits at the pending token's position and reads the target's
+    cache of the context before it: first (pending token, the target's last hidden state),
+    then (each drafted token, the assistant's own last hidden state). Each q row equals a fresh
+    assistant's on a fresh target given just that, and not with another hidden state (the
+    target's one row earlier at the first step, the target's last one after it)."""
+    pair = gemma4_models["noisy"]
+    sampling = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, seed=0)
+    from speculum.engine.drafters import Choice
+    with gemma4_target(pair) as model:
+        decoder = Decoder(model)
+        prompt = prompt_of(model)
+        out, _ = generate(decoder, prompt, max_tokens=10, policy="mtp", k=3)
+        more, _ = generate(decoder, prompt + out, max_tokens=6, policy="lookup", k=3)
+        context = prompt + out + more
+        draft = decoder.drafters[Source.MTP].propose(context, 3, Choice(Source.MTP, 3), sampling,
+                                                      np.random.default_rng(0))
+        assert len(draft.tokens) == 3
+    with gemma4_target(pair) as ref:
+        rows = []
+        ref.listen_to_decodes(lambda tokens, pos, hidden: rows.append(np.array(hidden)))
+        ref.prefill(context[:-1])
+        head = ref.open_mtp_head()
+        pos0 = len(context) - 1
+        target_hidden = np.concatenate(rows)
+        token, hidden, wrong = context[-1], target_hidden[-1], target_hidden[-2]
+        for step in range(3):
+            logits, h = head.decode([token], hidden[None, :], pos0, logits=True)
+            q = distribution(logits, sampling)
+            off = np.abs(draft.q[step] - q).sum()
+            assert np.abs(draft.q[step] - q).max() < 1e-3, step
+            other, _ = head.decode([token], wrong[None, :], pos0, logits=True)
+            assert np.abs(draft.q[step] - distribution(other, sampling)).sum() > 100 * off, step
+            token, hidden, wrong = draft.tokens[step], h, target_hidden[-1]
+
+
+def test_generate_with_a_gemma4_assistant_on_the_cli(gemma4_models):
+    target, assistant = gemma4_models["aligned"]
+    proc = speculum("generate", "--target", target, "--draft", assistant, "--mode", "mtp", "-k", "3", "--fixed-k",
+                    "--threads", "1", "--max-tokens", "16", "--json", "hi")
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert any(c.get("source") == "mtp" and c["drafted"] for c in lines[:-1])
+    assert lines[-1]["acceptance_rate"] >= 0.9
