@@ -550,8 +550,14 @@ def test_gemma4_assistant_is_fed_as_llama_cpp_feeds_it(gemma4_models):
             token, hidden, wrong = draft.tokens[step], h, target_hidden[-1]
 
 
-def test_generate_with_a_gemma4_assistant_on_the_cli(gemma4_models):
+def test_generate_with_a_gemma4_assistant_on_the_cli(gemma4_models, mtp_models):
     target, assistant = gemma4_models["aligned"]
+    pair = speculum("models", "check", target, assistant)
+    assert pair.returncode == 0 and "the target's Gemma 4 assistant" in pair.stdout, pair.stdout
+    alone = speculum("models", "check", assistant)  # its NextN layers draft for another model
+    assert alone.returncode == 1 and "is a Gemma 4 assistant: it drafts for a gemma4 target" in alone.stdout
+    wrong = speculum("models", "check", mtp_models["aligned"], assistant)
+    assert wrong.returncode == 1 and "drafts only for a gemma4 target" in wrong.stdout
     proc = speculum("generate", "--target", target, "--draft", assistant, "--mode", "mtp", "-k", "3", "--fixed-k",
                     "--threads", "1", "--max-tokens", "16", "--json", "hi")
     assert proc.returncode == 0, proc.stderr

@@ -415,9 +415,9 @@ class LlamaModel(TokenPieces):
         is made once, here, and this model starts over from an empty context."""
         path = Path(path)
         header = header or check_gguf_file(path)
-        if header.architecture != ASSISTANT_ARCH:
+        if header.assistant_for != "gemma4":
             raise SpeculumError(f"{path.name} is not a Gemma 4 assistant (architecture '{header.architecture}').")
-        if not self.facts.architecture.startswith("gemma4"):
+        if not self.facts.architecture.startswith(header.assistant_for):
             raise SpeculumError(f"{path.name} drafts for Gemma 4 targets; {self.path.name} is "
                                 f"'{self.facts.architecture}'.")
         support = llama_ext.support()
@@ -504,9 +504,6 @@ class LlamaModel(TokenPieces):
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-ASSISTANT_ARCH = "gemma4-assistant"  # a separate draft file that reads its target's KV cache
 
 
 class MtpHead:

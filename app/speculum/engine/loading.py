@@ -31,7 +31,7 @@ def load_decoder(target: str | os.PathLike, draft: str | os.PathLike | None = No
 
     ``progress(stage, fraction)`` returning False cancels the load.
     """
-    from .llama import ASSISTANT_ARCH, LlamaModel
+    from .llama import LlamaModel
 
     options = options or LoadOptions()
     # Each header is read once: for the checks here, the pair's vocabularies, and LlamaModel's facts.
@@ -51,7 +51,7 @@ def load_decoder(target: str | os.PathLike, draft: str | os.PathLike | None = No
                    extra_buffer_types=options.extra_buffer_types, rpc=options.rpc,
                    tensor_split=options.tensor_split)
     d = None
-    if draft_header is not None and draft_header.architecture == ASSISTANT_ARCH:
+    if draft_header is not None and draft_header.assistant_for:
         # A Gemma 4 assistant is no draft model: it runs on the target's KV cache, as its MTP head.
         try:
             t.attach_assistant(draft, draft_header)

@@ -52,6 +52,8 @@ FILE_TYPES = {
 # Arrays are skipped unless their key is listed here: a vocabulary of 150k strings
 # is parsed only when a compatibility check needs it.
 VOCAB_KEYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type")
+# Drafters that run on their target's KV cache (Gemma 4's assistant): a draft, never a target.
+ASSISTANT_ARCHS = {"gemma4-assistant": "gemma4"}  # architecture -> the targets' architecture
 
 
 @dataclass(frozen=True)
@@ -108,9 +110,17 @@ class GGUFHeader:
         return int(self.metadata.get(f"{self.architecture}.context_length", 0))
 
     @property
+    def assistant_for(self) -> str:
+        """The target architecture this file assists ("": it is no assistant)."""
+        return ASSISTANT_ARCHS.get(self.architecture, "")
+
+    @property
     def nextn_layers(self) -> int:
-        """Multi-token prediction (NextN) layers the model carries: its own drafter (0: none).
-        A hostile value (a string, negative, huge) counts as none."""
+        """Multi-token prediction (NextN) layers the model carries: its own drafter (0: none;
+        an assistant's layers draft for another model). A hostile value (a string, negative,
+        huge) counts as none."""
+        if self.assistant_for:
+            return 0
         n = self.metadata.get(f"{self.architecture}.nextn_predict_layers", 0)
         return n if isinstance(n, int) and not isinstance(n, bool) and 0 < n <= 64 else 0
 
