@@ -450,6 +450,23 @@ def test_pair_picker_offers_built_in_mtp_for_a_target_with_nextn_layers(qtbot, m
     assert bar.draft_combo.findData(BUILT_IN) < 0 and bar.draft_path() is None
 
 
+def test_pair_picker_picks_mtp_mode_for_a_gemma4_assistant(qtbot, gemma4_models, tmp_path, monkeypatch):
+    from speculum.ui.modelbar import ModelBar
+
+    folder = tmp_path / "models"
+    folder.mkdir()
+    for path in gemma4_models["aligned"]:
+        (folder / path.name).symlink_to(path)
+    target, assistant = (str(folder / p.name) for p in gemma4_models["aligned"])
+    monkeypatch.setenv("SPECULUM_MODELS_DIR", str(folder))
+    bar = ModelBar()
+    qtbot.addWidget(bar)
+    bar.refresh_models(target, "")
+    assert bar.mode_combo.currentData() != "mtp"
+    bar.draft_combo.setCurrentIndex(bar.draft_combo.findData(assistant))
+    assert bar.mode_combo.currentData() == "mtp" and bar.draft_path() == assistant  # loaded as the draft file
+
+
 def test_a_llama_cpp_without_mtp_says_so_for_a_model_with_nextn_layers(mtp_models, monkeypatch):
     from speculum.errors import SpeculumError
 

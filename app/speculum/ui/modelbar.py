@@ -13,7 +13,7 @@ from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QComboBox, QLabel, QPushButton, QToolBar
 
 from ..engine.vocabulary import Mode
-from .modelchoices import local_models, nextn_layers
+from .modelchoices import is_assistant, local_models, nextn_layers
 from .serve import ServePanel
 from .look import MODE_NAMES
 from .settings import Settings
@@ -96,7 +96,9 @@ class ModelBar(QToolBar):
             self.draft_combo.removeItem(index)
 
     def _on_draft_changed(self, *_) -> None:
-        if self.draft_combo.currentData() == BUILT_IN and not self._applying:
+        """Built-in (MTP) and a Gemma 4 assistant both draft as an MTP head: MTP mode."""
+        draft = self.draft_combo.currentData() or ""
+        if (draft == BUILT_IN or (draft and is_assistant(draft))) and not self._applying:
             self.mode_combo.setCurrentIndex(max(0, self.mode_combo.findData(Mode.MTP)))
 
     def draft_path(self) -> str | None:

@@ -24,22 +24,32 @@ def _size(path: Path) -> str:
 
 
 @lru_cache(maxsize=256)
-def _nextn(path: str, mtime_ns: int, size: int) -> int:
+def _drafting(path: str, mtime_ns: int, size: int) -> tuple[int, str]:
     from ..models.gguf import check_gguf_file
 
     try:
-        return check_gguf_file(path).nextn_layers
+        header = check_gguf_file(path)
+        return header.nextn_layers, header.assistant_for
     except Exception:  # unreadable or not GGUF: loading it will say why
-        return 0
+        return 0, ""
+
+
+def _drafting_of(path: str | Path) -> tuple[int, str]:
+    try:
+        st = Path(path).stat()
+    except OSError:
+        return 0, ""
+    return _drafting(str(path), st.st_mtime_ns, st.st_size)
 
 
 def nextn_layers(path: str | Path) -> int:
     """The NextN (MTP) layers a model file carries, from its header (0: none, or unreadable)."""
-    try:
-        st = Path(path).stat()
-    except OSError:
-        return 0
-    return _nextn(str(path), st.st_mtime_ns, st.st_size)
+    return _drafting_of(path)[0]
+
+
+def is_assistant(path: str | Path) -> bool:
+    """Whether the file is a Gemma 4 assistant: a draft that runs as its target's MTP head."""
+    return bool(_drafting_of(path)[1])
 
 
 def local_models() -> list[ModelChoice]:
