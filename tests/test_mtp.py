@@ -491,6 +491,7 @@ def test_gemma4_assistant_drafts_on_its_targets_cache(gemma4_models, mtp_models)
     decoder = load_decoder(target, assistant, LoadOptions(n_ctx=256, n_threads=1))
     try:
         assert decoder.draft is None and decoder.target.n_nextn == 0 and decoder.target.has_mtp
+        assert decoder.target.facts.assistant == "Speculum Gemma 4 assistant test"  # the status bar names it
         head = decoder.drafters[Source.MTP].head
         assert head.shares_target_cache and head.n_layers == 2 and not head.chained
         assert decoder.drafters[Source.MTP].max_k is None

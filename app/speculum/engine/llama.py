@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -432,6 +433,7 @@ class LlamaModel(TokenPieces):
             why = _recent_log_error()
             raise SpeculumError(f"llama.cpp could not load the assistant {path.name}" + (f": {why}" if why else "."))
         self._assistant, self.assistant_path = model, path
+        self.facts = dataclasses.replace(self.facts, assistant=header.name or path.stem)
         try:
             self._assistant_head = MtpHead(self)
         except BaseException:
