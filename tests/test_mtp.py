@@ -576,6 +576,11 @@ def test_generate_with_a_gemma4_assistant_on_the_cli(gemma4_models, mtp_models):
     assert alone.returncode == 1 and "is a Gemma 4 assistant: it drafts for a gemma4 target" in alone.stdout
     wrong = speculum("models", "check", mtp_models["aligned"], assistant)
     assert wrong.returncode == 1 and "drafts only for a gemma4 target" in wrong.stdout
+    draft_mode = speculum("generate", "--target", target, "--draft", assistant, "--mode", "draft", "--threads", "1",
+                          "--max-tokens", "4", "hi")
+    assert draft_mode.returncode == 2
+    assert draft_mode.stderr.strip() == (f"speculum: {assistant.name} is a Gemma 4 assistant: it drafts in MTP mode "
+                                         "(--mode mtp), on the target's own KV cache, not as a draft model.")
     proc = speculum("generate", "--target", target, "--draft", assistant, "--mode", "mtp", "-k", "3", "--fixed-k",
                     "--threads", "1", "--max-tokens", "16", "--json", "hi")
     assert proc.returncode == 0, proc.stderr
