@@ -1,8 +1,10 @@
-"""A tiny MTP-bearing GGUF, written by the tests: real weights for llama.cpp, random but shaped.
+"""Tiny MTP-bearing GGUFs, written by the tests: real weights for llama.cpp, random but shaped.
 
 Architecture ``glm4moe`` (GLM-4.5's): the simplest one this llama.cpp runs an MTP head for
 with a plain KV cache (Qwen3.5's needs recurrent-state rollback). Two dense trunk layers and
 one NextN block (a MoE block with a shared expert, as llama.cpp's GLM MTP graph requires).
+Also ``qwen35`` (one NextN block on a Gated DeltaNet + attention trunk), ``step35`` (three
+chained NextN heads) and a Gemma 4 target with its separate assistant (``write_gemma4_pair``).
 The vocabulary and chat template are SmolLM2's, copied from its GGUF.
 
 ``noise`` sets how far the MTP head is from the main head. At 0 it predicts exactly what the
