@@ -9,7 +9,9 @@ warm-up, so the comparison is of decoding alone. On extra runs of its own (its
 late tick is time the thread was blocked. "UI CPU" is the CPU time the
 UI thread used over the same wall time: on a machine whose cores all run llama.cpp, that
 share is roughly what the window costs in speed. "Window CPU" counts the whole window
-process (its UI thread and the thread reading the engine process's pipe). "Load" is the
+process (its UI thread and the thread reading the engine process's pipe); on Linux the
+share of each of its threads is listed too, by name (the bench's own plain-loop decoder
+lives in this process: its llama.cpp threads show as "python" ones). "Load" is the
 time from pressing Load to the window being ready, engine process start included.
 
     SPECULUM_MODELS_DIR=~/.cache/speculum-dev/models xvfb-run -a python scripts/bench_gui.py
@@ -39,6 +41,28 @@ PROMPTS = {
 TICK_MS = 10  # fine enough for a 50 ms limit; a faster heartbeat would itself cost the UI thread CPU
 
 
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds so far of each thread of this process, by name (Linux; empty elsewhere)."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    out: dict[str, float] = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/stat", encoding="utf-8") as f:
+                stat = f.read()
+        except OSError:
+            continue  # the thread ended
+        comm = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        name = names.get(int(tid), comm)
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
+    return out
+
+
 @dataclass
 class Run:
     cycles: list
@@ -47,6 +71,7 @@ class Run:
     ui_cpu_share: float = 0.0  # the UI thread's CPU time over the same wall time (window runs)
     process_cpu_share: float = 0.0  # the whole window process's CPU time, likewise
     first_s: float = 0.0  # from the request to the first cycle
+    threads: dict | None = None  # window runs: each thread's CPU seconds over the run, by name
 
     @property
     def tokens(self) -> int:
@@ -160,17 +185,20 @@ def main() -> int:
         if watch:
             beat.start()
         start, ui_start, process_start = time.perf_counter(), time.clock_gettime(ui_clock), time.process_time()
+        threads_start = thread_cpu()
         window.send(prompt)
         if not done:  # the real event loop, not a polling one: the UI thread idles as in the app
             waiting.exec()
         blocked = beat.stop() if watch else 0.0
         process_cpu = time.process_time() - process_start
+        threads = {k: v - threads_start.get(k, 0.0) for k, v in thread_cpu().items()}
         answer = window.current.messages[-1]
         if answer.role != "assistant":
             raise SystemExit(f"the window did not answer: {window.banner.text()}")
         end, ui_end, _ = seen[-1]
         return Run([c for *_, c in seen], end - start, blocked, (ui_end - ui_start) / (end - start),
-                   process_cpu / (time.perf_counter() - start), seen[0][0] - start)
+                   process_cpu / (time.perf_counter() - start), seen[0][0] - start,
+                   {k: v for k, v in threads.items() if v > 0})
 
     def plain_loop(mode: str, prompt: str) -> Run:
         tokens = decoder.target.tokenize(decoder.target.apply_chat_template(build_messages(prompt)))
@@ -198,6 +226,11 @@ def main() -> int:
         watched = [in_window(mode, prompt, watch=True) for _ in range(max(2, args.repeat // 2))]
         med = lambda runs, field: statistics.median(getattr(r, field) for r in runs)  # noqa: E731
         ratios = [w.tokens_per_s / p.tokens_per_s for p, w in zip(plain, windowed)]
+        wall = sum(w.seconds for w in windowed)
+        by_thread: dict[str, float] = {}
+        for w in windowed:
+            for name, cpu in (w.threads or {}).items():
+                by_thread[name] = by_thread.get(name, 0.0) + cpu / wall
         results.append({
             "mode": mode, "tokens": windowed[-1].tokens,
             "plain_tokens_per_s": round(med(plain, "tokens_per_s"), 2),
@@ -207,6 +240,8 @@ def main() -> int:
             "ui_blocked_per_run_ms": [round(w.blocked_ms, 1) for w in watched],
             "ui_cpu_share": round(med(windowed, "ui_cpu_share"), 4),
             "window_process_cpu_share": round(med(windowed, "process_cpu_share"), 4),
+            "window_thread_cpu_share": {name: round(share, 4) for name, share in
+                                        sorted(by_thread.items(), key=lambda kv: -kv[1])},
             # Where a cycle's time went: the target's pass, and everything outside llama.cpp.
             "verify_ms_per_cycle": {"plain": round(med(plain, "verify_ms"), 2),
                                     "window": round(med(windowed, "verify_ms"), 2)},
@@ -234,6 +269,9 @@ def main() -> int:
                   f"{100 * r['window_process_cpu_share']:>6.1f}% "
                   f"{r['frame_ms']:>4} ms  {v['plain']:>6.2f} → {v['window']:<6.2f}  {o['plain']:>7.2f} → {o['window']:<6.2f}"
                   f"  {r['ratios']}")
+            shares = ", ".join(f"{name} {100 * share:.1f}%" for name, share in r["window_thread_cpu_share"].items()
+                               if share >= 0.001)
+            print(f"{'':<8} window threads: {shares}")
     return 0
 
 

@@ -13,6 +13,10 @@ machine load:
 
 Every rate is decoding alone: tokens after the first over the time after the first, so a
 row that reads its prompt afresh (the first edit after the chat rows) is not charged for it.
+Ratios are taken within each round (rows a few seconds apart) and their median reported.
+The edit's physical limit is the oracle of `speculum bench`: on this edit's output, with the
+verify curve the run measured, what a drafter that knew in advance how much of the file
+would be accepted could reach over plain decoding.
 
     SPECULUM_MODELS_DIR=~/.cache/speculum-dev/models python scripts/bench_server.py
     (add --target T --draft D, --mode auto, --max-tokens N, --repeat N, --json)
@@ -81,6 +85,7 @@ def main() -> int:
 
     import uvicorn
 
+    from speculum.bench import oracle_speedup, verify_curve
     from speculum.engine.prompts import build_messages
     from speculum.engine.loading import LoadOptions, load_decoder
     from speculum.server.api import create_app
@@ -147,12 +152,21 @@ def main() -> int:
                       "accepted_prediction_tokens": details[-1].get("accepted_prediction_tokens"),
                       "rejected_prediction_tokens": details[-1].get("rejected_prediction_tokens"),
                       "acceptance_rate": runs[-1].get("speculum", {}).get("acceptance_rate")})
-    by = {r["row"]: r["tokens_per_s"] for r in table}
-    ratios = {"server / generate loop": by["server, streaming (chat)"] / by["generate loop (chat)"],
-              "file prediction / none": by["edit, file as prediction"] / by["edit, no prediction"],
-              "file prediction / plain decoding": by["edit, file as prediction"] / by["edit, plain decoding (off)"],
-              "no prediction / plain decoding": by["edit, no prediction"] / by["edit, plain decoding (off)"],
-              "unrelated prediction / none": by["edit, unrelated prediction"] / by["edit, no prediction"]}
+    def paired(a: str, b: str) -> float:  # the median of each round's ratio: rows of one round share its load
+        return statistics.median(rate(x) / rate(y) for x, y in zip(rows[a], rows[b]))
+
+    ratios = {"server / generate loop": paired("server, streaming (chat)", "generate loop (chat)"),
+              "file prediction / none": paired("edit, file as prediction", "edit, no prediction"),
+              "file prediction / plain decoding": paired("edit, file as prediction", "edit, plain decoding (off)"),
+              "no prediction / plain decoding": paired("edit, no prediction", "edit, plain decoding (off)"),
+              "unrelated prediction / none": paired("edit, unrelated prediction", "edit, no prediction")}
+    curve = verify_curve(decoder)
+    if curve is not None:
+        prompt = decoder.target.tokenize(decoder.target.apply_chat_template(edit))
+        output = decoder.target.tokenize(rows["edit, file as prediction"][-1]["text"], parse_special=False)
+        oracle = oracle_speedup(prompt, output, curve)
+        ratios["physical limit of the edit (oracle) / plain decoding"] = oracle
+        ratios["file prediction / physical limit"] = ratios["file prediction / plain decoding"] / oracle
     if args.json:
         print(json.dumps({"target": Path(target).name, "mode": args.mode, "rows": table,
                           "ratios": {k: round(v, 3) for k, v in ratios.items()}}, indent=1))

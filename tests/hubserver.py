@@ -35,21 +35,25 @@ import pytest
 CHUNK = 64 * 1024
 
 
-def make_gguf(size: int, seed: int = 0, name: str = "synthetic", vocab: int = 64) -> bytes:
+def make_gguf(size: int, seed: int = 0, name: str = "synthetic", vocab: int = 64, nextn: int = 0) -> bytes:
     """A valid GGUF file of exactly ``size`` bytes: a small BPE vocabulary (the same for every
-    seed, so any two are a compatible pair) and one int8 tensor of random bytes."""
+    seed, so any two are a compatible pair) and one int8 tensor of random bytes. ``nextn``: a
+    qwen35 header that says the model carries that many NextN (MTP) layers."""
     def string(s: str) -> bytes:
         b = s.encode()
         return struct.pack("<Q", len(b)) + b
 
+    arch = "qwen35" if nextn else "llama"
     kv = b""
-    for key, value in (("general.architecture", "llama"), ("general.name", name), ("tokenizer.ggml.model", "gpt2")):
+    for key, value in (("general.architecture", arch), ("general.name", name), ("tokenizer.ggml.model", "gpt2")):
         kv += string(key) + struct.pack("<I", 8) + string(value)
+    if nextn:
+        kv += string(f"{arch}.nextn_predict_layers") + struct.pack("<II", 4, nextn)
     kv += string("tokenizer.ggml.tokens") + struct.pack("<IIQ", 9, 8, vocab)
     kv += b"".join(string(f"tok{i}") for i in range(vocab))
     for key, value in (("tokenizer.ggml.bos_token_id", 1), ("tokenizer.ggml.eos_token_id", 2)):
         kv += string(key) + struct.pack("<II", 4, value)
-    head = b"GGUF" + struct.pack("<IQQ", 3, 1, 6) + kv
+    head = b"GGUF" + struct.pack("<IQQ", 3, 1, 6 + bool(nextn)) + kv
     head += string("blob") + struct.pack("<I", 1)
     shape_at = len(head)
     head += struct.pack("<Q", 0) + struct.pack("<I", 24) + struct.pack("<Q", 0)  # shape, I8, offset 0

@@ -13,17 +13,22 @@ from speculum.models.hardware import Fit, Machine
 
 PAIRS = catalog.load()
 GB = 1e9
+MTP_PAIRS = [p for p in PAIRS if p.mtp]
 
 
 @pytest.mark.parametrize("pair", PAIRS, ids=[p.id for p in PAIRS])
 def test_every_catalog_entry_is_valid(pair):
     assert catalog.validate(pair) == []
-    # both files named, with sizes; the pair's family shows in both names
-    for model in (pair.target, pair.draft):
+    # every file named, with sizes; the pair's family shows in every name
+    for model in pair.models:
         assert model.repo.count("/") == 1 and model.files
         assert all(f.path.endswith(".gguf") and f.size > 1e8 for f in model.files)
         assert model.quantization and model.params_b > 0
-    assert pair.target.params_b > pair.draft.params_b
+    if pair.mtp:
+        assert pair.models == (pair.target,) and pair.download_size == pair.target.size
+        assert pair.source and pair.memory_note  # where the figures come from, how memory was estimated
+    else:
+        assert pair.target.params_b > pair.draft.params_b
     assert pair.memory_gb * GB >= pair.download_size
     assert pair.summary and set(pair.good_at) <= set(catalog.USES)
 
@@ -31,7 +36,7 @@ def test_every_catalog_entry_is_valid(pair):
 def test_catalog_spans_families_and_machine_sizes():
     assert len(PAIRS) >= 7  # six pairs plus the offline demo
     assert len({p.id for p in PAIRS}) == len(PAIRS)
-    assert {p.family for p in PAIRS} == {"qwen2", "qwen3", "llama3", "gemma3"}
+    assert {p.family for p in PAIRS} == {"qwen2", "qwen3", "llama3", "gemma3", "qwen35"}
     assert any(p.target.repo.startswith("Qwen/Qwen2.5-Coder") for p in PAIRS)  # Qwen2.5-Coder and Qwen2.5
     assert any(p.target.repo.startswith("Qwen/Qwen2.5-7B") for p in PAIRS)
     sizes = sorted(p.download_size for p in PAIRS)
@@ -49,7 +54,7 @@ def test_offline_demo_pair_is_the_bundled_qwen_coder_pair():
 
 
 def test_sharded_entries_list_every_shard_in_order():
-    split = [m for p in PAIRS for m in (p.target, p.draft) if len(m.files) > 1]
+    split = [m for p in PAIRS for m in p.models if len(m.files) > 1]
     assert split, "the catalog should exercise a gguf-split model"
     for model in split:
         names = [f.filename for f in model.files]
@@ -72,6 +77,59 @@ def test_validation_names_what_is_wrong():
     shard = catalog.CatalogFile("x-00001-of-00002.gguf", 10, None)
     half = dataclasses.replace(good, target=dataclasses.replace(good.target, files=(shard,)))
     assert any("does not list all shards" in p for p in catalog.validate(half))
+
+
+def test_catalog_has_targets_that_draft_for_themselves_across_sizes():
+    assert len(MTP_PAIRS) >= 3
+    assert {p.family for p in MTP_PAIRS} <= set(catalog.MTP_FAMILIES)
+    sizes = sorted(p.download_size for p in MTP_PAIRS)
+    assert sizes[0] < 4 * GB and sizes[-1] > 12 * GB  # a laptop model and a 27B
+    # the 27B is a hybrid: its estimate is far below what a KV cache on all 64 layers would need and says so
+    [iq3] = [p for p in MTP_PAIRS if p.id == "qwen3.6-27b-mtp"]
+    assert "16 of its 64 layers" in iq3.memory_note and iq3.memory_gb * GB > iq3.download_size + 2 * GB
+
+
+def _mtp_raw(**changes) -> dict:
+    raw = {"id": "x-mtp", "name": "X (MTP)", "family": "qwen35", "good_at": ["chat"], "memory_gb": 20.0,
+           "source": "https://huggingface.co/org/Qwen3.6-27B-MTP-GGUF/tree/main",
+           "target": {"name": "Qwen3.6-27B", "repo": "org/Qwen3.6-27B-MTP-GGUF", "quantization": "Q4_K_M",
+                      "params_b": 27.3, "files": [{"path": "Qwen3.6-27B-Q4_K_M.gguf", "size": 16_800_000_000}]},
+           "draft": "mtp"}
+    raw.update(changes)
+    return raw
+
+
+def _load_one(tmp_path, raw: dict) -> catalog.CatalogPair:
+    path = tmp_path / "catalog.json"
+    path.write_text(json.dumps({"version": 1, "pairs": [raw]}))
+    [pair] = catalog.load(path)
+    return pair
+
+
+def test_an_mtp_entry_is_one_target_and_no_draft(tmp_path):
+    pair = _load_one(tmp_path, _mtp_raw())
+    assert pair.mtp and pair.draft is None and pair.models == (pair.target,)
+    assert pair.download_size == 16_800_000_000
+    assert catalog.validate(pair) == []
+
+
+def test_validate_rejects_malformed_mtp_entries(tmp_path):
+    def problems(**changes) -> str:
+        return " | ".join(catalog.validate(_load_one(tmp_path, _mtp_raw(**changes))))
+
+    # a family none of whose architectures carries NextN layers in llama.cpp
+    assert "needs a family whose models carry NextN layers" in problems(
+        family="llama3", target=dict(_mtp_raw()["target"], repo="org/Llama-3.1-8B-GGUF",
+                                     files=[{"path": "Llama-3.1-8B-Q4_K_M.gguf", "size": 5 * 10**9}]))
+    assert "cannot be one" in problems(offline="demo")  # the offline pairs are assembled with a draft file
+    assert "names the page" in problems(source=None)
+    assert "not a web address" in problems(source="my notes")
+    assert "memory_gb is less than the weights" in problems(memory_gb=10.0)
+    assert "target names no file" in problems(target=dict(_mtp_raw()["target"], files=[]))
+    with pytest.raises(SpeculumError, match="neither a model nor 'mtp'"):
+        _load_one(tmp_path, _mtp_raw(draft="MTP-head"))
+    with pytest.raises(SpeculumError, match="damaged"):
+        _load_one(tmp_path, _mtp_raw(draft=None))  # a missing draft is damage, never a silent MTP entry
 
 
 def test_damaged_catalog_is_a_plain_error(tmp_path):
@@ -104,7 +162,11 @@ def test_fit_on_a_gpu_uses_vram_and_spills_to_ram():
     assert hardware.fit(by_id("gemma3-12b"), gpu) is Fit.FITS
     assert hardware.fit(by_id("qwen3-32b"), gpu) is Fit.TIGHT  # 24.5 GB: a few layers on the CPU
     assert hardware.fit(by_id("llama3.3-70b"), gpu) is Fit.TOO_BIG
-    assert hardware.recommend(PAIRS, gpu).id == "gemma3-12b"
+    # the most capable pair that fits 24 GB: the 27B that drafts for itself (19 GB with its snapshots)
+    assert hardware.fit(by_id("qwen3.6-27b-mtp-iq4"), gpu) is Fit.FITS
+    assert hardware.recommend(PAIRS, gpu).id == "gemma3-12b"  # not a community MTP upload we never loaded
+    sixteen = dataclasses.replace(gpu, vram_bytes=int(16 * GB))
+    assert hardware.fit(by_id("qwen3.6-27b-mtp"), sixteen) is Fit.TIGHT  # 17 GB: not all on a 16 GB card
 
 
 def test_fit_on_apple_silicon_unified_memory():

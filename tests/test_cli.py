@@ -110,6 +110,7 @@ def test_doctor_reports_versions_backend_and_folders(tmp_path):
                   "Models folder", "Settings folder"):
         assert label in proc.stdout
     assert "6." in proc.stdout.split("Qt (PySide6)")[1].splitlines()[0]  # a real Qt version
+    assert proc.stdout.split("Tiled matmul")[1].split()[0] == "off"  # verification passes skip ggml's tiled path
 
 
 def test_install_demo_reuses_assembled_files(qwen_target_path, qwen_draft_path):

@@ -300,6 +300,76 @@ def test_cli_download_a_catalog_pair_from_the_hub(hub, capsys, monkeypatch, root
     assert gguf_files(root) == []
 
 
+# ---- targets that draft with their own MTP head ----------------------------------------------------------
+
+
+def test_an_mtp_entry_downloads_only_its_target_and_is_a_pair_on_its_own(hub, capsys, monkeypatch, root):
+    """`speculum models download` of a shipped "draft": "mtp" entry, its file served by the local Hub:
+    one file comes down (the catalog's rounded size does not matter), and the library holds it
+    as a complete pair whose draft is the target's own head."""
+    monkeypatch.setenv("SPECULUM_MODELS_DIR", str(root))
+    pair = catalog.find("qwen3.5-4b-mtp")
+    data = make_gguf(3 * MiB, 50, "Qwen3.5-4B-MTP", nextn=1)
+    [f] = pair.target.files
+    hub.add_bytes(pair.target.repo, f.path, data)
+
+    assert main(["models", "download", pair.id]) == 0
+    out, err = capsys.readouterr()
+    target = root / "localweights--Qwen3.5-4B-MTP-Q4_K_M-GGUF" / "Qwen3.5-4B-MTP-Q4_K_M.gguf"
+    assert out.strip() == f"{pair.name}: {target} + built-in MTP"
+    assert "[1/1]" in err and "[2/" not in err
+    assert gguf_files(root) == [target] and target.read_bytes() == data
+    assert {r.path.split("?")[0] for r in hub.requests(port="hub") if "/resolve/" in r.path} == {
+        f"/{pair.target.repo}/resolve/main/{f.path}"}  # nothing asked for a draft
+
+    state = json.loads((root / "library.json").read_text())
+    assert [(e["id"], e["draft"]) for e in state["pairs"]] == [(pair.id, catalog.MTP)]
+    [installed] = Library(root).pairs()
+    assert installed.mtp and installed.draft is None and installed.target.path == target
+    assert installed.size == len(data) and installed.catalog_id == pair.id
+    assert Library(root).singles() == []  # the target belongs to its pair, not listed on its own
+
+    assert main(["models", "list", "--json"]) == 0
+    listing = json.loads(capsys.readouterr().out)
+    [entry] = [e for e in listing["catalog"] if e["id"] == pair.id]
+    assert entry["installed"] and entry["drafts_with"] == "mtp" and entry["download_bytes"] == f.size
+    assert entry["source"] == pair.source and entry["memory_note"] == pair.memory_note
+    [mine] = listing["library"]["pairs"]
+    assert (mine["target"], mine["draft"], mine["drafts_with"]) == (str(target), None, "mtp")
+    assert main(["models", "list"]) == 0
+    assert "Qwen3.5-4B-MTP-Q4_K_M.gguf + built-in MTP" in capsys.readouterr().out
+
+    assert main(["models", "remove", pair.id]) == 0
+    assert gguf_files(root) == [] and Library(root).pairs() == []
+
+
+def test_an_mtp_entry_whose_file_has_no_nextn_layers_is_refused(hub, tmp_path, root):
+    hub.add_bytes("test-org/Qwen3.6-27B-MTP-GGUF", "Qwen3.6-27B-Q4_K_M.gguf", make_gguf(2 * MiB, 51))
+    raw = {"version": 1, "pairs": [{
+        "id": "x-mtp", "name": "X (MTP)", "family": "qwen35", "good_at": ["chat"], "memory_gb": 1.0,
+        "source": "https://example.org/x", "draft": "mtp",
+        "target": _entry("test-org/Qwen3.6-27B-MTP-GGUF", "Qwen3.6-27B-Q4_K_M.gguf", b"x" * 2 * MiB)}]}
+    (tmp_path / "catalog.json").write_text(json.dumps(raw))
+    [pair] = catalog.load(tmp_path / "catalog.json")
+    library = Library(root, pairs=[pair])
+    with pytest.raises(IncompatiblePair, match="has no NextN \\(MTP\\) layers"):
+        library.install(pair)
+    assert library.pairs() == [] and library.installed(pair) is None
+
+
+def test_a_local_target_with_nextn_layers_is_a_pair_without_a_draft(root, tmp_path):
+    own = tmp_path / "mine.gguf"
+    own.write_bytes(make_gguf(1 * MiB, 52, "Mine", nextn=1))
+    library = Library(root, pairs=[])
+    pair = library.add_pair(own, None)
+    assert pair.mtp and pair.name == "mine (MTP)" and [p.id for p in Library(root, pairs=[]).pairs()] == [pair.id]
+    plain = tmp_path / "plain.gguf"
+    plain.write_bytes(make_gguf(1 * MiB, 53))
+    with pytest.raises(IncompatiblePair, match="needs a draft"):
+        library.add_pair(plain, None)
+    assert library.remove(pair.id) == [] and own.exists()  # the user's file: forgotten, never deleted
+
+
 # ---- the library ---------------------------------------------------------------------------------------
 
 

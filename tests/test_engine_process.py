@@ -48,11 +48,8 @@ def test_a_crash_in_the_engine_process_is_reported_with_its_signal(smollm_path, 
     assert os.getpid() != engine.pid  # this test process is still here to say so
 
 
-def test_the_engine_process_waits_for_threads_as_speculum_sets_it_before_llama_cpp_loads(data_dirs, monkeypatch):
-    from speculum.engine import threads
-
-    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
-    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+def _engine_settings() -> dict:
+    """The CPU settings the engine process reports as in effect when it starts."""
     ready = threading.Event()
     seen = []
     engine = EngineProcess(lambda *event: (seen.append(event), ready.set()), lambda code: None)
@@ -62,9 +59,38 @@ def test_the_engine_process_waits_for_threads_as_speculum_sets_it_before_llama_c
         engine.end()
     kind, _gpu, setting = seen[0]
     assert kind == "ready"
-    assert setting["GOMP_SPINCOUNT"] == str(threads.SPIN_COUNT) and setting["source"] == "Speculum"
+    return setting
+
+
+def test_the_engine_process_waits_for_threads_as_speculum_sets_it_before_llama_cpp_loads(data_dirs, monkeypatch):
+    from speculum.engine import cpu_settings
+
+    for name in (*cpu_settings.USER_SETTINGS, cpu_settings.TILED_MATMUL):
+        monkeypatch.delenv(name, raising=False)  # this test process applied them to itself
+    setting = _engine_settings()
+    assert setting["GOMP_SPINCOUNT"] == str(cpu_settings.SPIN_COUNT) and setting["source"] == "Speculum"
     assert setting["set_before_libgomp_loaded"] is True
     assert setting["libgomp_loaded"] is True  # llama.cpp's OpenMP runtime, which reads it, is loaded
+    # ggml's tiled matmul is off, so verification passes of 8+ tokens skip it
+    assert setting[cpu_settings.TILED_MATMUL] == "0" and setting["tiled_source"] == "Speculum"
+    assert not cpu_settings.tiled_matmul_on(setting)
+
+
+def test_a_users_own_tiled_matmul_setting_is_kept(data_dirs, monkeypatch):
+    from speculum.engine import cpu_settings
+
+    monkeypatch.setenv(cpu_settings.TILED_MATMUL, "1")
+    setting = _engine_settings()
+    assert setting[cpu_settings.TILED_MATMUL] == "1" and setting["tiled_source"] == "the user's environment"
+    assert cpu_settings.tiled_matmul_on(setting)
+
+
+def test_the_tiled_matmul_switch_reads_as_ggml_reads_it():
+    from speculum.engine.cpu_settings import TILED_MATMUL, tiled_matmul_on
+
+    assert tiled_matmul_on({})  # unset: ggml's default is on
+    for value, on in (("0", False), ("1", True), ("00", False), (" 2", True), ("off", False), ("", False)):
+        assert tiled_matmul_on({TILED_MATMUL: value}) is on, value
 
 
 def test_after_loading_the_engine_measures_costs_while_idle_and_gives_way_to_a_request(smollm_path, data_dirs):

@@ -96,6 +96,63 @@ def test_download_runs_on_a_worker_thread_with_progress_then_use_emits_pair_read
     assert draft.endswith("test-org--Draft-GGUF/draft-Q4_K_M.gguf")
 
 
+def test_an_mtp_entry_shows_built_in_draft_downloads_its_target_and_loads_in_mtp_mode(qtbot, tmp_path, hub,
+                                                                                      monkeypatch):
+    """A catalog entry whose draft is the target's own MTP head, end to end in the window's parts:
+    the catalog names its draft Built-in (MTP), the download fetches one file from the local Hub,
+    the library tab lists the pair, and Use hands the pair picker a target it runs in MTP mode."""
+    from speculum.engine.vocabulary import Mode
+    from speculum.ui.modelbar import BUILT_IN, BUILT_IN_MTP, ModelBar
+
+    data = make_gguf(3 * MiB, 8, "Qwen3.6-Test", nextn=1)
+    hub.add_bytes("test-org/Qwen3.6-Test-MTP-GGUF", "Qwen3.6-Test-Q4_K_M.gguf", data)
+    raw = json.loads(Path(catalog.paths.resource("catalog.json")).read_text())
+    raw["pairs"].append({
+        "id": "test-mtp", "name": "Test MTP", "family": "qwen35", "good_at": ["code"], "memory_gb": 1.0,
+        "summary": "Drafts for itself.", "source": "https://example.org/test-mtp", "draft": "mtp",
+        "target": {"name": "Qwen3.6-Test", "repo": "test-org/Qwen3.6-Test-MTP-GGUF", "quantization": "Q4_K_M",
+                   "params_b": 1, "files": [{"path": "Qwen3.6-Test-Q4_K_M.gguf", "size": len(data)}]}})
+    (tmp_path / "catalog.json").write_text(json.dumps(raw))
+    pairs = catalog.load(tmp_path / "catalog.json")
+    models = tmp_path / "models"
+    d = ModelsDialog(library=Library(models, pairs=pairs), machine=LAPTOP, pairs=pairs)
+    qtbot.addWidget(d)
+    d.show()
+
+    d._select_catalog_pair("test-mtp")
+    summary = d.pair_summary.text()
+    assert f"draft {BUILT_IN_MTP}" in summary and "1 file." in summary
+    assert cell(d, "test-mtp", 3) == "3 MB"  # the download is the target alone
+    d._select_catalog_pair("qwen3.6-27b-mtp")  # a shipped entry says the same, and how its memory was estimated
+    assert f"draft {BUILT_IN_MTP}" in d.pair_summary.text()
+    memory = d.catalog_table.item(catalog_row(d, "qwen3.6-27b-mtp"), 4)
+    assert memory.text() == "17.0 GB" and "16 of its 64 layers" in memory.toolTip()
+
+    row = d.download_pair(next(p for p in pairs if p.id == "test-mtp"))
+    qtbot.waitUntil(lambda: row.state == "done", timeout=20_000)
+    assert cell(d, "test-mtp", 6) == "installed"
+    resolved = {r.path.split("?")[0] for r in hub.requests(port="hub") if "/resolve/" in r.path}
+    assert resolved == {"/test-org/Qwen3.6-Test-MTP-GGUF/resolve/main/Qwen3.6-Test-Q4_K_M.gguf"}
+    [entry] = [r for r in range(d.library_table.rowCount()) if d.library_table.item(r, 0).text() == "Test MTP"]
+    assert d.library_table.item(entry, 1).text() == "pair"
+    assert d.library_table.item(entry, 3).text() == f"Qwen3.6-Test-Q4_K_M.gguf  +  {BUILT_IN_MTP}"
+
+    with qtbot.waitSignal(d.pair_ready) as signal:
+        row.use_button.click()
+    target, draft = signal.args
+    assert target == str(models / "test-org--Qwen3.6-Test-MTP-GGUF" / "Qwen3.6-Test-Q4_K_M.gguf")
+    assert draft == BUILT_IN
+
+    # what the main window does with the signal: the picker shows it and loads no draft file, in MTP mode
+    monkeypatch.setenv("SPECULUM_MODELS_DIR", str(models))
+    bar = ModelBar()
+    qtbot.addWidget(bar)
+    bar.refresh_models(target, draft)
+    assert bar.target_combo.currentData() == target
+    assert bar.draft_combo.currentText() == BUILT_IN_MTP and bar.draft_path() is None
+    assert bar.mode_combo.currentData() == Mode.MTP
+
+
 def test_cancel_from_the_dialog_adds_nothing(qtbot, dialog, hub, tmp_path):
     hub.delay = 0.01  # a slow link: ~1.3 s for the target
     row = dialog.download_pair(next(p for p in dialog.pairs if p.id == "test-pair"))

@@ -105,7 +105,7 @@ def oracle_speedup(prompt: Sequence[int], output: Sequence[int], verify: Callabl
     return n * verify(1) / best[0]
 
 
-def _verify_curve(decoder) -> Callable[[int], float] | None:
+def verify_curve(decoder) -> Callable[[int], float] | None:
     """The verify curve the policies measured during the run (auto's first)."""
     policies = getattr(decoder, "policies", {})
     for mode in (Mode.AUTO, Mode.LOOKUP, Mode.DRAFT):
@@ -175,7 +175,7 @@ def run_bench(decoder: Decoder, prompts: list[BenchPrompt], modes: list[Mode], m
             "choices": {source: round(share, 3) for source, share in s.choices.items()},
         })
     off = {r["name"]: r["tokens_per_s"] for r in results if r["mode"] == Mode.OFF}
-    curve = _verify_curve(decoder)
+    curve = verify_curve(decoder)
     for r in results:
         base = off.get(r["name"])
         r["speedup_vs_off"] = round(r["tokens_per_s"] / base, 3) if base else None

@@ -162,7 +162,7 @@ def cmd_bench(args) -> int:
 
 def cmd_doctor(args) -> int:
     from . import qtcheck
-    from .engine import llama, profiles, threads
+    from .engine import llama, cpu_settings, profiles
 
     try:
         from PySide6 import __version__ as qt_version
@@ -177,7 +177,8 @@ def cmd_doctor(args) -> int:
         ("Compute backend", gpu or "CPU"),
         ("GPU offload", "supported" if gpu else "not supported by this llama.cpp build"),
         ("Threads", str(llama.default_threads())),
-        ("Thread wait", _thread_wait(threads.in_effect())),
+        ("Thread wait", _thread_wait(cpu_settings.in_effect())),
+        ("Tiled matmul", _tiled_matmul(cpu_settings.in_effect())),
         ("System", f"{platform.system()} {platform.machine()}"),
         ("Models folder", str(paths.models_dir())),
         ("Data folder", str(paths.data_dir())),
@@ -252,6 +253,15 @@ def _thread_wait(setting: dict) -> str:
     else:
         text = f"GOMP_SPINCOUNT={setting.get('GOMP_SPINCOUNT')}"
     return f"{text} (set by {setting.get('source')})"
+
+
+def _tiled_matmul(setting: dict) -> str:
+    from .engine import cpu_settings
+
+    on = cpu_settings.tiled_matmul_on(setting)
+    why = "" if on else ": verification passes of 8+ tokens run faster without it"
+    value = setting.get(cpu_settings.TILED_MATMUL)
+    return f"{'on' if on else 'off'} ({cpu_settings.TILED_MATMUL}={value}, set by {setting.get('tiled_source')}){why}"
 
 
 def cmd_gui(args) -> int:

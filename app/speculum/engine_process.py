@@ -90,7 +90,7 @@ def _crash() -> None:
 
 def _engine_main(conn, stop, cancel_load) -> None:
     """The engine process: run commands until told to quit or the window's end of the pipe closes."""
-    from .engine import llama, profiles, rpc, threads
+    from .engine import llama, cpu_settings, profiles, rpc
     from .engine.loading import LoadOptions
     from .runner import EngineRunner
 
@@ -103,7 +103,7 @@ def _engine_main(conn, stop, cancel_load) -> None:
             _crash()
         outbox.report(*event)
 
-    report("ready", llama.gpu_backend(), threads.in_effect())
+    report("ready", llama.gpu_backend(), cpu_settings.in_effect())
 
     def worker_lost(words: str) -> None:
         """llama.cpp is about to abort for a lost RPC worker: say which, then end as it would."""

@@ -23,11 +23,11 @@ from ..errors import ContextFullError, SpeculumError
 from ..models.gguf import GGUFHeader, check_gguf_file
 from . import llama_ext
 from . import rpc as rpc_module
-from . import threads
+from . import cpu_settings
 from .backend import ModelFacts, TokenPieces, usable_cores
 from .chat import render_chat
 
-threads.apply()  # how llama.cpp's threads wait: libgomp reads it when llama_cpp loads it, below
+cpu_settings.apply()  # how llama.cpp's threads wait: libgomp reads it when llama_cpp loads it, below
 import llama_cpp as lc  # noqa: E402  (after our imports: its own logger is replaced below)
 
 # --- llama.cpp's log: kept quiet, the last lines remembered for error messages -------------

@@ -8,7 +8,7 @@ declare them ``extern "C"``. The ``llama.h`` parts (``load_mtp``, ``LLAMA_CONTEX
 ``llama_batch_ext_*``, ``llama_process``, ``llama_model_n_layer_nextn``) come from
 llama-cpp-python when it declares them. ``support()`` says, in one sentence, why not when
 something is missing. Nothing here raises at import, nor loads llama.cpp before ``llama.py``
-has set how its threads wait (``threads.apply``).
+has set how its threads wait (``cpu_settings.apply``).
 """
 
 from __future__ import annotations
@@ -65,9 +65,9 @@ def _field(struct, name: str) -> bool:
 
 @lru_cache(maxsize=1)
 def _bind() -> tuple[Staging | None, Support]:
-    from . import threads
+    from . import cpu_settings
 
-    threads.apply()  # as llama.py does, before libgomp loads with llama_cpp
+    cpu_settings.apply()  # as llama.py does, before libgomp loads with llama_cpp
     import llama_cpp as lc
 
     missing = [name for name in _PUBLIC if not hasattr(lc, name)]

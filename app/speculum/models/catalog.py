@@ -4,6 +4,9 @@ A pair is only worth listing when the draft shares the target's tokenizer, so ev
 entry names a tokenizer ``family`` and both models must belong to it. Models split by
 llama.cpp's gguf-split (``-00001-of-00003.gguf``) list every shard; llama.cpp loads
 the first one and finds the rest beside it.
+
+An entry whose ``"draft"`` is the string ``"mtp"`` (``MTP``) is a target that drafts for
+itself with its own multi-token prediction (NextN) layers: one model, no draft file.
 """
 
 from __future__ import annotations
@@ -22,7 +25,13 @@ FAMILIES = {
     "qwen3": ("qwen3",),
     "llama3": ("llama-3",),
     "gemma3": ("gemma-3",),
+    "qwen35": ("qwen3.5", "qwen3.6"),  # Qwen3.5 and 3.6 share one 248k-token vocabulary
 }
+# The draft of an entry whose target drafts with its own MTP head, in catalog.json and library.json.
+MTP = "mtp"
+# Families whose models' NextN layers this llama.cpp runs (architectures qwen35 and qwen35moe; glm4moe
+# too, but no GLM entry is listed yet: its family comes with the first one, its vocabulary checked).
+MTP_FAMILIES = ("qwen35",)
 USES = ("code", "chat", "documents")
 SHARD_RE = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -65,12 +74,23 @@ class CatalogPair:
     summary: str
     memory_gb: float
     target: CatalogModel
-    draft: CatalogModel
+    draft: CatalogModel | None  # None: the target drafts with its own MTP head (catalog.json says "mtp")
     offline: str | None = None  # key of a pair Speculum can assemble without the Hub
+    source: str | None = None  # the page the files' names and sizes were read from
+    memory_note: str | None = None  # how memory_gb was estimated, where it is not the usual sum
+
+    @property
+    def mtp(self) -> bool:
+        return self.draft is None
+
+    @property
+    def models(self) -> tuple[CatalogModel, ...]:
+        """What to download: the target, then the draft if there is one."""
+        return (self.target,) if self.draft is None else (self.target, self.draft)
 
     @property
     def download_size(self) -> int:
-        return self.target.size + self.draft.size
+        return sum(m.size for m in self.models)
 
     @property
     def memory_bytes(self) -> int:
@@ -85,6 +105,18 @@ def shard_names(filename: str) -> list[str] | None:
     total = int(m.group(2))
     stem = filename[: m.start()]
     return [f"{stem}-{i:05d}-of-{total:05d}.gguf" for i in range(1, total + 1)]
+
+
+def _text(value) -> str | None:
+    return None if value is None else str(value)
+
+
+def _draft(raw, where: str) -> CatalogModel | None:
+    if raw == MTP:
+        return None
+    if isinstance(raw, str):
+        raise SpeculumError(f"The model catalog is damaged: {where} is '{raw}', neither a model nor '{MTP}'.")
+    return _model(raw, where)
 
 
 def _model(raw: dict, where: str) -> CatalogModel:
@@ -107,9 +139,19 @@ def validate(pair: CatalogPair) -> list[str]:
         problems.append(f"good_at {list(pair.good_at)} must be taken from {list(USES)}")
     if pair.memory_gb * 1e9 < pair.download_size:
         problems.append("memory_gb is less than the weights themselves")
+    if pair.source is not None and not re.match(r"https?://\S+$", pair.source):
+        problems.append(f"source '{pair.source}' is not a web address")
+    if pair.mtp:
+        if pair.family not in MTP_FAMILIES:
+            problems.append(f"draft '{MTP}' needs a family whose models carry NextN layers "
+                            f"({', '.join(MTP_FAMILIES)}), not '{pair.family}'")
+        if pair.offline:
+            problems.append(f"the offline pairs are assembled with a draft file; a '{MTP}' entry cannot be one")
+        if not pair.source:
+            problems.append(f"a '{MTP}' entry names the page its file and size come from (source)")
     from .remote import ref_problem  # remote imports this module
 
-    for role, model in (("target", pair.target), ("draft", pair.draft)):
+    for role, model in zip(("target", "draft"), pair.models):
         if not re.fullmatch(r"[\w.\-]+/[\w.\-]+", model.repo):
             problems.append(f"{role} repo '{model.repo}' is not OWNER/NAME")
         for f in model.files:
@@ -136,7 +178,7 @@ def validate(pair: CatalogPair) -> list[str]:
             problems.append(f"{role} is split but does not list all shards in order: expected {shards}")
         if shards is None and len(names) > 1:
             problems.append(f"{role} lists several files that are not gguf-split shards")
-    if pair.target.params_b <= pair.draft.params_b:
+    if pair.draft is not None and pair.target.params_b <= pair.draft.params_b:
         problems.append("the draft must be smaller than the target")
     return problems
 
@@ -158,8 +200,8 @@ def load(path: str | Path | None = None) -> list[CatalogPair]:
                 id=str(raw["id"]), name=str(raw["name"]), family=str(raw["family"]),
                 good_at=tuple(raw["good_at"]), summary=str(raw.get("summary", "")),
                 memory_gb=float(raw["memory_gb"]),
-                target=_model(raw["target"], f"{where} target"), draft=_model(raw["draft"], f"{where} draft"),
-                offline=raw.get("offline"),
+                target=_model(raw["target"], f"{where} target"), draft=_draft(raw["draft"], f"{where} draft"),
+                offline=raw.get("offline"), source=_text(raw.get("source")), memory_note=_text(raw.get("memory_note")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise SpeculumError(f"The model catalog is damaged: {where} lacks a valid field ({exc}).") from None

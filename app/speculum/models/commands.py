@@ -17,6 +17,16 @@ def human_bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
+MTP_DRAFT = "built-in MTP"  # how the text output names the draft of a target that drafts for itself
+
+
+def draft_label(pair, full: bool = False) -> str:
+    """A library pair's draft file (its name, or ``full`` path), or MTP_DRAFT."""
+    if pair.draft is None:
+        return MTP_DRAFT
+    return str(pair.draft.path) if full else pair.draft.path.name
+
+
 def human_time(seconds: float | None) -> str:
     if seconds is None:
         return "--:--"
@@ -124,11 +134,15 @@ def cmd_list(args) -> int:
             "recommended": best.id if best else None,
             "catalog": [{"id": p.id, "name": p.name, "good_at": list(p.good_at), "download_bytes": p.download_size,
                          "memory_gb": p.memory_gb, "fit": hardware.fit(p, machine).value,
-                         "installed": p.id in installed, "offline": bool(p.offline)} for p in pairs],
+                         "installed": p.id in installed, "offline": bool(p.offline),
+                         "drafts_with": "mtp" if p.mtp else "model", "memory_note": p.memory_note,
+                         "source": p.source} for p in pairs],
             "library": {"folder": str(library.root), "disk_bytes": library.disk_use(),
                         "partial_bytes": staged_bytes(library.root),
+                        # draft: the draft file, null for a target that drafts with its own MTP head
                         "pairs": [{"id": p.id, "name": p.name, "target": str(p.target.path),
-                                   "draft": str(p.draft.path), "bytes": p.size} for p in library.pairs()],
+                                   "draft": None if p.mtp else str(p.draft.path), "bytes": p.size,
+                                   "drafts_with": "mtp" if p.mtp else "model"} for p in library.pairs()],
                         "models": [{"name": m.name, "path": str(m.path), "bytes": m.size, "source": m.source}
                                    for m in library.singles()]},
         }, indent=1))
@@ -139,12 +153,14 @@ def cmd_list(args) -> int:
         f = hardware.fit(p, machine)
         star = "★" if best and p.id == best.id else " "
         state = "installed" if p.id in installed else ("offline demo" if p.offline else "")
+        if p.mtp:
+            state = f"{state}; {MTP_DRAFT}" if state else MTP_DRAFT
         print(f" {star} {f.mark} {p.id:<20} {p.name:<30} {human_bytes(p.download_size):>9}  "
               f"needs {p.memory_gb:4.1f} GB  {', '.join(p.good_at):<20} {state}")
     print(f"\nLibrary in {library.root}:")
     lib_pairs, singles = library.pairs(), library.singles()
     for p in lib_pairs:
-        print(f"   pair  {p.id:<30} {human_bytes(p.size):>9}  {p.target.path.name} + {p.draft.path.name}")
+        print(f"   pair  {p.id:<30} {human_bytes(p.size):>9}  {p.target.path.name} + {draft_label(p)}")
     for m in singles:
         print(f"   model {m.name:<30} {human_bytes(m.size):>9}  {m.path}")
     if not lib_pairs and not singles:
@@ -179,7 +195,7 @@ def cmd_download(args) -> int:
 
     def job(cancel) -> int:
         installed = Library(pairs=pairs).install(pair, progress=DownloadLine(), cancel=cancel)
-        print(f"{installed.name}: {installed.target.path} + {installed.draft.path}")
+        print(f"{installed.name}: {installed.target.path} + {draft_label(installed, full=True)}")
         return 0
     return _run_download(job)
 
@@ -206,7 +222,7 @@ def cmd_add(args) -> int:
             print(exc.compatibility.reason)
             return 1
         if hasattr(added, "draft"):
-            print(f"Added pair '{added.id}': {added.target.path} + {added.draft.path}")
+            print(f"Added pair '{added.id}': {added.target.path} + {draft_label(added, full=True)}")
         else:
             print(f"Added model {added.name}: {added.path}")
         return 0

@@ -12,6 +12,7 @@ import os
 import struct
 import threading
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -359,3 +360,32 @@ def check_gguf_file(path: str | os.PathLike, keep_arrays: Iterable[str] = ()) ->
     if not header.tensors:
         raise SpeculumError(f"{path} holds no tensors, so it is not a usable model.")
     return header
+
+
+def nextn_layers(path: str | os.PathLike) -> int:
+    """The NextN (MTP) layers a model file carries, from its header (0: none, or unreadable).
+    Remembered per file version: the pair picker and the library ask on every refresh."""
+    return _drafting_of(path)[0]
+
+
+def is_assistant(path: str | os.PathLike) -> bool:
+    """Whether the file is a Gemma 4 assistant: a draft that runs as its target's MTP head."""
+    return bool(_drafting_of(path)[1])
+
+
+def _drafting_of(path: str | os.PathLike) -> tuple[int, str]:
+    try:
+        st = Path(path).stat()
+    except OSError:
+        return 0, ""
+    return _drafting(str(path), st.st_mtime_ns, st.st_size)
+
+
+@lru_cache(maxsize=256)
+def _drafting(path: str, mtime_ns: int, size: int) -> tuple[int, str]:
+    """(NextN layers, the architecture it assists) of one file version."""
+    try:
+        header = check_gguf_file(path)
+        return header.nextn_layers, header.assistant_for
+    except (SpeculumError, OSError, ValueError):  # unreadable or not GGUF: loading it will say why
+        return 0, ""

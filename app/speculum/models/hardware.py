@@ -140,8 +140,10 @@ def fit(pair: CatalogPair, machine: Machine) -> Fit:
 
 
 def recommend(pairs: Iterable[CatalogPair], machine: Machine, use: str | None = None) -> CatalogPair | None:
-    """The most capable pair that fits (for ``use`` when given), else the smallest that runs."""
-    pairs = list(pairs)
+    """The most capable pair that fits (for ``use`` when given), else the smallest that runs.
+    Entries read from a community page (``source``: rounded sizes, never loaded by us) are
+    listed for the user to choose, not recommended: a first download should be one we ran."""
+    pairs = [p for p in pairs if p.source is None]
     pairs = [p for p in pairs if use is None or use in p.good_at] or pairs
     fitting = [p for p in pairs if fit(p, machine) is Fit.FITS]
     if not machine.has_gpu and fitting:

@@ -21,13 +21,13 @@ from typing import Callable
 from .. import paths
 from ..errors import SpeculumError
 from . import bundled, catalog
-from .catalog import SHARD_RE, CatalogModel, CatalogPair, shard_names
-from .compat import Compatibility, check_headers
+from .catalog import MTP, SHARD_RE, CatalogModel, CatalogPair, shard_names
+from .compat import Compatibility, check_headers, drafts_for_itself
 from .download import (
     STAGING, CancelToken, DiskUsage, DownloadProgress, FileRequest, Progress, download,
     library_path, staged_bytes,
 )
-from .gguf import VOCAB_KEYS, check_gguf_file
+from .gguf import VOCAB_KEYS, check_gguf_file, nextn_layers
 from .remote import HubRef, check_sources
 from .stamps import read_stamp, stamp_path
 
@@ -66,12 +66,20 @@ class LibraryPair:
     id: str
     name: str
     target: LocalModel
-    draft: LocalModel
+    draft: LocalModel | None  # None: the target drafts with its own MTP (NextN) head
     catalog_id: str | None = None
 
     @property
+    def mtp(self) -> bool:
+        return self.draft is None
+
+    @property
+    def models(self) -> tuple[LocalModel, ...]:
+        return (self.target,) if self.draft is None else (self.target, self.draft)
+
+    @property
     def size(self) -> int:
-        return self.target.size + (0 if self.draft.path == self.target.path else self.draft.size)
+        return sum(m.size for m in {m.path: m for m in self.models}.values())
 
 
 def _slug(text: str) -> str:
@@ -170,7 +178,7 @@ class Library:
         files = [e.get("path") for e in state["models"] if e.get("source", "local") == "local"]
         for entry in state["pairs"]:
             if not entry.get("catalog") and not entry.get("downloaded"):
-                files += [entry.get("target"), entry.get("draft")]
+                files += [entry.get("target")] + ([] if entry.get("draft") == MTP else [entry.get("draft")])
         return {self._abs(f).resolve() for f in files if isinstance(f, str)}
 
     def _deletable(self, file: Path, user_files: set[Path]) -> bool:
@@ -197,7 +205,7 @@ class Library:
             if path not in found and path.is_file():
                 found[path] = self.model_at(path, entry.get("source", "local"))
         for entry in state["pairs"]:
-            for role in ("target", "draft"):
+            for role in ("target",) if entry["draft"] == MTP else ("target", "draft"):
                 path = self._abs(entry[role])
                 if path not in found and path.is_file():
                     found[path] = self.model_at(path)
@@ -217,24 +225,28 @@ class Library:
 
     def pairs(self) -> list[LibraryPair]:
         out: list[LibraryPair] = []
-        seen: set[tuple[Path, Path]] = set()
+        seen: set[tuple[Path, Path | None]] = set()
         for entry in self._load()["pairs"]:
-            target, draft = self._abs(entry["target"]), self._abs(entry["draft"])
-            if not (target.is_file() and draft.is_file()):
-                continue  # files moved or deleted behind our back: not usable, not listed
+            target = self._abs(entry["target"])
+            draft = None if entry["draft"] == MTP else self._abs(entry["draft"])
+            if not (target.is_file() and (draft.is_file() if draft else nextn_layers(target))):
+                continue  # files moved, deleted or replaced behind our back: not usable, not listed
             seen.add((target, draft))
             out.append(LibraryPair(entry["id"], entry.get("name", entry["id"]), self.model_at(target),
-                                   self.model_at(draft), entry.get("catalog")))
+                                   None if draft is None else self.model_at(draft), entry.get("catalog")))
         ids = {p.id for p in out}
         for cp in self.catalog:
-            target, draft = self._catalog_model_path(cp.target), self._catalog_model_path(cp.draft)
-            if target and draft and (target, draft) not in seen and cp.id not in ids:
-                out.append(LibraryPair(cp.id, cp.name, self.model_at(target), self.model_at(draft), cp.id))
+            target = self._catalog_model_path(cp.target)
+            draft = None if cp.mtp else self._catalog_model_path(cp.draft)
+            complete = bool(target and (draft or (cp.mtp and nextn_layers(target))))  # a head the file really has
+            if complete and (target, draft) not in seen and cp.id not in ids:
+                out.append(LibraryPair(cp.id, cp.name, self.model_at(target),
+                                       None if draft is None else self.model_at(draft), cp.id))
         return out
 
     def singles(self) -> list[LocalModel]:
         """Models that are not part of any pair."""
-        used = {m.path for p in self.pairs() for m in (p.target, p.draft)}
+        used = {m.path for p in self.pairs() for m in p.models}
         return [m for m in self.models() if m.path not in used]
 
     def installed(self, pair: CatalogPair) -> LibraryPair | None:
@@ -253,26 +265,29 @@ class Library:
 
     # ---- changes -------------------------------------------------------------------------------
 
-    def add_pair(self, target: str | os.PathLike, draft: str | os.PathLike, name: str | None = None,
+    def add_pair(self, target: str | os.PathLike, draft: str | os.PathLike | None, name: str | None = None,
                  catalog_id: str | None = None, downloaded: bool = False) -> LibraryPair:
-        """Record two local GGUF files as a pair, after checking they can work together.
+        """Record two local GGUF files as a pair, after checking they can work together; with no
+        draft, a target that drafts with its own MTP head (after checking it has NextN layers).
 
         ``downloaded``: Speculum fetched the files (so removing the pair may delete them)."""
-        target_m, draft_m = self.model_at(target), self.model_at(draft)
+        target_m = self.model_at(target)
+        draft_m = None if draft is None else self.model_at(draft)
         headers = []
-        for model in (target_m, draft_m):
+        for model in (target_m,) if draft_m is None else (target_m, draft_m):
             missing = [f.name for f in model.files if not f.is_file()]
             if missing:
                 raise SpeculumError(f"{model.path} is split into shards and these are missing beside it: "
                                     f"{', '.join(missing)}.")
             headers.append(check_gguf_file(model.path, VOCAB_KEYS))
-        verdict = check_headers(*headers)
+        verdict = drafts_for_itself(headers[0]) if draft_m is None else check_headers(*headers)
         if not verdict.ok:
             raise IncompatiblePair(verdict)
-        name = name or f"{target_m.name} + {draft_m.name}"
+        name = name or (f"{target_m.name} (MTP)" if draft_m is None else f"{target_m.name} + {draft_m.name}")
         with _LOCK:
             state = self._load()
-            entry_target, entry_draft = self._rel(target_m.path), self._rel(draft_m.path)
+            entry_target = self._rel(target_m.path)
+            entry_draft = MTP if draft_m is None else self._rel(draft_m.path)
             for entry in state["pairs"]:
                 if entry["target"] == entry_target and entry["draft"] == entry_draft:
                     entry["name"] = name
@@ -314,14 +329,14 @@ class Library:
             if pair is not None:
                 state["pairs"] = [e for e in state["pairs"] if e["id"] != pair.id]
                 others = [p for p in pairs if p.id != pair.id]
-                doomed = [m for m in (pair.target, pair.draft)
-                          if not any(m.path in (o.target.path, o.draft.path) for o in others)]
+                doomed = [m for m in pair.models
+                          if not any(m.path in {n.path for n in o.models} for o in others)]
             else:
                 model = next((m for m in self.models() if key in (m.name, m.path.name, str(m.path))), None)
                 if model is None:
                     raise SpeculumError(f"There is no pair or model '{key}' in the library; "
                                         "'speculum models list' shows them.")
-                user = next((p for p in pairs if model.path in (p.target.path, p.draft.path)), None)
+                user = next((p for p in pairs if model.path in {m.path for m in p.models}), None)
                 if user is not None:
                     raise SpeculumError(f"{model.name} is part of the pair '{user.id}'; remove the pair instead.")
                 doomed = [model]
@@ -357,10 +372,9 @@ class Library:
             target, draft = (bundled.assemble(m, self.root, _assembly_progress(progress, m, i, 2))
                              for i, m in enumerate(bundled.DEMO_PAIR))
         else:
-            requests = [FileRequest(HubRef(m.repo, f.path), f.sha256)
-                        for m in (pair.target, pair.draft) for f in m.files]
+            requests = [FileRequest(HubRef(m.repo, f.path), f.sha256) for m in pair.models for f in m.files]
             landed = download(requests, self.root, progress=progress, cancel=cancel, disk_usage=disk_usage)
-            target, draft = landed[0], landed[len(pair.target.files)]
+            target, draft = landed[0], (None if pair.mtp else landed[len(pair.target.files)])
         return self.add_pair(target, draft, pair.name, catalog_id=pair.id, downloaded=True)
 
     def add_from_hub(self, target: HubRef, draft: HubRef | None = None, name: str | None = None,

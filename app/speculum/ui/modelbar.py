@@ -13,7 +13,8 @@ from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QComboBox, QLabel, QPushButton, QToolBar
 
 from ..engine.vocabulary import Mode
-from .modelchoices import is_assistant, local_models, nextn_layers
+from ..models.gguf import is_assistant, nextn_layers
+from .modelchoices import local_models
 from .serve import ServePanel
 from .look import MODE_NAMES
 from .settings import Settings

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 from .. import paths
@@ -21,35 +20,6 @@ def _size(path: Path) -> str:
         return human_bytes(path.stat().st_size)  # as the models dialog shows sizes
     except OSError:
         return "missing"
-
-
-@lru_cache(maxsize=256)
-def _drafting(path: str, mtime_ns: int, size: int) -> tuple[int, str]:
-    from ..models.gguf import check_gguf_file
-
-    try:
-        header = check_gguf_file(path)
-        return header.nextn_layers, header.assistant_for
-    except Exception:  # unreadable or not GGUF: loading it will say why
-        return 0, ""
-
-
-def _drafting_of(path: str | Path) -> tuple[int, str]:
-    try:
-        st = Path(path).stat()
-    except OSError:
-        return 0, ""
-    return _drafting(str(path), st.st_mtime_ns, st.st_size)
-
-
-def nextn_layers(path: str | Path) -> int:
-    """The NextN (MTP) layers a model file carries, from its header (0: none, or unreadable)."""
-    return _drafting_of(path)[0]
-
-
-def is_assistant(path: str | Path) -> bool:
-    """Whether the file is a Gemma 4 assistant: a draft that runs as its target's MTP head."""
-    return bool(_drafting_of(path)[1])
 
 
 def local_models() -> list[ModelChoice]:

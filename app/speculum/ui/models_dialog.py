@@ -2,7 +2,9 @@
 
 Self-contained: it reads the catalog and the library itself and runs every download
 (and the remote compatibility check before one) on a worker QThread. When the user
-picks a pair it emits ``pair_ready(target_path, draft_path)``; the main window loads it.
+picks a pair it emits ``pair_ready(target_path, draft_path)``; the main window loads it. A
+target that drafts with its own MTP head (a catalog entry whose draft is "mtp") shows
+"Built-in (MTP)" as its draft and is emitted with the pair picker's Built-in (MTP) choice.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from PySide6.QtWidgets import (
     QPushButton, QScrollArea, QTableWidget, QTableWidgetItem, QTabWidget, QVBoxLayout, QWidget,
 )
 
+from ..engine.vocabulary import Mode
 from ..errors import SpeculumError
 from ..models import catalog as catalog_mod
 from ..models import hardware
@@ -29,13 +32,16 @@ from ..models.hardware import Fit, Machine
 from ..models.library import IncompatiblePair, Library, LibraryPair, LocalModel, bundled_available
 from .downloadrow import DownloadRow, DownloadWorker, leave_running, running_downloads
 from .hubpair import HubPairDialog
+from .look import MODE_NAMES
+from .modelbar import BUILT_IN
 from .richtext import ask, escaped_tooltip, plain_label, warn
 
 FIT_COLOURS = {Fit.FITS: "#1a7f37", Fit.TIGHT: "#b26a00", Fit.TOO_BIG: "#b42318"}
+BUILT_IN_MTP = MODE_NAMES[Mode.MTP]  # the draft of a target that drafts with its own MTP head
 
 
 class ModelsDialog(QDialog):
-    pair_ready = Signal(str, str)  # target path, draft path
+    pair_ready = Signal(str, str)  # target path, draft path (modelbar.BUILT_IN: the target's own MTP head)
 
     CATALOG_COLUMNS = ["", "Pair", "Good at", "Download", "Memory", "This machine", "Status"]
     LIBRARY_COLUMNS = ["Name", "Kind", "Size", "Files"]
@@ -141,6 +147,8 @@ class ModelsDialog(QDialog):
                     font.setBold(True)
                     item.setFont(font)
                     item.setToolTip("Recommended for this machine: the most capable pair that fits.")
+                if col == 4 and pair.memory_note:
+                    item.setToolTip(escaped_tooltip(pair.memory_note))  # how an estimate was made
                 table.setItem(row, col, item)
         table.resizeColumnsToContents()
         table.horizontalHeader().setSectionResizeMode(1, QHeaderView.Stretch)
@@ -172,10 +180,12 @@ class ModelsDialog(QDialog):
         if pair is None:
             self.pair_summary.setText("")
             return
-        files = sum(len(m.files) for m in (pair.target, pair.draft))
+        files = sum(len(m.files) for m in pair.models)
         self.download_button.setText("Install (offline)" if pair.offline and self.offline_demo else "Download")
+        draft = (f"draft {BUILT_IN_MTP}: its own NextN layers, no draft file" if pair.mtp
+                 else f"draft {pair.draft.name} ({pair.draft.quantization})")
         self.pair_summary.setText(f"{pair.summary} Target {pair.target.name} ({pair.target.quantization}), "
-                                  f"draft {pair.draft.name} ({pair.draft.quantization}); {files} files.")
+                                  f"{draft}; {files} file{'s' * (files > 1)}.")
 
     def _catalog_action(self) -> None:
         pair = self._selected_catalog_pair()
@@ -231,10 +241,11 @@ class ModelsDialog(QDialog):
     def _fill_library(self) -> None:
         entries: list[tuple[str, str, int, str, str, object]] = []
         for pair in self.library.pairs():
-            own = "" if pair.target.in_library and pair.draft.in_library else " (your files)"
-            entries.append((pair.name, "pair" + own, pair.size,
-                            f"{pair.target.path.name}  +  {pair.draft.path.name}",
-                            f"target: {pair.target.path}\ndraft: {pair.draft.path}", pair))
+            own = "" if all(m.in_library for m in pair.models) else " (your files)"
+            draft_name, draft_where = ((BUILT_IN_MTP, BUILT_IN_MTP) if pair.mtp
+                                       else (pair.draft.path.name, str(pair.draft.path)))
+            entries.append((pair.name, "pair" + own, pair.size, f"{pair.target.path.name}  +  {draft_name}",
+                            f"target: {pair.target.path}\ndraft: {draft_where}", pair))
         for model in self.library.singles():
             shards = f" ({len(model.files)} shards)" if len(model.files) > 1 else ""
             entries.append((model.name, "model" + ("" if model.in_library else " (your file)"), model.size,
@@ -282,7 +293,7 @@ class ModelsDialog(QDialog):
         if entry is None:
             return
         key = entry.id if isinstance(entry, LibraryPair) else str(entry.path)
-        models = (entry.target, entry.draft) if isinstance(entry, LibraryPair) else (entry,)
+        models = entry.models if isinstance(entry, LibraryPair) else (entry,)
         ours = [m for m in models if m.in_library]
         what = (f"This deletes {human_bytes(sum(m.size for m in ours))} of model files."
                 if ours else "Your own files stay where they are; the library only forgets them.")
@@ -393,7 +404,7 @@ class ModelsDialog(QDialog):
     # ---- common ----------------------------------------------------------------------------
 
     def use(self, pair: LibraryPair) -> None:
-        self.pair_ready.emit(str(pair.target.path), str(pair.draft.path))
+        self.pair_ready.emit(str(pair.target.path), BUILT_IN if pair.mtp else str(pair.draft.path))
         self.accept()
 
     def refresh(self) -> None:

@@ -1,4 +1,9 @@
-"""How llama.cpp's CPU threads wait for each other, set before llama.cpp loads.
+"""llama.cpp's CPU settings that it reads from the environment, set before it loads.
+
+Two of them matter to Speculum: how its threads wait for each other, and which kernel
+multiplies the small batches that verification sends.
+
+How threads wait
 
 llama.cpp's OpenMP threads meet at a barrier after every operation of the graph, hundreds of
 times per token. By default libgomp lets a waiting thread spin 300,000 times before it
@@ -14,15 +19,30 @@ libgomp's default 10.9 → 3.4; passive 9.7 → 5.9; 300 spins 10.4 → 5.7; 1,0
 
 libgomp reads its environment once, when it is loaded: this must run before llama_cpp is
 imported. A user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT is left as it is.
+
+The tiled K-quant matmul
+
+ggml (x86 builds) takes a "tiled" path for K-quant weights that are not repacked (Q6_K
+among them: the output head of Q4_K_M files) once a batch has 8 rows or more. It unpacks
+the weights into tiles on every call, and the output head is the largest matrix of all.
+A prompt chunk asks for one row of logits, so only the layers' few Q6_K matrices go tiled
+there; a verification pass asks for every row, and its output head pays the unpacking.
+Measured on a 2-core AVX2 machine, Qwen2.5-Coder 1.5B Q4_K_M (``scripts/bench_curve.py``):
+a verification pass of 8 tokens costs 6.3-6.7 single steps with it, 4.5-4.7 without, and
+long copies run 1.3x instead of 1.6x plain decoding on code editing; a 128-token prompt
+chunk costs 13% more without it. Speculation lives on verification passes, so it is off
+unless the user set GGML_CPU_TILED_MM themselves. ggml reads it once, at the first matmul.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 SPIN_COUNT = 1_000  # libgomp spin iterations before a waiting thread sleeps (see scripts/bench_load.py)
 USER_SETTINGS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+TILED_MATMUL = "GGML_CPU_TILED_MM"  # ggml's switch for its tiled K-quant matmul (see above)
 
 _in_effect: dict = {}
 
@@ -39,18 +59,32 @@ def _libgomp_loaded() -> bool | None:
 
 
 def apply(environ=os.environ) -> dict:
-    """Set the wait policy for this process unless the user chose one; what is in effect."""
+    """Set the wait policy and the tiled matmul for this process unless the user chose them;
+    what is in effect."""
     if not _in_effect:
         chosen = {k: environ[k] for k in USER_SETTINGS if k in environ}
         if not chosen:
             environ["GOMP_SPINCOUNT"] = str(SPIN_COUNT)
+        tiled_chosen = TILED_MATMUL in environ
+        environ.setdefault(TILED_MATMUL, "0")
         _in_effect.update({
             "GOMP_SPINCOUNT": environ.get("GOMP_SPINCOUNT", ""),
             "OMP_WAIT_POLICY": environ.get("OMP_WAIT_POLICY", ""),
             "source": "the user's environment" if chosen else "Speculum",
             "set_before_libgomp_loaded": _libgomp_loaded() is not True,
+            TILED_MATMUL: environ[TILED_MATMUL],
+            "tiled_source": "the user's environment" if tiled_chosen else "Speculum",
         })
     return dict(_in_effect)
+
+
+def tiled_matmul_on(setting: dict) -> bool:
+    """Whether ggml takes its tiled path under ``setting``, read as ggml reads it (atoi != 0)."""
+    value = setting.get(TILED_MATMUL)
+    if value is None:
+        return True  # ggml's default
+    digits = re.match(r"\s*[+-]?\d+", value)
+    return digits is not None and int(digits.group()) != 0
 
 
 def in_effect() -> dict:
