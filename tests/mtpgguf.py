@@ -1,8 +1,10 @@
-"""A tiny MTP-bearing GGUF, written by the tests: real weights for llama.cpp, random but shaped.
+"""Tiny MTP-bearing GGUFs, written by the tests: real weights for llama.cpp, random but shaped.
 
 Architecture ``glm4moe`` (GLM-4.5's): the simplest one this llama.cpp runs an MTP head for
 with a plain KV cache (Qwen3.5's needs recurrent-state rollback). Two dense trunk layers and
 one NextN block (a MoE block with a shared expert, as llama.cpp's GLM MTP graph requires).
+Also ``qwen35`` (one NextN block on a Gated DeltaNet + attention trunk), ``step35`` (three
+chained NextN heads) and a Gemma 4 target with its separate assistant (``write_gemma4_pair``).
 The vocabulary and chat template are SmolLM2's, copied from its GGUF.
 
 ``noise`` sets how far the MTP head is from the main head. At 0 it predicts exactly what the
@@ -160,16 +162,55 @@ def _qwen35_weights(n_vocab: int, noise: float, seed: int) -> dict[str, np.ndarr
     return w
 
 
+# Step-3.5 (``step35``): chained heads, one trained NextN block per draft step. Sliding-window
+# and full attention layers alternate (full ones rotate half the head's dimensions), each
+# with a head-wise sigmoid gate; the FFNs are dense here (Step-3.5's are MoE from layer 3 on;
+# its NextN graph takes either). The heads alternate full/sliding too, so the MTP context's
+# cache has both kinds. The window is short enough that the tests' prompts reach past it.
+STEP35_HEADS, STEP35_WINDOW = 3, 16
+
+
+def _step35_weights(n_vocab: int, noise: float, seed: int) -> dict[str, np.ndarray]:
+    make = _Maker(seed)
+    rnd, ones = make.rnd, make.ones
+    E, hd = N_EMBD, N_EMBD // N_HEAD
+    eh = np.concatenate([np.eye(E, dtype=np.float32), np.zeros((E, E), np.float32)], axis=1)
+    w = make.base(n_vocab)
+    for il in range(N_TRUNK + STEP35_HEADS):
+        b = f"blk.{il}."
+        w[b + "attn_norm.weight"] = ones(E)
+        w[b + "attn_q.weight"] = rnd(hd * N_HEAD, E, scale=0.3)
+        w[b + "attn_k.weight"] = rnd(hd * N_HEAD_KV, E, scale=0.3)
+        w[b + "attn_v.weight"] = rnd(hd * N_HEAD_KV, E, scale=0.3)
+        w[b + "attn_q_norm.weight"] = ones(hd)
+        w[b + "attn_k_norm.weight"] = ones(hd)
+        w[b + "attn_gate.weight"] = rnd(N_HEAD, E, scale=0.3)
+        w[b + "attn_output.weight"] = rnd(E, hd * N_HEAD, scale=noise / 4)  # zero at noise 0: no context
+        w[b + "ffn_norm.weight"] = ones(E)
+        w[b + "ffn_gate.weight"] = rnd(N_FF, E, scale=0.2)
+        w[b + "ffn_up.weight"] = rnd(N_FF, E, scale=0.2)
+        w[b + "ffn_down.weight"] = rnd(E, N_FF, scale=noise / 4)
+        if il >= N_TRUNK:  # each head its own projections (its own random guesses when noisy)
+            w[b + "nextn.eh_proj.weight"] = eh + rnd(E, 2 * E, scale=noise / 8)
+            w[b + "nextn.enorm.weight"] = ones(E)
+            w[b + "nextn.hnorm.weight"] = ones(E)
+    return w
+
+
+NEXTN_LAYERS = {"glm4moe": N_NEXTN, "qwen35": N_NEXTN, "step35": STEP35_HEADS}
+_WEIGHTS = {"glm4moe": _weights, "qwen35": _qwen35_weights, "step35": _step35_weights}
+
+
 def write_mtp_gguf(path: Path, tokenizer_from: Path, noise: float = 0.0, seed: int = 0,
                    nextn: bool = True, arch: str = ARCH) -> Path:
     """The test model; ``nextn=False`` writes the same trunk with no NextN block (no MTP);
-    ``arch`` is ``glm4moe`` or ``qwen35``."""
+    ``arch`` is ``glm4moe``, ``qwen35`` or ``step35``."""
     tok = tokenizer_kv(tokenizer_from)
     n_vocab = next(struct.unpack_from("<IQ", raw)[1] for k, _, raw in tok if k == "tokenizer.ggml.tokens")
-    weights = (_qwen35_weights if arch == "qwen35" else _weights)(n_vocab, noise, seed)
-    n_blocks = N_TRUNK + (N_NEXTN if nextn else 0)
-    if not nextn:
-        weights = {k: v for k, v in weights.items() if not k.startswith(f"blk.{N_TRUNK}.")}
+    weights = _WEIGHTS[arch](n_vocab, noise, seed)
+    n_nextn = NEXTN_LAYERS[arch] if nextn else 0
+    n_blocks = N_TRUNK + n_nextn
+    weights = {k: v for k, v in weights.items() if not k.startswith("blk.") or int(k.split(".")[1]) < n_blocks}
     a = arch
     kv: list[tuple[str, int, object]] = [
         ("general.architecture", STRING, a),
@@ -195,6 +236,12 @@ def write_mtp_gguf(path: Path, tokenizer_from: Path, noise: float = 0.0, seed: i
             (f"{a}.ssm.time_step_rank", UINT32, SSM_V_HEADS),
             (f"{a}.ssm.group_count", UINT32, SSM_K_HEADS),
         ]
+    elif arch == "step35":
+        kv += [
+            (f"{a}.expert_feed_forward_length", UINT32, N_FF_EXP),  # required, though no layer here is MoE
+            (f"{a}.attention.sliding_window", UINT32, STEP35_WINDOW),
+            (f"{a}.attention.sliding_window_pattern", ARRAY, (INT32, [1 - il % 2 for il in range(n_blocks)])),
+        ]
     else:
         kv += [
             (f"{a}.expert_feed_forward_length", UINT32, N_FF_EXP),
@@ -204,7 +251,12 @@ def write_mtp_gguf(path: Path, tokenizer_from: Path, noise: float = 0.0, seed: i
             (f"{a}.leading_dense_block_count", UINT32, N_TRUNK),
         ]
     if nextn:
-        kv.append((f"{a}.nextn_predict_layers", UINT32, N_NEXTN))
+        kv.append((f"{a}.nextn_predict_layers", UINT32, n_nextn))
+    return _write(path, kv, tok, weights)
+
+
+def _write(path: Path, kv: list[tuple[str, int, object]], tok: list[tuple[str, int, bytes]],
+           weights: dict[str, np.ndarray]) -> Path:
     out = bytearray(b"GGUF" + struct.pack("<IQQ", 3, len(weights), len(kv) + len(tok)))
     for key, vtype, value in kv:
         out += struct.pack("<Q", len(key)) + key.encode() + struct.pack("<I", vtype) + encode_value(vtype, value)
@@ -225,3 +277,86 @@ def write_mtp_gguf(path: Path, tokenizer_from: Path, noise: float = 0.0, seed: i
         for data in blobs:
             f.write(data)
     return path
+
+
+# Gemma 4 with its assistant: a separate GGUF (``gemma4-assistant``) whose layers have queries
+# only; their keys and values are the target's, read from the target's own KV cache (the last
+# sliding-window layer's for its sliding layers, the last full layer's for the others). It
+# takes the target's token embedding, scaled, beside the target's final hidden state, and
+# predicts with its own tied, narrower embedding. Aligned at noise 0: the target's
+# attention and FFN outputs are zero (its hidden state is the token's embedding) and its
+# output matrix is [A | 0], A the assistant's embedding; the assistant's pre-projection
+# keeps the first ASSISTANT_EMBD dimensions of the target's embedding, its own attention and
+# FFN outputs are zero, so both heads rank the vocabulary by A . e[:ASSISTANT_EMBD].
+ASSISTANT_EMBD, ASSISTANT_LAYERS, GEMMA4_WINDOW = 32, 2, 16
+
+
+def _gemma4_layer(make: _Maker, b: str, E: int, n_head: int, n_kv: int, noise: float) -> dict[str, np.ndarray]:
+    """A Gemma 4 block (the assistant's has no keys and values of its own: n_kv = 0)."""
+    rnd, ones, hd = make.rnd, make.ones, N_EMBD // N_HEAD
+    # Gemma normalises the attention and FFN outputs before adding them: their post-norm
+    # weights, not the projections, set how loud they are (zero at noise 0).
+    loud = ones(E) * noise * 20
+    w = {b + "attn_norm.weight": ones(E), b + "attn_q.weight": rnd(hd * n_head, E, scale=0.3),
+         b + "attn_q_norm.weight": ones(hd), b + "attn_output.weight": rnd(E, hd * n_head, scale=0.3),
+         b + "post_attention_norm.weight": loud, b + "ffn_norm.weight": ones(E),
+         b + "ffn_gate.weight": rnd(2 * E, E, scale=0.2), b + "ffn_up.weight": rnd(2 * E, E, scale=0.2),
+         b + "ffn_down.weight": rnd(E, 2 * E, scale=0.2), b + "post_ffw_norm.weight": loud.copy()}
+    if n_kv:
+        w.update({b + "attn_k.weight": rnd(hd * n_kv, E, scale=0.3), b + "attn_v.weight": rnd(hd * n_kv, E, scale=0.3),
+                  b + "attn_k_norm.weight": ones(hd)})
+    else:
+        w[b + "layer_output_scale.weight"] = ones(1)
+    return w
+
+
+def _gemma4_kv(a: str, n_embd: int, n_blocks: int) -> list[tuple[str, int, object]]:
+    hd = N_EMBD // N_HEAD
+    return [
+        ("general.architecture", STRING, a), ("general.file_type", UINT32, 0),
+        (f"{a}.context_length", UINT32, 2048), (f"{a}.embedding_length", UINT32, n_embd),
+        (f"{a}.block_count", UINT32, n_blocks), (f"{a}.feed_forward_length", UINT32, 2 * n_embd),
+        (f"{a}.attention.head_count", UINT32, N_HEAD), (f"{a}.attention.head_count_kv", UINT32, N_HEAD_KV),
+        (f"{a}.attention.key_length", UINT32, hd), (f"{a}.attention.value_length", UINT32, hd),
+        (f"{a}.attention.key_length_swa", UINT32, hd), (f"{a}.attention.value_length_swa", UINT32, hd),
+        (f"{a}.attention.layer_norm_rms_epsilon", FLOAT32, 1e-6),
+        (f"{a}.attention.sliding_window", UINT32, GEMMA4_WINDOW),
+        # Sliding layers first, the last one full (as Gemma 4 ends): the assistant's sliding
+        # layer reads the target's last sliding layer, its full layer the target's full one.
+        (f"{a}.attention.sliding_window_pattern", ARRAY, (INT32, [int(il < n_blocks - 1) for il in range(n_blocks)])),
+        (f"{a}.rope.freq_base", FLOAT32, 10000.0), (f"{a}.rope.freq_base_swa", FLOAT32, 10000.0),
+    ]
+
+
+def write_gemma4_pair(folder: Path, tokenizer_from: Path, noise: float = 0.0, seed: int = 0,
+                      name: str = "gemma4") -> tuple[Path, Path]:
+    """A tiny Gemma 4 target (two layers: sliding, full) and its assistant (two query-only
+    layers) in ``folder``: (target, assistant)."""
+    tok = tokenizer_kv(tokenizer_from)
+    n_vocab = next(struct.unpack_from("<IQ", raw)[1] for k, _, raw in tok if k == "tokenizer.ggml.tokens")
+    make = _Maker(seed)
+    A = make.rnd(n_vocab, ASSISTANT_EMBD)  # the assistant's tied embedding
+    target = {"token_embd.weight": make.rnd(n_vocab, N_EMBD), "output_norm.weight": make.ones(N_EMBD),
+              "output.weight": np.concatenate([A, np.zeros((n_vocab, N_EMBD - ASSISTANT_EMBD), np.float32)], axis=1)
+              + make.rnd(n_vocab, N_EMBD, scale=noise / 8),
+              "rope_freqs.weight": make.ones(N_EMBD // N_HEAD // 2)}
+    for il in range(2):
+        target.update(_gemma4_layer(make, f"blk.{il}.", N_EMBD, N_HEAD, N_HEAD_KV, noise))
+    keep = np.zeros((ASSISTANT_EMBD, 2 * N_EMBD), np.float32)  # input: [target embedding * sqrt(n) | target hidden]
+    keep[:, :ASSISTANT_EMBD] = np.eye(ASSISTANT_EMBD, dtype=np.float32) / np.sqrt(N_EMBD)
+    assistant = {"token_embd.weight": A, "output_norm.weight": make.ones(ASSISTANT_EMBD),
+                 "nextn.pre_projection.weight": keep + make.rnd(ASSISTANT_EMBD, 2 * N_EMBD, scale=noise / 8),
+                 "nextn.post_projection.weight": make.rnd(N_EMBD, ASSISTANT_EMBD, scale=0.3),
+                 "rope_freqs.weight": make.ones(N_EMBD // N_HEAD // 2)}
+    for il in range(ASSISTANT_LAYERS):
+        assistant.update(_gemma4_layer(make, f"blk.{il}.", ASSISTANT_EMBD, N_HEAD, 0, noise))
+    t_kv = _gemma4_kv("gemma4", N_EMBD, 2) + [
+        ("general.name", STRING, "Speculum Gemma 4 test"),
+        ("gemma4.embedding_length_per_layer_input", UINT32, 0)]
+    a = "gemma4-assistant"
+    a_kv = _gemma4_kv(a, ASSISTANT_EMBD, ASSISTANT_LAYERS) + [
+        ("general.name", STRING, "Speculum Gemma 4 assistant test"),
+        (f"{a}.embedding_length_out", UINT32, N_EMBD),  # the target's width: its hidden state comes in
+        (f"{a}.nextn_predict_layers", UINT32, ASSISTANT_LAYERS)]
+    return (_write(folder / f"{name}.gguf", t_kv, tok, target),
+            _write(folder / f"{name}-assistant.gguf", a_kv, tok, assistant))

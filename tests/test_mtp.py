@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from mtpgguf import write_mtp_gguf
+from mtpgguf import NEXTN_LAYERS, write_gemma4_pair, write_mtp_gguf
 from speculum.engine import llama_ext
 from speculum.engine.decoder import Decoder
 from speculum.engine.llama import LlamaModel
@@ -22,23 +22,45 @@ MAX_NOISE = 0.02
 @pytest.fixture(scope="session")
 def mtp_models(tmp_path_factory, smollm_path):
     """aligned: the head predicts the main head by construction; noisy: it guesses, often wrong;
-    plain: the same trunk without a NextN block. GLM-4.5's architecture (glm4moe, a KV cache)
-    and Qwen3.5's (qwen35: a recurrent Gated DeltaNet layer, then gated attention)."""
+    plain: the same trunk without a NextN block. GLM-4.5's architecture (glm4moe, a KV cache),
+    Qwen3.5's (qwen35: a recurrent Gated DeltaNet layer, then gated attention) and Step-3.5's
+    (step35: three chained heads, sliding-window and full attention)."""
     folder = tmp_path_factory.mktemp("mtp")
     models = {"plain": write_mtp_gguf(folder / "plain.gguf", smollm_path, nextn=False)}
     for arch, prefix in ARCHS.items():
         models[prefix + "aligned"] = write_mtp_gguf(folder / f"{prefix}aligned.gguf", smollm_path, arch=arch)
-        models[prefix + "noisy"] = write_mtp_gguf(folder / f"{prefix}noisy.gguf", smollm_path, noise=0.05, seed=1,
+        # Chained heads compound their errors: at 0.05 Step-3.5's third head was never kept in
+        # the sampled test (0 of 1,500); at 0.02 a quarter of its drafts are.
+        noise = 0.02 if arch == "step35" else 0.05
+        models[prefix + "noisy"] = write_mtp_gguf(folder / f"{prefix}noisy.gguf", smollm_path, noise=noise, seed=1,
                                                   arch=arch)
     return models
 
 
-ARCHS = {"glm4moe": "", "qwen35": "qwen35-"}  # architecture -> its models' key prefix
+ARCHS = {"glm4moe": "", "qwen35": "qwen35-", "step35": "step35-"}  # architecture -> its models' key prefix
 
 
-@pytest.fixture(scope="module", params=list(ARCHS))
-def noisy(mtp_models, request):
-    model = LlamaModel(mtp_models[ARCHS[request.param] + "noisy"], n_ctx=512, n_threads=1)
+@pytest.fixture(scope="session")
+def gemma4_models(tmp_path_factory, smollm_path):
+    """Gemma 4 targets with their assistants (separate files): (target, assistant) pairs.
+    Gemma's post-norms make every output loud, so its noise is smaller."""
+    folder = tmp_path_factory.mktemp("gemma4")
+    return {"aligned": write_gemma4_pair(folder, smollm_path, name="aligned"),
+            "noisy": write_gemma4_pair(folder, smollm_path, noise=0.005, seed=1, name="noisy")}
+
+
+def gemma4_target(pair, n_ctx=512):
+    model = LlamaModel(pair[0], n_ctx=n_ctx, n_threads=1)
+    model.attach_assistant(pair[1])
+    return model
+
+
+@pytest.fixture(scope="module", params=[*ARCHS, "gemma4"])
+def noisy(mtp_models, gemma4_models, request):
+    if request.param == "gemma4":  # the target, drafted for by its assistant
+        model = gemma4_target(gemma4_models["noisy"])
+    else:
+        model = LlamaModel(mtp_models[ARCHS[request.param] + "noisy"], n_ctx=512, n_threads=1)
     yield Decoder(model)
     model.close()
 
@@ -76,12 +98,16 @@ def test_loads_with_its_mtp_head(mtp_models):
         assert Source.MTP in Decoder(model).drafters
     with LlamaModel(mtp_models["qwen35-aligned"], n_ctx=256, n_threads=1) as model:
         assert model.facts.architecture == "qwen35" and model.n_nextn == 1
+    with LlamaModel(mtp_models["step35-aligned"], n_ctx=256, n_threads=1) as model:
+        assert model.facts.architecture == "step35" and model.n_nextn == model.facts.nextn_layers == 3
+        drafter = Decoder(model).drafters[Source.MTP]
+        assert drafter.head.chained and drafter.n_heads == 3
     with LlamaModel(mtp_models["plain"], n_ctx=256, n_threads=1) as model:
         assert model.n_nextn == 0
         assert Source.MTP not in Decoder(model).drafters
 
 
-@pytest.mark.parametrize("k", [1, 3, 6])
+@pytest.mark.parametrize("k", [1, 2, 3, 6])
 def test_greedy_mtp_equals_plain(noisy, k):
     prompt = prompt_of(noisy.target)
     plain, _ = generate(noisy, prompt, max_tokens=48, policy="off")
@@ -89,6 +115,8 @@ def test_greedy_mtp_equals_plain(noisy, k):
     drafted = sum(len(c.drafted) for c in cycles)
     accepted = sum(c.n_accepted for c in cycles)
     assert all(c.source == Source.MTP for c in cycles if c.drafted)
+    n_nextn = noisy.target.n_nextn  # chained heads: one per step, so never more drafts than heads
+    assert max(len(c.drafted) for c in cycles) == (min(k, n_nextn) if n_nextn > 1 else k)
     assert 0 < accepted < drafted  # both paths taken: kept drafts and rejected ones
     i = next((i for i, (a, b) in enumerate(zip(plain, spec)) if a != b), None)
     if i is not None:
@@ -142,6 +170,44 @@ def test_head_is_fed_as_llama_cpp_feeds_it(mtp_models, max_pending, switch, arch
     assert np.abs(q - expected).max() < 1e-3
 
 
+def test_chained_heads_are_fed_as_llama_cpp_feeds_them(mtp_models):
+    """Step-3.5's draft step i runs head i on: the catch-up pairs (token at p, the target's
+    hidden state at p - 1), then the pending token with the target's last hidden state, then
+    each drafted token with the hidden state the previous step's head gave. Each q row equals
+    a fresh context fed all of that in one batch under that head, and not under another one;
+    the context is left on the first head."""
+    path = mtp_models["step35-noisy"]
+    sampling = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, seed=0)
+    with LlamaModel(path, n_ctx=512, n_threads=1) as model:
+        decoder = Decoder(model)
+        drafter = decoder.drafters[Source.MTP]
+        prompt = prompt_of(model)
+        out, _ = generate(decoder, prompt, max_tokens=10, policy="mtp", k=3)
+        more, _ = generate(decoder, prompt + out, max_tokens=6, policy="lookup", k=3)
+        context = prompt + out + more
+        from speculum.engine.drafters import Choice
+        draft = drafter.propose(context, 5, Choice(Source.MTP, 5), sampling, np.random.default_rng(0))
+        assert len(draft.tokens) == 3 and drafter.head.layer == 0
+    with LlamaModel(path, n_ctx=512, n_threads=1) as ref:
+        rows = []
+        ref.listen_to_decodes(lambda tokens, pos, hidden: rows.append(np.array(hidden)))
+        ref.prefill(context[:-1])
+        target_hidden = np.concatenate([np.zeros((1, ref.n_embd), np.float32)] + rows)
+        head = ref.open_mtp_head()
+        tokens, hidden = list(context), target_hidden
+        for step in range(3):
+            expected = {}
+            for layer in range(3):
+                logits, h = head.decode(tokens, hidden, 0, logits=True, layer=layer)
+                expected[layer] = (distribution(logits, sampling), h)
+            q, h = expected[step]
+            assert np.abs(draft.q[step] - q).max() < 1e-3, step
+            off = np.abs(draft.q[step] - q).sum()
+            others = [np.abs(draft.q[step] - expected[o][0]).sum() for o in range(3) if o != step]
+            assert min(others) > 100 * off, step  # it was this step's head: the others are far off (~1e6 x)
+            tokens, hidden = tokens + [draft.tokens[step]], np.concatenate([hidden, h[None, :]])
+
+
 def test_recurrent_target_rolls_back_drafts_and_starts_over_beyond_its_snapshots(mtp_models):
     """Qwen3.5's Gated DeltaNet state is rolled back through llama.cpp's snapshots: drafts
     never exceed them, and a cut further back than they reach decodes the context again."""
@@ -169,7 +235,8 @@ def test_recurrent_target_rolls_back_drafts_and_starts_over_beyond_its_snapshots
 
 @pytest.mark.parametrize("arch", list(ARCHS))
 def test_aligned_head_is_accepted_and_cycles_record_it(mtp_models, arch):
-    """The head built to predict what the main head will: nearly every draft is kept."""
+    """The head built to predict what the main head will: nearly every draft is kept (chained
+    heads: each of them, at its own position)."""
     with LlamaModel(mtp_models[ARCHS[arch] + "aligned"], n_ctx=512, n_threads=1) as model:
         assert model.facts.architecture == arch
         decoder = Decoder(model)
@@ -178,10 +245,12 @@ def test_aligned_head_is_accepted_and_cycles_record_it(mtp_models, arch):
         spec, cycles = generate(decoder, prompt, max_tokens=40, policy="mtp", k=4)
         assert spec == plain
         stats = decoder.stats
-        assert stats.drafted >= 30
+        positions = 4 if NEXTN_LAYERS[arch] == 1 else NEXTN_LAYERS[arch]
+        assert stats.drafted >= 30 if positions == 4 else stats.drafted >= 25
         assert stats.accepted / stats.drafted >= 0.95
         assert stats.by_source[Source.MTP][1] == stats.accepted
-        assert len(stats.drafted_at) == 4 and stats.accepted_at[3] >= 0.9 * stats.drafted_at[3]
+        assert len(stats.drafted_at) == positions
+        assert all(a >= 0.9 * d > 0 for a, d in zip(stats.accepted_at, stats.drafted_at))
         cycle = next(c for c in cycles if c.drafted)
         record = cycle.to_json()
         assert record["source"] == "mtp" and record["n_accepted"] == len(cycle.drafted)
@@ -194,12 +263,14 @@ def test_aligned_head_is_accepted_and_cycles_record_it(mtp_models, arch):
 
 
 def test_sampled_distribution_matches_target(noisy):
-    """Over many seeded runs, sequences of 3 sampled tokens follow the target's own distribution."""
+    """Over many seeded runs, sequences of 3 sampled tokens follow the target's own distribution
+    (4 with chained heads, so that the first pass drafts with all three)."""
     sampling_kw = dict(temperature=1.0, top_k=4, top_p=1.0)
     params = SamplingParams(**sampling_kw)
     prompt = prompt_of(noisy.target, "Say one word.")
-    steps = 3
-    # The exact distribution of 3-token continuations, from the target alone (top-4 each step).
+    chained = noisy.target.n_nextn > 1
+    steps, k = (4, 3) if chained else (3, 2)
+    # The exact distribution of the continuations, from the target alone (top-4 each step).
     probs = {(): 1.0}
     with LlamaModel(noisy.target.path, n_ctx=512, n_threads=1) as ref:
         for _ in range(steps):
@@ -213,14 +284,22 @@ def test_sampled_distribution_matches_target(noisy):
     n = 1500
     joint = {}
     drafted = accepted = 0
+    reached = [0] * k  # drafts that reached each position (chained: each head in turn), and kept there
+    kept = [0] * k
     for seed in range(n):
-        out, cycles = generate(noisy, prompt, max_tokens=steps, policy="mtp", k=2,
+        out, cycles = generate(noisy, prompt, max_tokens=steps, policy="mtp", k=k,
                                sampling=SamplingParams(seed=seed, **sampling_kw))
         drafted += sum(len(c.drafted) for c in cycles)
         accepted += sum(c.n_accepted for c in cycles)
+        for c in cycles:
+            for i in range(len(c.drafted)):
+                reached[i] += 1
+                kept[i] += i < c.n_accepted
         assert len(out) == steps
         joint[tuple(out)] = joint.get(tuple(out), 0) + 1
     assert drafted > n and 0 < accepted < drafted  # speculation really happened, both ways
+    if chained:  # the last head drafted in most runs, and was both kept and rejected
+        assert reached[-1] > n / 2 and 0 < kept[-1] < reached[-1]
     assert set(joint) <= set(probs)
     keys = sorted(probs)
     assert chi_square_p([joint.get(s, 0) for s in keys], [probs[s] for s in keys], n) > 0.001
@@ -287,6 +366,21 @@ def test_auto_mode_measures_and_learns_the_mtp_head(mtp_models, data_dirs):
         again = AutoPolicy(decoder.drafters, "auto", "CPU", policy.store)
         assert again.costs.mtp_step_s == policy.costs.mtp_step_s
         assert again.mtp_rates[0].prior > 0.8
+
+
+def test_adaptive_k_asks_chained_heads_for_no_more_than_they_have(mtp_models):
+    """Step-3.5's three heads draft three tokens at most: told the head is nearly free (as on
+    a deep model) and seeing every draft kept, the MTP policy asks for no more than three
+    (before the cap it asked for 8, its longest MTP draft)."""
+    with LlamaModel(mtp_models["step35-aligned"], n_ctx=512, n_threads=1) as model:
+        decoder = Decoder(model)
+        prompt = prompt_of(model)
+        generate(decoder, prompt, max_tokens=24, policy="mtp")
+        costs = decoder.policies["mtp"].costs
+        costs.mtp_first_s = costs.mtp_step_s = costs.verify(1) / 20
+        _, cycles = generate(decoder, prompt, max_tokens=40, policy="mtp")
+        assert 2 <= max(c.k for c in cycles) <= 3
+        assert all(c.n_accepted == len(c.drafted) <= 3 for c in cycles)
 
 
 def test_auto_puts_a_confident_lookup_first_with_the_mtp_head_behind():
@@ -356,6 +450,23 @@ def test_pair_picker_offers_built_in_mtp_for_a_target_with_nextn_layers(qtbot, m
     assert bar.draft_combo.findData(BUILT_IN) < 0 and bar.draft_path() is None
 
 
+def test_pair_picker_picks_mtp_mode_for_a_gemma4_assistant(qtbot, gemma4_models, tmp_path, monkeypatch):
+    from speculum.ui.modelbar import ModelBar
+
+    folder = tmp_path / "models"
+    folder.mkdir()
+    for path in gemma4_models["aligned"]:
+        (folder / path.name).symlink_to(path)
+    target, assistant = (str(folder / p.name) for p in gemma4_models["aligned"])
+    monkeypatch.setenv("SPECULUM_MODELS_DIR", str(folder))
+    bar = ModelBar()
+    qtbot.addWidget(bar)
+    bar.refresh_models(target, "")
+    assert bar.mode_combo.currentData() != "mtp"
+    bar.draft_combo.setCurrentIndex(bar.draft_combo.findData(assistant))
+    assert bar.mode_combo.currentData() == "mtp" and bar.draft_path() == assistant  # loaded as the draft file
+
+
 def test_a_llama_cpp_without_mtp_says_so_for_a_model_with_nextn_layers(mtp_models, monkeypatch):
     from speculum.errors import SpeculumError
 
@@ -368,3 +479,111 @@ def test_a_llama_cpp_without_mtp_says_so_for_a_model_with_nextn_layers(mtp_model
         with pytest.raises(SpeculumError, match="aligned.gguf has NextN .MTP. layers, but this llama.cpp does not"):
             decoder.policy_for("mtp")
         assert len(generate(decoder, prompt_of(model), max_tokens=4, policy="off")[0]) == 4  # it still runs
+
+
+def test_gemma4_assistant_drafts_on_its_targets_cache(gemma4_models, mtp_models):
+    """A Gemma 4 assistant is a file of its own, loaded as the draft: it becomes the target's
+    MTP head, with no cache of its own and no chained heads; it refuses other targets."""
+    from speculum.engine.loading import LoadOptions, load_decoder
+    from speculum.errors import SpeculumError
+
+    target, assistant = gemma4_models["aligned"]
+    decoder = load_decoder(target, assistant, LoadOptions(n_ctx=256, n_threads=1))
+    try:
+        assert decoder.draft is None and decoder.target.n_nextn == 0 and decoder.target.has_mtp
+        assert decoder.target.facts.assistant == "Speculum Gemma 4 assistant test"  # the status bar names it
+        head = decoder.drafters[Source.MTP].head
+        assert head.shares_target_cache and head.n_layers == 2 and not head.chained
+        assert decoder.drafters[Source.MTP].max_k is None
+    finally:
+        decoder.target.close()
+    with LlamaModel(target, n_ctx=256, n_threads=1) as gemma:
+        # Making the assistant's context empties the target's cache (llama.cpp resizes the
+        # cells they share): the model starts over rather than believe it still holds them.
+        gemma.prefill([1, 2, 3, 4])
+        gemma.attach_assistant(assistant)
+        assert gemma.n_past == 0 and llama_ext_pos_max(gemma) == -1
+        assert gemma.open_mtp_head() is gemma.open_mtp_head()  # one context: another would empty it again
+    with LlamaModel(mtp_models["aligned"], n_ctx=256, n_threads=1) as glm:
+        with pytest.raises(SpeculumError, match="drafts for Gemma 4 targets"):
+            glm.attach_assistant(assistant)
+    with LlamaModel(target, n_ctx=256, n_threads=1) as gemma:
+        with pytest.raises(SpeculumError, match="is not a Gemma 4 assistant"):
+            gemma.attach_assistant(target)
+
+
+def llama_ext_pos_max(model) -> int:
+    """The last position llama.cpp itself holds in the model's cache (-1: empty)."""
+    from speculum.engine.llama import lc
+    return lc.llama_memory_seq_pos_max(model._mem, 0)
+
+
+def test_gemma4_aligned_assistant_is_accepted_and_cycles_record_it(gemma4_models):
+    with gemma4_target(gemma4_models["aligned"]) as model:
+        decoder = Decoder(model)
+        prompt = prompt_of(model)
+        plain, _ = generate(decoder, prompt, max_tokens=40, policy="off")
+        spec, cycles = generate(decoder, prompt, max_tokens=40, policy="mtp", k=4)
+        assert spec == plain
+        stats = decoder.stats
+        assert stats.drafted >= 30 and stats.accepted / stats.drafted >= 0.95
+        assert len(stats.drafted_at) == 4
+        assert all(a >= 0.9 * d > 0 for a, d in zip(stats.accepted_at, stats.drafted_at))
+        assert all(c.source == Source.MTP for c in cycles if c.drafted)
+
+
+def test_gemma4_assistant_is_fed_as_llama_cpp_feeds_it(gemma4_models):
+    """Every step of the assistant sits at the pending token's position and reads the target's
+    cache of the context before it: first (pending token, the target's last hidden state),
+    then (each drafted token, the assistant's own last hidden state). Each q row equals a fresh
+    assistant's on a fresh target given just that, and not with another hidden state (the
+    target's one row earlier at the first step, the target's last one after it)."""
+    pair = gemma4_models["noisy"]
+    sampling = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, seed=0)
+    from speculum.engine.drafters import Choice
+    with gemma4_target(pair) as model:
+        decoder = Decoder(model)
+        prompt = prompt_of(model)
+        out, _ = generate(decoder, prompt, max_tokens=10, policy="mtp", k=3)
+        more, _ = generate(decoder, prompt + out, max_tokens=6, policy="lookup", k=3)
+        context = prompt + out + more
+        draft = decoder.drafters[Source.MTP].propose(context, 3, Choice(Source.MTP, 3), sampling,
+                                                      np.random.default_rng(0))
+        assert len(draft.tokens) == 3
+    with gemma4_target(pair) as ref:
+        rows = []
+        ref.listen_to_decodes(lambda tokens, pos, hidden: rows.append(np.array(hidden)))
+        ref.prefill(context[:-1])
+        head = ref.open_mtp_head()
+        pos0 = len(context) - 1
+        target_hidden = np.concatenate(rows)
+        token, hidden, wrong = context[-1], target_hidden[-1], target_hidden[-2]
+        for step in range(3):
+            logits, h = head.decode([token], hidden[None, :], pos0, logits=True)
+            q = distribution(logits, sampling)
+            off = np.abs(draft.q[step] - q).sum()
+            assert np.abs(draft.q[step] - q).max() < 1e-3, step
+            other, _ = head.decode([token], wrong[None, :], pos0, logits=True)
+            assert np.abs(draft.q[step] - distribution(other, sampling)).sum() > 100 * off, step
+            token, hidden, wrong = draft.tokens[step], h, target_hidden[-1]
+
+
+def test_generate_with_a_gemma4_assistant_on_the_cli(gemma4_models, mtp_models):
+    target, assistant = gemma4_models["aligned"]
+    pair = speculum("models", "check", target, assistant)
+    assert pair.returncode == 0 and "the target's Gemma 4 assistant" in pair.stdout, pair.stdout
+    alone = speculum("models", "check", assistant)  # its NextN layers draft for another model
+    assert alone.returncode == 1 and "is a Gemma 4 assistant: it drafts for a gemma4 target" in alone.stdout
+    wrong = speculum("models", "check", mtp_models["aligned"], assistant)
+    assert wrong.returncode == 1 and "drafts only for a gemma4 target" in wrong.stdout
+    draft_mode = speculum("generate", "--target", target, "--draft", assistant, "--mode", "draft", "--threads", "1",
+                          "--max-tokens", "4", "hi")
+    assert draft_mode.returncode == 2
+    assert draft_mode.stderr.strip() == (f"speculum: {assistant.name} is a Gemma 4 assistant: it drafts in MTP mode "
+                                         "(--mode mtp), on the target's own KV cache, not as a draft model.")
+    proc = speculum("generate", "--target", target, "--draft", assistant, "--mode", "mtp", "-k", "3", "--fixed-k",
+                    "--threads", "1", "--max-tokens", "16", "--json", "hi")
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert any(c.get("source") == "mtp" and c["drafted"] for c in lines[:-1])
+    assert lines[-1]["acceptance_rate"] >= 0.9

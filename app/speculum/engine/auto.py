@@ -259,7 +259,9 @@ class AutoPolicy:
             options += self._draft_options(rates, MAX_K_MODEL, lambda k: c.verify(k + 1) + c.draft(k) + catch_up,
                                            lambda k: Choice(Source.MODEL, k))
         if Source.MTP in self.sources:
-            options += self._draft_options(chained(self.mtp_rates, rng), MAX_K_MODEL,
+            # Chained heads draft at most one token per head: no option beyond them.
+            k_max = min(MAX_K_MODEL, getattr(self.drafters[Source.MTP], "max_k", None) or MAX_K_MODEL)
+            options += self._draft_options(chained(self.mtp_rates, rng), k_max,
                                            lambda k: c.verify(k + 1) + c.mtp(k), lambda k: Choice(Source.MTP, k))
         return options
 

@@ -40,6 +40,7 @@ class ModelFacts:
     n_gpu_layers: int
     n_threads: int = 0  # CPU threads decoding
     nextn_layers: int = 0  # multi-token prediction layers loaded: the model drafts for itself
+    assistant: str = ""  # the name of the Gemma 4 assistant drafting on this model's KV cache
 
 
 class Detokenizer:

@@ -56,6 +56,10 @@ class Decoder:
         has_mtp = Source.MTP in self.drafters
         if mode == Mode.MTP and not has_mtp and getattr(self.target, "mtp_unavailable", ""):
             raise SpeculumError(self.target.mtp_unavailable)
+        assistant = getattr(self.target, "assistant_path", None)
+        if mode == Mode.DRAFT and not has_draft_model and assistant is not None:
+            raise SpeculumError(f"{assistant.name} is a Gemma 4 assistant: it drafts in MTP mode (--mode mtp), "
+                                "on the target's own KV cache, not as a draft model.")
         fixed = mode == Mode.OFF or (k is not None and mode != Mode.AUTO)  # auto always picks k itself
         if (fixed or (mode == Mode.DRAFT and not has_draft_model)
                 or (mode == Mode.MTP and not has_mtp)):  # (no drafter: FixedPolicy's plain-words error)

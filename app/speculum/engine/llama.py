@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -174,6 +175,9 @@ class LlamaModel(TokenPieces):
     ):
         self.path = Path(path)
         self._mtp_heads: list[MtpHead] = []  # closed before the weights they run on
+        self._assistant = None  # a Gemma 4 assistant's weights (attach_assistant)
+        self._assistant_head: MtpHead | None = None  # its one context
+        self.assistant_path: Path | None = None
         header = header or check_gguf_file(self.path)
         gpu = gpu_backend()
         mparams = lc.llama_model_default_params()
@@ -288,6 +292,7 @@ class LlamaModel(TokenPieces):
         self.n_embd = (lc.llama_model_n_embd_out if hasattr(lc, "llama_model_n_embd_out") else lc.llama_model_n_embd)(
             self._model)
         self.n_nextn = self.facts.nextn_layers
+        self._gpu_layers = mparams.n_gpu_layers
         # Called after every decode with (tokens, first position, NextN hidden rows): the MTP drafter.
         self._decode_listeners: list[Callable[[Sequence[int], int, np.ndarray], None]] = []
 
@@ -389,14 +394,57 @@ class LlamaModel(TokenPieces):
 
     def listen_to_decodes(self, listener: Callable[[Sequence[int], int, np.ndarray], None]) -> None:
         """Call ``listener(tokens, pos, hidden)`` after each decode, ``hidden`` the (n, n_embd) NextN
-        hidden states of every token (a view valid during the call). Needs NextN layers."""
-        if not self.n_nextn:
+        hidden states of every token (a view valid during the call). Needs NextN layers or an
+        assistant."""
+        if not self.n_nextn and self._assistant is None:
             raise SpeculumError(f"{self.path.name} has no NextN (MTP) layers.")
         llama_ext.staging().set_embeddings_nextn(self._ctx, True, False)  # every row, not only logits rows
         self._decode_listeners.append(listener)
 
+    @property
+    def has_mtp(self) -> bool:
+        """Whether an MTP head can draft for this model: its own NextN layers, or an assistant."""
+        return bool(self.n_nextn) or self._assistant is not None
+
+    def attach_assistant(self, path: str | os.PathLike, header: GGUFHeader | None = None) -> None:
+        """Load a Gemma 4 assistant (``gemma4-assistant``, a GGUF of its own) to draft for this
+        Gemma 4 target: its layers read this context's KV cache, so it takes no cache of its own
+        and never catches up (llama.cpp's ``ctx_other``).
+
+        Making the assistant's context empties this context's cache: llama.cpp's shared cache
+        sizes the cells it shares anew (llama-kv-cache.cpp's constructor resizes them). So it
+        is made once, here, and this model starts over from an empty context."""
+        path = Path(path)
+        header = header or check_gguf_file(path)
+        if header.assistant_for != "gemma4":
+            raise SpeculumError(f"{path.name} is not a Gemma 4 assistant (architecture '{header.architecture}').")
+        if not self.facts.architecture.startswith(header.assistant_for):
+            raise SpeculumError(f"{path.name} drafts for Gemma 4 targets; {self.path.name} is "
+                                f"'{self.facts.architecture}'.")
+        support = llama_ext.support()
+        if not support:
+            raise SpeculumError(f"{path.name} is a Gemma 4 assistant, but {support.reason}")
+        mparams = lc.llama_model_default_params()
+        mparams.n_gpu_layers = self._gpu_layers
+        mparams.load_mtp = True
+        _log_lines.clear()
+        model = lc.llama_model_load_from_file(str(path).encode(), mparams)
+        if not model:
+            why = _recent_log_error()
+            raise SpeculumError(f"llama.cpp could not load the assistant {path.name}" + (f": {why}" if why else "."))
+        self._assistant, self.assistant_path = model, path
+        self.facts = dataclasses.replace(self.facts, assistant=header.name or path.stem)
+        try:
+            self._assistant_head = MtpHead(self)
+        except BaseException:
+            lc.llama_model_free(model)
+            self._assistant = self.assistant_path = None
+            raise
+        self.reset()  # what llama.cpp just did to the cache, in this model's own count
+
     def open_mtp_head(self) -> "MtpHead":
-        return MtpHead(self)
+        """The MTP context: a new one on this model's NextN layers, or the assistant's one."""
+        return self._assistant_head if self._assistant is not None else MtpHead(self)
 
     def prefill(self, tokens: Sequence[int]) -> np.ndarray:
         """Decode any number of tokens in n_batch chunks; return the last row's logits."""
@@ -434,6 +482,9 @@ class LlamaModel(TokenPieces):
     def close(self) -> None:
         for head in list(getattr(self, "_mtp_heads", ())):
             head.close()
+        if getattr(self, "_assistant", None):
+            lc.llama_model_free(self._assistant)
+            self._assistant = self._assistant_head = None
         if getattr(self, "_ctx", None):
             lc.llama_batch_free(self._batch)
             lc.llama_free(self._ctx)
@@ -458,11 +509,23 @@ class LlamaModel(TokenPieces):
 
 
 class MtpHead:
-    """llama.cpp's MTP context (``LLAMA_CONTEXT_TYPE_MTP``) on a target's own weights.
+    """llama.cpp's MTP context (``LLAMA_CONTEXT_TYPE_MTP``) on a target's own weights, or on
+    the weights of the Gemma 4 assistant attached to it.
 
-    It has its own KV cache (the NextN block's layer). Each position p takes the token at p
-    and the hidden state that predicted it (the target's at p - 1, or the head's own while
+    It has its own KV cache (the NextN blocks' layers). Each position p takes the token at p
+    and the hidden state that predicted it (the target's at p - 1, or a head's own while
     drafting); its logits there are for the token at p + 1.
+
+    With several NextN blocks (Step-3.5, MiMo-V2, Hunyuan V3) each is a trained head of its
+    own, ``layer`` 0 .. n_layers - 1, chosen per decode with ``llama_set_nextn_layer_offset``.
+    They share the cache's cells, one K/V tensor per layer: a decode under one head writes
+    only its layer, so a head reads at a position what it wrote there itself. llama.cpp's
+    driver relies on the same thing: with one sequence a cache cut at p and refilled puts
+    position p back in the same cell, leaving the other layers' K/V there untouched.
+
+    A Gemma 4 assistant (``shares_target_cache``) has no cache of its own: its layers attend
+    to the target's keys and values (llama.cpp's ``ctx_other``), all of them in one graph, and
+    a decode writes nothing anywhere.
     """
 
     def __init__(self, target: LlamaModel):
@@ -473,11 +536,16 @@ class MtpHead:
         cparams.n_seq_max = 1
         cparams.n_threads = cparams.n_threads_batch = target.n_threads
         cparams.ctx_type = lc.LLAMA_CONTEXT_TYPE_MTP
+        self.shares_target_cache = target._assistant is not None
+        if self.shares_target_cache:
+            cparams.ctx_other = target._ctx
         _log_lines.clear()
-        self._ctx = lc.llama_init_from_model(target._model, cparams)
+        model = target._assistant if self.shares_target_cache else target._model
+        self._ctx = lc.llama_init_from_model(model, cparams)
         if not self._ctx:
             why = _recent_log_error()
-            raise SpeculumError(f"llama.cpp could not create the MTP context for {target.path.name}"
+            name = target.assistant_path.name if self.shares_target_cache else target.path.name
+            raise SpeculumError(f"llama.cpp could not create the MTP context for {name}"
                                 + (f": {why}" if why else "."))
         self._ext.set_embeddings_nextn(self._ctx, True, True)  # hidden rows of the logits rows
         self._mem = lc.llama_get_memory(self._ctx)
@@ -487,20 +555,26 @@ class MtpHead:
         self.n_vocab = target.n_vocab
         self.n_batch = target.n_batch
         self.n_ctx = lc.llama_n_ctx(self._ctx)
-        self.n_layers = target.n_nextn
+        self.n_layers = max(1, lc.llama_model_n_layer_nextn(model))
+        # llama.cpp chains heads wherever there is more than one and the head has its own cache.
+        self.chained = self.n_layers > 1 and not self.shares_target_cache
+        self.layer = 0  # the head the next decode runs under
         self.n_past = 0
         target._mtp_heads.append(self)
 
     def decode(self, tokens: Sequence[int], hidden: np.ndarray, pos: int,
-               logits: bool = False) -> tuple[np.ndarray, np.ndarray] | None:
-        """Decode (token, hidden row) pairs at positions pos, pos+1, ...; anything cached from
-        ``pos`` on is dropped first. With ``logits``: the last row's logits and hidden state
-        (copies)."""
+               logits: bool = False, layer: int = 0) -> tuple[np.ndarray, np.ndarray] | None:
+        """Decode (token, hidden row) pairs at positions pos, pos+1, ... under head ``layer``;
+        anything cached from ``pos`` on is dropped first. With ``logits``: the last row's
+        logits and hidden state (copies)."""
         n = len(tokens)
         if n == 0 or n > self.n_batch or pos + n > self.n_ctx:
             raise ValueError(f"MTP decode of {n} tokens at {pos} (batch {self.n_batch}, context {self.n_ctx})")
+        if not 0 <= layer < self.n_layers:
+            raise ValueError(f"MTP head {layer} of {self.n_layers}")
         hidden = np.ascontiguousarray(hidden, dtype=np.float32)
         self.trim(pos)
+        self.use(layer)
         b = self._batch
         lc.llama_batch_ext_clear(b)
         base = hidden.ctypes.data
@@ -523,6 +597,12 @@ class MtpHead:
         row = np.ctypeslib.as_array(lc.llama_get_logits_ith(self._ctx, n - 1), shape=(self.n_vocab,))
         h = np.ctypeslib.as_array(self._ext.get_embeddings_nextn_ith(self._ctx, n - 1), shape=(self.n_embd,))
         return row.copy(), h.copy()
+
+    def use(self, layer: int) -> None:
+        """Run the next decodes under head ``layer`` (0: the first, llama.cpp's default)."""
+        if layer != self.layer:
+            self._ext.set_nextn_layer_offset(self._ctx, layer)
+            self.layer = layer
 
     def trim(self, n: int) -> None:
         if n < self.n_past:

@@ -51,7 +51,14 @@ def load_decoder(target: str | os.PathLike, draft: str | os.PathLike | None = No
                    extra_buffer_types=options.extra_buffer_types, rpc=options.rpc,
                    tensor_split=options.tensor_split)
     d = None
-    if draft is not None:
+    if draft_header is not None and draft_header.assistant_for:
+        # A Gemma 4 assistant is no draft model: it runs on the target's KV cache, as its MTP head.
+        try:
+            t.attach_assistant(draft, draft_header)
+        except BaseException:
+            t.close()
+            raise
+    elif draft is not None:
         try:
             d = LlamaModel(draft, header=draft_header, n_ctx=options.n_ctx, n_gpu_layers=options.draft_gpu_layers,
                            n_threads=options.n_threads, flash_attn=options.flash_attn, progress=stage("draft"),

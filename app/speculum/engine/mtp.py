@@ -11,8 +11,21 @@ tokens each fed with the head's own hidden state.
 
 Only pairs built from the target's hidden states stay in the head's cache between cycles:
 draft positions, which used the head's own, are dropped at the next proposal even when
-the target accepted their tokens. Models with several NextN heads use the first one for
-every step (llama.cpp chains them for Step-3.5; not done here).
+the target accepted their tokens.
+
+Chained heads (several NextN blocks: Step-3.5, MiMo-V2, Hunyuan V3), as llama.cpp's
+``chain_heads``: draft step i runs head i, so a draft has at most as many tokens as there are
+heads. Every head's layer takes the catch-up pairs. Step i (i >= 1) cuts the draft rows and
+has head i decode them again in its own layer: rows pos0 + j for j = 1..i, the j-th drafted
+token paired with the hidden state head j - 1 gave at its last row. (Row pos0 pairs the
+pending token with the target's hidden state, the same under every head, so it stays from
+the catch-up: llama.cpp decodes it again with the rest, to the same K/V.)
+
+A Gemma 4 assistant (``is_mem_shared`` in llama.cpp) reads the target's own KV cache, which
+holds exactly the context before the pending token when a draft starts: nothing to catch up
+on and nothing kept. Its first step takes (pending token, the target's last hidden state),
+each next one (the drafted token, the assistant's hidden state), all at the pending token's
+position, as llama.cpp and transformers' Gemma 4 assistant do.
 """
 
 from __future__ import annotations
@@ -44,12 +57,16 @@ class MtpDrafter:
         # Pairs held back at most this long: beyond it they go into the head's cache unasked
         # (cheap in a big batch), so a generation that never drafts with MTP holds little.
         self.max_pending = head.n_batch
+        # Chained: one head per draft step; otherwise the one head drafts every step.
+        self.n_heads = head.n_layers if head.chained else 1
+        self.max_k = self.n_heads if head.chained else None  # the most tokens a draft can have (None: no cap)
+        self.shared = head.shares_target_cache
         target.listen_to_decodes(self._on_target_decode)
 
     @classmethod
     def build(cls, inputs: DrafterInputs) -> "MtpDrafter | None":
         target = inputs.target
-        if not getattr(target, "n_nextn", 0):
+        if not getattr(target, "has_mtp", False):
             return None
         return cls(target, target.open_mtp_head(), inputs.clock)
 
@@ -78,6 +95,9 @@ class MtpDrafter:
             grown[:keep] = self._hidden[:keep]
             self._hidden = grown
         self._hidden[keep:need] = hidden
+        if self.shared:  # only the row before the next pending token is ever read: in this decode
+            self._forget_before(pos)
+            return
         self._forget_before(len(self.tokens) - 1)
         if pos - len(self.tokens) > self.max_pending:
             # Everything before ``pos`` is in the target's cache: confirmed, it can go in.
@@ -109,7 +129,9 @@ class MtpDrafter:
         step = self.head.n_batch
         for i in range(0, len(tokens), step):
             last = i + step >= len(tokens)
-            out = self.head.decode(tokens[i:i + step], hidden[i:i + step], first + i, logits=logits and last)
+            for layer in reversed(range(self.n_heads)):  # head 0 last: its logits are the first draft token
+                out = self.head.decode(tokens[i:i + step], hidden[i:i + step], first + i,
+                                       logits=logits and last and layer == 0, layer=layer)
             self.tokens.extend(tokens[i:i + step])
         return out
 
@@ -123,10 +145,42 @@ class MtpDrafter:
         """Up to k tokens following ``context``; stops early below ``choice.min_confidence``."""
         pos0 = len(context) - 1  # the pending last token's position: the target has all before it
         k = min(k, self.head.n_ctx - pos0)
+        if self.max_k is not None:
+            k = min(k, self.max_k)  # one head per step
         if k <= 0 or pos0 < 0:
             return Draft(source=self.source)
         start = self.clock()
-        # The head's pairs agree with the context up to n; pairs n..pos0 go in as one batch.
+        if self.shared:
+            if self.target.n_past != pos0:  # it would read a cache that is not this context's
+                return Draft(source=self.source)
+            logits, hidden = self.head.decode([context[pos0]], self._hidden_before(pos0, pos0 + 1), pos0, logits=True)
+        else:
+            logits, hidden = self._catch_up_to(context, pos0)
+
+        drafted: list[int] = []
+        chain = [hidden]  # chain[j]: the hidden state row pos0 + 1 + j pairs with its token
+
+        def next_logits(i: int, tok: int) -> np.ndarray:
+            """Logits after the (i+1)-th drafted token, paired with the last step's hidden state."""
+            drafted.append(tok)
+            # One head: only the new row (its cache holds the rest). Chained: head i+1 rebuilds
+            # every draft row in its own layer.
+            first, layer = (0, i + 1) if self.head.chained else (i, 0)
+            pos = pos0 if self.shared else pos0 + 1 + first  # the assistant drafts at one position
+            out, h = self.head.decode(drafted[first:], np.stack(chain[first:]), pos, logits=True, layer=layer)
+            chain.append(h)
+            return out
+
+        try:
+            tokens, q, conf, first_s = draft_one_by_one(logits, k, next_logits, choice, sampling, rng, start,
+                                                        self.clock)
+        finally:
+            self.head.use(0)  # as llama.cpp leaves it: decodes outside drafting run the first head
+        return Draft(tokens, self.source, q, conf, first_s=first_s)
+
+    def _catch_up_to(self, context: Sequence[int], pos0: int) -> tuple[np.ndarray, np.ndarray]:
+        """The head's pairs agree with the context up to n; pairs n..pos0 go in as one batch:
+        the last one's (logits, hidden)."""
         n = 0
         limit = min(len(self.tokens), pos0)
         if self.tokens[:limit] == list(context[:limit]):
@@ -135,16 +189,9 @@ class MtpDrafter:
             while self.tokens[n] == context[n]:
                 n += 1
         del self.tokens[n:]
-        logits, hidden = self._catch_up(list(context[n:pos0 + 1]), logits=True)
+        out = self._catch_up(list(context[n:pos0 + 1]), logits=True)
         self._forget_before(pos0 - 1)
-
-        def next_logits(i: int, tok: int) -> np.ndarray:  # the head's next step reads its own last hidden state
-            nonlocal hidden
-            out, hidden = self.head.decode([tok], hidden[None, :], pos0 + 1 + i, logits=True)
-            return out
-
-        tokens, q, conf, first_s = draft_one_by_one(logits, k, next_logits, choice, sampling, rng, start, self.clock)
-        return Draft(tokens, self.source, q, conf, first_s=first_s)
+        return out
 
     def accept(self, context: Sequence[int]) -> None:
         """Nothing: the next ``propose`` drops the draft positions and catches up."""

@@ -50,6 +50,12 @@ def check_headers(target: GGUFHeader, draft: GGUFHeader) -> Compatibility:
         return Compatibility(False, f"The draft cannot speculate for the target: {why}. "
                                     f"The {t_desc} and the {d_desc} must share one vocabulary.")
 
+    if target.assistant_for:
+        return Compatibility(False, f"{target.name or target.architecture} is a Gemma 4 assistant: it drafts for a "
+                                    f"{target.assistant_for} target and cannot be one.")
+    if draft.assistant_for and not target.architecture.startswith(draft.assistant_for):
+        return Compatibility(False, f"{draft.name or draft.architecture} is a Gemma 4 assistant: it drafts only "
+                                    f"for a {draft.assistant_for} target, and the target is '{target.architecture}'.")
     t_model, d_model = target.get("tokenizer.ggml.model"), draft.get("tokenizer.ggml.model")
     if t_model != d_model:
         return refuse(f"tokenizer types differ ('{t_model}' vs '{d_model}')")
@@ -68,13 +74,19 @@ def check_headers(target: GGUFHeader, draft: GGUFHeader) -> Compatibility:
     for i in range(CHECK_FROM_TOKEN, min(len(t_tokens), len(d_tokens))):
         if t_tokens[i] != d_tokens[i]:
             return refuse(f"token {i} is {t_tokens[i]!r} in the target but {d_tokens[i]!r} in the draft")
-    return Compatibility(True, f"Compatible: both use the {t_model} tokenizer with "
-                               f"{min(target.vocab_size, draft.vocab_size):,} shared tokens.")
+    shared = f"{min(target.vocab_size, draft.vocab_size):,} shared tokens"
+    if draft.assistant_for:
+        return Compatibility(True, f"Compatible: the draft is the target's Gemma 4 assistant ({shared}); it drafts "
+                                   "in MTP mode (--mode mtp), on the target's own KV cache.")
+    return Compatibility(True, f"Compatible: both use the {t_model} tokenizer with {shared}.")
 
 
 def drafts_for_itself(target: GGUFHeader) -> Compatibility:
     """A target with multi-token prediction (NextN) layers is a complete pair on its own."""
     name = target.name or target.architecture
+    if target.assistant_for:
+        return Compatibility(False, f"{name} ({target.architecture}) is a Gemma 4 assistant: it drafts for a "
+                                    f"{target.assistant_for} target (given as its draft, --mode mtp), not for itself.")
     n = target.nextn_layers
     if n:
         return Compatibility(True, f"{name} ({target.architecture}) carries {n} NextN (MTP) layer{'s' * (n > 1)}: "

@@ -53,6 +53,8 @@ FILE_TYPES = {
 # Arrays are skipped unless their key is listed here: a vocabulary of 150k strings
 # is parsed only when a compatibility check needs it.
 VOCAB_KEYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type")
+# Drafters that run on their target's KV cache (Gemma 4's assistant): a draft, never a target.
+ASSISTANT_ARCHS = {"gemma4-assistant": "gemma4"}  # architecture -> the targets' architecture
 
 
 @dataclass(frozen=True)
@@ -109,9 +111,17 @@ class GGUFHeader:
         return int(self.metadata.get(f"{self.architecture}.context_length", 0))
 
     @property
+    def assistant_for(self) -> str:
+        """The target architecture this file assists ("": it is no assistant)."""
+        return ASSISTANT_ARCHS.get(self.architecture, "")
+
+    @property
     def nextn_layers(self) -> int:
-        """Multi-token prediction (NextN) layers the model carries: its own drafter (0: none).
-        A hostile value (a string, negative, huge) counts as none."""
+        """Multi-token prediction (NextN) layers the model carries: its own drafter (0: none;
+        an assistant's layers draft for another model). A hostile value (a string, negative,
+        huge) counts as none."""
+        if self.assistant_for:
+            return 0
         n = self.metadata.get(f"{self.architecture}.nextn_predict_layers", 0)
         return n if isinstance(n, int) and not isinstance(n, bool) and 0 < n <= 64 else 0
 
@@ -355,16 +365,27 @@ def check_gguf_file(path: str | os.PathLike, keep_arrays: Iterable[str] = ()) ->
 def nextn_layers(path: str | os.PathLike) -> int:
     """The NextN (MTP) layers a model file carries, from its header (0: none, or unreadable).
     Remembered per file version: the pair picker and the library ask on every refresh."""
+    return _drafting_of(path)[0]
+
+
+def is_assistant(path: str | os.PathLike) -> bool:
+    """Whether the file is a Gemma 4 assistant: a draft that runs as its target's MTP head."""
+    return bool(_drafting_of(path)[1])
+
+
+def _drafting_of(path: str | os.PathLike) -> tuple[int, str]:
     try:
         st = Path(path).stat()
     except OSError:
-        return 0
-    return _nextn_layers(str(path), st.st_mtime_ns, st.st_size)
+        return 0, ""
+    return _drafting(str(path), st.st_mtime_ns, st.st_size)
 
 
 @lru_cache(maxsize=256)
-def _nextn_layers(path: str, mtime_ns: int, size: int) -> int:
+def _drafting(path: str, mtime_ns: int, size: int) -> tuple[int, str]:
+    """(NextN layers, the architecture it assists) of one file version."""
     try:
-        return check_gguf_file(path).nextn_layers
+        header = check_gguf_file(path)
+        return header.nextn_layers, header.assistant_for
     except (SpeculumError, OSError, ValueError):  # unreadable or not GGUF: loading it will say why
-        return 0
+        return 0, ""

@@ -62,6 +62,8 @@ class LoadStatus(QStatusBar):
             pair += f"  ←  {draft.name} ({draft.quantization})"
         elif getattr(target, "nextn_layers", 0):  # (facts pickled by an older engine have none)
             pair += "  ←  built-in (its own MTP head)"
+        elif getattr(target, "assistant", ""):
+            pair += f"  ←  {target.assistant} (Gemma 4 assistant, on the target's KV cache)"
         else:
             pair += "  ·  no draft model (prompt lookup only)"
         self.model_label.setText(f"{pair}  ·  context {target.n_ctx:,} tokens")

@@ -13,7 +13,7 @@ from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QComboBox, QLabel, QPushButton, QToolBar
 
 from ..engine.vocabulary import Mode
-from ..models.gguf import nextn_layers
+from ..models.gguf import is_assistant, nextn_layers
 from .modelchoices import local_models
 from .serve import ServePanel
 from .look import MODE_NAMES
@@ -97,7 +97,9 @@ class ModelBar(QToolBar):
             self.draft_combo.removeItem(index)
 
     def _on_draft_changed(self, *_) -> None:
-        if self.draft_combo.currentData() == BUILT_IN and not self._applying:
+        """Built-in (MTP) and a Gemma 4 assistant both draft as an MTP head: MTP mode."""
+        draft = self.draft_combo.currentData() or ""
+        if (draft == BUILT_IN or (draft and is_assistant(draft))) and not self._applying:
             self.mode_combo.setCurrentIndex(max(0, self.mode_combo.findData(Mode.MTP)))
 
     def draft_path(self) -> str | None:
