@@ -284,3 +284,30 @@ def test_a_size_timed_alone_moves_the_rest_of_the_curve_too():
         c.observe_verify(2, 0.045)
     assert c.verify(1) < c.verify(2) < c.verify(3)
     assert c.verify(1) < 0.045
+
+
+def _auto_over_off(seed: int, n: int = 128) -> float:
+    """Auto's time over plain decoding's for the same answer: a random prompt full of short
+    matches that rarely continue as the model writes (lookup's exploration is all cost)."""
+    prompt = [int(t) for t in np.random.default_rng(seed).integers(1, 64, 200)]
+    seconds = {}
+    for mode in ("off", "auto"):
+        clock = FakeClock()
+        target = SyntheticModel(n_vocab=64, seed=seed, order=3, sharpness=4.0, pass_cost=CPU["verify"], clock=clock)
+        dec = Decoder(target, None, clock=clock)
+        list(dec.generate(prompt, max_tokens=n, policy=mode))
+        assert dec.stats.tokens == n
+        seconds[mode] = dec.stats.seconds
+    return seconds["auto"] / seconds["off"]
+
+
+def test_exploring_copies_never_costs_an_answer_more_than_its_loss_share(monkeypatch):
+    from speculum.engine import auto
+
+    n = 128
+    bound = 1 + auto.LOSS_SHARE * (1 + auto.LOSS_HORIZON / n)  # the budget, counted in plain steps
+    ratios = [_auto_over_off(seed, n) for seed in range(1, 9)]
+    assert max(ratios) <= bound + 1e-6, ratios
+    # The same answers without the budget: exploration alone costs more than it allows.
+    monkeypatch.setattr(auto, "LOSS_SHARE", 10.0)
+    assert max(_auto_over_off(seed, n) for seed in range(1, 9)) > bound

@@ -51,6 +51,15 @@ LOOKUP_PRIORS = (0.2, 0.35, 0.5, 0.6, 0.7, 0.8, 0.85)
 CATCH_UP_CYCLES = 4  # model cycles a catch-up's cost is spread over
 CATCH_UP = 8  # tokens a cycle's draft usually catches up on (accepted drafts + the correction)
 SEED = 14  # the policy's own randomness: reproducible, and never the sampling RNG
+# Auto mode's promise: never much slower than plain decoding, also while it explores copies.
+# Over each answer, what its cycles cost beyond plain steps for the same tokens may not
+# exceed this share of plain decoding's time (a conservative bandit): an exploratory copy
+# runs only when even its worst outcome (nothing accepted) keeps within it; what good drafts
+# saved pays for more. The horizon, in plain steps, lets an answer's first cycles try a short
+# copy. (Measured before it: code writing 0.93x plain, its losses lookup drafts on 1-3 token
+# matches; see _affordable.)
+LOSS_SHARE = 0.03
+LOSS_HORIZON = 32
 # A client's prediction: acceptance by how many output tokens in a row followed it
 # (bucket lower bounds: 1, 2-3, 4-7, 8-15, 16+). One token in common with it means little
 # (unrelated text shares newlines and brackets); a long run is an edit copying the file,
@@ -190,6 +199,8 @@ class AutoPolicy:
         self.min_confidence = 0.0
         self.last: Choice = Choice(Source.NONE, 0)
         self.last_estimate: dict = {}
+        self._plain_s = 0.0  # this answer: what plain steps would have taken for its tokens so far
+        self._spent_s = 0.0  # and what its cycles took (draft + verify)
         self._load()
 
     @property
@@ -286,6 +297,8 @@ class AutoPolicy:
             self.last = Choice(Source.NONE, 0)
             self.last_estimate = {"expected_tokens_per_s": round(self.plain_tokens_per_s(), 2)}
             return self.last
+        if self.min_k == 0:
+            options = self._affordable(options, self._options(context))
         speed, choice, e = max(options, key=lambda o: o[0])
         if choice.source in (Source.MODEL, Source.MTP):
             # Hybrid: a confident copy goes first, the model (or MTP head) drafts when it has none.
@@ -303,6 +316,20 @@ class AutoPolicy:
         self.last_estimate = {"expected_tokens_per_s": round(speed, 2), "expected_tokens_per_pass": round(e, 3)}
         return choice
 
+    def _affordable(self, drawn: list[tuple[float, Choice, float]], means: list[tuple[float, Choice, float]]
+                    ) -> list[tuple[float, Choice, float]]:
+        """The options to choose among: plain steps, drafts that pay on the mean acceptance
+        rates, and exploratory copies (paying only on this cycle's draws) whose worst case
+        keeps this answer within LOSS_SHARE of plain decoding. A pass always yields at least the
+        target's own token, so the worst a draft can do is cost its pass minus one plain step.
+        Copies are where exploration costs (short matches tried over and over); a draft model
+        is left to its draws: its catch-up grows while it waits, and a budget that kept it out
+        would keep it out for good. ``drawn`` and ``means`` list the same candidates in order."""
+        step = self.costs.verify(1)
+        slack = LOSS_SHARE * (self._plain_s + LOSS_HORIZON * step) - (self._spent_s - self._plain_s)
+        return [o for o, m in zip(drawn, means)
+                if o[1].source not in self.MATCH_TABLES or m[0] * step >= 1.0 or o[2] / o[0] - step <= slack]
+
     # -- learning -------------------------------------------------------------------------
 
     def _tables(self) -> list[list[Rate]]:
@@ -312,6 +339,8 @@ class AutoPolicy:
         n = 1 + len(draft.tokens)
         if n <= MAX_BATCH and verify_s > 0:
             self.costs.observe_verify(n, verify_s)
+        self._plain_s += (n_accepted + 1) * self.costs.verify(1)
+        self._spent_s += draft_s + verify_s
         observed = self._observe_draft(draft, n_accepted, draft_s)
         # What was not tried this cycle ages: a drafter that failed a few times long ago is
         # uncertain again after a while and gets tried again (never locked out for good).
@@ -418,6 +447,7 @@ class AutoPolicy:
             pass  # a memory that cannot be written only costs a re-measurement next time
 
     def finish(self) -> None:
+        self._plain_s = self._spent_s = 0.0  # the loss budget is per answer
         # Each request brings its own prediction: what one taught says nothing of the next.
         for source in self.PER_REQUEST:
             self.match_rates[source] = [[Rate(prior=p) for _ in range(MAX_K)] for p in self.MATCH_TABLES[source][1]]
