@@ -60,6 +60,10 @@ SEED = 14  # the policy's own randomness: reproducible, and never the sampling R
 # matches; see _affordable.)
 LOSS_SHARE = 0.03
 LOSS_HORIZON = 32
+# A copy counts as sure, outside the budget, only when its mean rates beat plain decoding by
+# this much: at the margin, a prior a little too hopeful or a verify cost not yet timed
+# turns "pays on the means" into a loss (code writing: 1-3 token matches, 44% accepted).
+SURE_MARGIN = 1.1
 # A client's prediction: acceptance by how many output tokens in a row followed it
 # (bucket lower bounds: 1, 2-3, 4-7, 8-15, 16+). One token in common with it means little
 # (unrelated text shares newlines and brackets); a long run is an edit copying the file,
@@ -318,8 +322,8 @@ class AutoPolicy:
 
     def _affordable(self, drawn: list[tuple[float, Choice, float]], means: list[tuple[float, Choice, float]]
                     ) -> list[tuple[float, Choice, float]]:
-        """The options to choose among: plain steps, drafts that pay on the mean acceptance
-        rates, and exploratory copies (paying only on this cycle's draws) whose worst case
+        """The options to choose among: plain steps, drafts that surely pay on the mean
+        acceptance rates (SURE_MARGIN), and exploratory copies (paying only on this cycle's draws) whose worst case
         keeps this answer within LOSS_SHARE of plain decoding. A pass always yields at least the
         target's own token, so the worst a draft can do is cost its pass minus one plain step.
         Copies are where exploration costs (short matches tried over and over); a draft model
@@ -328,7 +332,7 @@ class AutoPolicy:
         step = self.costs.verify(1)
         slack = LOSS_SHARE * (self._plain_s + LOSS_HORIZON * step) - (self._spent_s - self._plain_s)
         return [o for o, m in zip(drawn, means)
-                if o[1].source not in self.MATCH_TABLES or m[0] * step >= 1.0 or o[2] / o[0] - step <= slack]
+                if o[1].source not in self.MATCH_TABLES or m[0] * step >= SURE_MARGIN or o[2] / o[0] - step <= slack]
 
     # -- learning -------------------------------------------------------------------------
 
