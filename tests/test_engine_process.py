@@ -158,7 +158,9 @@ def test_cycles_closer_than_the_batch_interval_travel_together():
     box = Outbox(sent.append, clock=lambda: now[0])
     cycle = lambda i, finish=None: ("cycle", NS(cycle=NS(index=i, finish=finish)))  # noqa: E731
     box.report("loaded", "facts")
-    for i in range(5):  # fast cycles wait until one comes a batch interval after the last message
+    now[0] += CYCLE_BATCH_S / 4
+    box.report(*cycle(0))  # an answer's first cycle goes at once
+    for i in range(1, 5):  # fast cycles wait until one comes a batch interval after the last message
         now[0] += CYCLE_BATCH_S / 4
         box.report(*cycle(i))
     now[0] += 10 * CYCLE_BATCH_S  # a slow cycle goes at once
@@ -171,7 +173,10 @@ def test_cycles_closer_than_the_batch_interval_travel_together():
     flat = [e for m in sent for e in (m[1] if m[0] == "batch" else [m])]
     assert [e[0] for e in flat] == ["loaded"] + ["cycle"] * 7 + ["stage", "cycle"]
     assert [e[1].cycle.index for e in flat if e[0] == "cycle"] == list(range(8))
-    assert len(sent) == 5  # loaded; cycles 0-4 together; slow cycle 5; cycle 6 with the stage; the last
+    # loaded; cycle 0; cycles 1-4 once an interval has passed; slow cycle 5; cycle 6 with the
+    # stage; the last
+    assert [m[0] for m in sent] == ["loaded", "cycle", "batch", "cycle", "batch", "cycle"]
+    assert [e[1].cycle.index for e in sent[2][1]] == [1, 2, 3, 4]
 
 
 def _crash_window(open_window, monkeypatch, smollm_path, point, **settings):

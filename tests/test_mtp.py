@@ -136,6 +136,16 @@ def test_second_turn_and_other_modes_keep_the_head_in_step(noisy):
     assert sum(c.n_accepted for c in cycles) > 0
 
 
+def shifted_target_hidden(ref, context):
+    """A fresh target reads all of ``context`` but its pending last token; the hidden state
+    row paired with each token for the MTP head: the target's at the position before (zero
+    for the first)."""
+    rows = []
+    ref.listen_to_decodes(lambda tokens, pos, hidden: rows.append(np.array(hidden)))
+    ref.prefill(context[:-1])
+    return np.concatenate([np.zeros((1, ref.n_embd), np.float32)] + rows)
+
+
 @pytest.mark.parametrize("arch", list(ARCHS))
 @pytest.mark.parametrize("max_pending, switch", [(4, False), (None, False), (4, True)])
 def test_head_is_fed_as_llama_cpp_feeds_it(mtp_models, max_pending, switch, arch):
@@ -160,10 +170,7 @@ def test_head_is_fed_as_llama_cpp_feeds_it(mtp_models, max_pending, switch, arch
         from speculum.engine.drafters import Choice
         q = drafter.propose(context, 1, Choice(Source.MTP, 1), sampling, np.random.default_rng(0)).q[0]
     with LlamaModel(path, n_ctx=512, n_threads=1) as ref:
-        rows = []
-        ref.listen_to_decodes(lambda tokens, pos, hidden: rows.append(np.array(hidden)))
-        ref.prefill(context[:-1])
-        hidden = np.concatenate([np.zeros((1, ref.n_embd), np.float32)] + rows)
+        hidden = shifted_target_hidden(ref, context)
         head = ref.open_mtp_head()
         logits, _ = head.decode(context, hidden, 0, logits=True)
         expected = distribution(logits, sampling)
@@ -189,10 +196,7 @@ def test_chained_heads_are_fed_as_llama_cpp_feeds_them(mtp_models):
         draft = drafter.propose(context, 5, Choice(Source.MTP, 5), sampling, np.random.default_rng(0))
         assert len(draft.tokens) == 3 and drafter.head.layer == 0
     with LlamaModel(path, n_ctx=512, n_threads=1) as ref:
-        rows = []
-        ref.listen_to_decodes(lambda tokens, pos, hidden: rows.append(np.array(hidden)))
-        ref.prefill(context[:-1])
-        target_hidden = np.concatenate([np.zeros((1, ref.n_embd), np.float32)] + rows)
+        target_hidden = shifted_target_hidden(ref, context)
         head = ref.open_mtp_head()
         tokens, hidden = list(context), target_hidden
         for step in range(3):
@@ -233,24 +237,30 @@ def test_recurrent_target_rolls_back_drafts_and_starts_over_beyond_its_snapshots
     assert i is None or top2_gap(mtp_models["qwen35-noisy"], other + plain[:i]) < MAX_NOISE
 
 
+def check_aligned_head(model, positions: int, min_drafted: int):
+    """A head built to predict what the main head will: greedy MTP equals plain decoding, and
+    nearly every draft is kept, at each of ``positions`` draft positions."""
+    decoder = Decoder(model)
+    prompt = prompt_of(model)
+    plain, _ = generate(decoder, prompt, max_tokens=40, policy="off")
+    spec, cycles = generate(decoder, prompt, max_tokens=40, policy="mtp", k=4)
+    assert spec == plain
+    stats = decoder.stats
+    assert stats.drafted >= min_drafted and stats.accepted / stats.drafted >= 0.95
+    assert len(stats.drafted_at) == positions
+    assert all(a >= 0.9 * d > 0 for a, d in zip(stats.accepted_at, stats.drafted_at))
+    return decoder, prompt, cycles
+
+
 @pytest.mark.parametrize("arch", list(ARCHS))
 def test_aligned_head_is_accepted_and_cycles_record_it(mtp_models, arch):
     """The head built to predict what the main head will: nearly every draft is kept (chained
     heads: each of them, at its own position)."""
     with LlamaModel(mtp_models[ARCHS[arch] + "aligned"], n_ctx=512, n_threads=1) as model:
         assert model.facts.architecture == arch
-        decoder = Decoder(model)
-        prompt = prompt_of(model)
-        plain, _ = generate(decoder, prompt, max_tokens=40, policy="off")
-        spec, cycles = generate(decoder, prompt, max_tokens=40, policy="mtp", k=4)
-        assert spec == plain
-        stats = decoder.stats
         positions = 4 if NEXTN_LAYERS[arch] == 1 else NEXTN_LAYERS[arch]
-        assert stats.drafted >= 30 if positions == 4 else stats.drafted >= 25
-        assert stats.accepted / stats.drafted >= 0.95
-        assert stats.by_source[Source.MTP][1] == stats.accepted
-        assert len(stats.drafted_at) == positions
-        assert all(a >= 0.9 * d > 0 for a, d in zip(stats.accepted_at, stats.drafted_at))
+        decoder, prompt, cycles = check_aligned_head(model, positions, min_drafted=30 if positions == 4 else 25)
+        assert decoder.stats.by_source[Source.MTP][1] == decoder.stats.accepted
         cycle = next(c for c in cycles if c.drafted)
         record = cycle.to_json()
         assert record["source"] == "mtp" and record["n_accepted"] == len(cycle.drafted)
@@ -520,15 +530,7 @@ def llama_ext_pos_max(model) -> int:
 
 def test_gemma4_aligned_assistant_is_accepted_and_cycles_record_it(gemma4_models):
     with gemma4_target(gemma4_models["aligned"]) as model:
-        decoder = Decoder(model)
-        prompt = prompt_of(model)
-        plain, _ = generate(decoder, prompt, max_tokens=40, policy="off")
-        spec, cycles = generate(decoder, prompt, max_tokens=40, policy="mtp", k=4)
-        assert spec == plain
-        stats = decoder.stats
-        assert stats.drafted >= 30 and stats.accepted / stats.drafted >= 0.95
-        assert len(stats.drafted_at) == 4
-        assert all(a >= 0.9 * d > 0 for a, d in zip(stats.accepted_at, stats.drafted_at))
+        _, _, cycles = check_aligned_head(model, positions=4, min_drafted=30)
         assert all(c.source == Source.MTP for c in cycles if c.drafted)
 
 

@@ -38,7 +38,8 @@ CYCLE_EVENTS = ("cycle", "served_cycle")
 
 class Outbox:
     """Reports to the window: a cycle that follows the last message within ``CYCLE_BATCH_S``
-    waits for the next report and travels with it as one ``("batch", [events])`` message."""
+    waits for the next report and travels with it as one ``("batch", [events])`` message;
+    an answer's first and last cycles go at once."""
 
     def __init__(self, send: Callable[[tuple], None], clock: Callable[[], float] = time.monotonic):
         self._send = send
@@ -50,7 +51,10 @@ class Outbox:
     def report(self, *event) -> None:
         with self._lock:
             now = self._clock()
-            if event[0] in CYCLE_EVENTS and event[1].cycle.finish is None and now - self._sent_at < CYCLE_BATCH_S:
+            cycle = event[1].cycle if event[0] in CYCLE_EVENTS else None
+            # An answer's first cycle never waits: it is the first token on screen, and the sign
+            # that decoding works (a crash after it is not taken for one in the first decode).
+            if cycle is not None and cycle.index > 0 and cycle.finish is None and now - self._sent_at < CYCLE_BATCH_S:
                 self._held.append(event)
                 return
             self._send(("batch", self._held + [event]) if self._held else event)
