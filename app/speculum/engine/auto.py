@@ -323,8 +323,8 @@ class AutoPolicy:
     def _affordable(self, drawn: list[tuple[float, Choice, float]], means: list[tuple[float, Choice, float]]
                     ) -> list[tuple[float, Choice, float]]:
         """The options to choose among: plain steps, drafts that surely pay on the mean
-        acceptance rates (SURE_MARGIN), and exploratory copies (paying only on this cycle's draws) whose worst case
-        keeps this answer within LOSS_SHARE of plain decoding. A pass always yields at least the
+        acceptance rates (SURE_MARGIN), and exploratory copies (paying only on this cycle's
+        draws) whose worst case keeps this answer within LOSS_SHARE of plain decoding. A pass always yields at least the
         target's own token, so the worst a draft can do is cost its pass minus one plain step.
         Copies are where exploration costs (short matches tried over and over); a draft model
         is left to its draws: its catch-up grows while it waits, and a budget that kept it out

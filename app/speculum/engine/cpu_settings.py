@@ -30,8 +30,9 @@ there; a verification pass asks for every row, and its output head pays the unpa
 Measured on a 2-core AVX2 machine, Qwen2.5-Coder 1.5B Q4_K_M (``scripts/bench_curve.py``):
 a verification pass of 8 tokens costs 6.1-6.7 single steps with it, 4.5-5.1 without (the
 copy ceiling rises from 1.89x to 2.01x plain decoding), and lookup ran code editing at
-1.3x instead of 1.6x plain decoding; a 128-token prompt chunk costs 6-13% more without it. Speculation lives on verification passes, so it is off
-unless the user set GGML_CPU_TILED_MM themselves. ggml reads it once, at the first matmul.
+1.3x instead of 1.6x plain decoding; a 128-token prompt chunk costs 6-13% more without it.
+Speculation lives on verification passes, so it is off unless the user set GGML_CPU_TILED_MM
+themselves. ggml reads it once, at the first matmul.
 """
 
 from __future__ import annotations
