@@ -311,3 +311,44 @@ def test_exploring_copies_never_costs_an_answer_more_than_its_loss_share(monkeyp
     # The same answers without the budget: exploration alone costs more than it allows.
     monkeypatch.setattr(auto, "LOSS_SHARE", 10.0)
     assert max(_auto_over_off(seed, n) for seed in range(1, 9)) > bound
+
+
+def _copy_heavy(store=None):
+    """A prompt that holds the very text the target writes next, and a decoder on a CPU profile."""
+    def model(clock):
+        return SyntheticModel(n_vocab=64, seed=4, order=2, sharpness=6.0, pass_cost=CPU["verify"], clock=clock)
+
+    text = [t for c in Decoder(model(None)).generate([7, 8], max_tokens=150, policy="off") for t in c.emitted]
+    clock = FakeClock()
+    dec = Decoder(model(clock), None, clock=clock)
+    policy = AutoPolicy(dec.drafters, store=store, clock=clock)
+    return dec, policy, [7, 8] + text + [7, 8]
+
+
+def _store(tmp_path, verify_s):
+    (tmp_path / "p.json").write_text(__import__("json").dumps(
+        {"costs": {"verify_s": {str(n): s for n, s in verify_s.items()}, "gpu": False, "observations": 500}}))
+    return tmp_path / "p.json"
+
+
+def test_a_curve_timed_while_the_machine_was_busy_is_dropped(tmp_path):
+    # A calibration while another program held the cores: 3 tokens at 67 single steps.
+    busy = {n: 0.030 * (67 * n if n > 2 else 1 + 0.5 * (n - 1)) for n in (1, 2, 3, 4, 5, 6, 8, 16)}
+    dec, policy, prompt = _copy_heavy(_store(tmp_path, busy))
+    assert sorted(policy.costs.verify_s) == [1, 2]  # no pass of n tokens costs more than n single steps
+    assert policy.needs_calibration  # so the sizes are timed again
+    cycles = list(dec.generate(prompt, max_tokens=140, policy=policy))
+    assert sum(c.source == "lookup" for c in cycles) > len(cycles) / 2
+
+
+def test_a_pessimistic_curve_drifts_back_within_reach_and_is_timed_again(tmp_path):
+    # Possible but wrong (every size as dear as its tokens one at a time), and complete: nothing
+    # left to calibrate, and no draft ever looks worth a pass. The true curve is half that slope.
+    pessimistic = {n: 0.030 * n for n in (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16)}
+    dec, policy, prompt = _copy_heavy(_store(tmp_path, pessimistic))
+    assert not policy.needs_calibration and not policy.learning
+    cycles = list(dec.generate(prompt, max_tokens=140, policy=policy))
+    assert sum(c.source == "lookup" for c in cycles[-len(cycles) // 2:]) > len(cycles) / 4  # drafting again
+    timed = {1 + c.k for c in cycles if c.source == "lookup"}
+    for n in timed & set(range(2, 17)):
+        assert abs(policy.costs.verify(n) / CPU["verify"](n) - 1) < 0.15  # the sizes used, timed for what they are

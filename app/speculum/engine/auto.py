@@ -343,6 +343,7 @@ class AutoPolicy:
         n = 1 + len(draft.tokens)
         if n <= MAX_BATCH and verify_s > 0:
             self.costs.observe_verify(n, verify_s)
+        self.costs.age(n)
         self._plain_s += (n_accepted + 1) * self.costs.verify(1)
         self._spent_s += draft_s + verify_s
         observed = self._observe_draft(draft, n_accepted, draft_s)

@@ -18,6 +18,9 @@ MAX_BATCH = 16
 # Batch sizes measured once per machine and pair: CPU kernels make some sizes cheaper
 # than smaller ones (4 rows at once with repacked weights), so no curve is assumed.
 CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16)
+# A size's cost that is above the default curve and not timed for a while moves this share
+# of the way down to it per cycle (see CostModel.age).
+STALE_PULL = 0.03
 
 
 @dataclass
@@ -53,6 +56,7 @@ class CostModel:
     def update(self, measured: "CostModel") -> None:
         """Take what ``measured`` holds, keep the rest."""
         self.verify_s.update(measured.verify_s)
+        self.verify_s = plausible(self.verify_s)
         self.observations += measured.observations
         if measured.draft_first_s is not None:
             self.draft_first_s = measured.draft_first_s
@@ -79,6 +83,26 @@ class CostModel:
             for size in self.verify_s:
                 if size != n:
                     self.verify_s[size] *= factor
+        one = self.verify_s.get(1)
+        if one is not None:  # no size above what its tokens cost one at a time
+            for size, seconds in self.verify_s.items():
+                self.verify_s[size] = min(seconds, size * one)
+
+    def age(self, timed: int) -> None:
+        """Once per cycle (``timed``: the size its pass had): sizes not timed drift down toward
+        the default curve, never up. A cost measured in a bad moment (a calibration while
+        another program held the cores read 3 tokens at 67 single steps) keeps every draft of
+        that size out, so the size is never timed again and auto mode never drafts; drifting,
+        it comes back within reach, is tried, and is timed for what it is. A size the drift
+        makes too cheap is tried sooner and timed too: optimism that evidence corrects."""
+        one = self.verify_s.get(1)
+        if one is None:
+            return
+        slope = self.slope_hint() or (0.05 if self.gpu else 0.5)
+        for size, seconds in self.verify_s.items():
+            prior = one * (1 + slope * (size - 1))
+            if size != timed and seconds > prior:
+                self.verify_s[size] = seconds - STALE_PULL * (seconds - prior)
 
     def observe_prefill(self, n: int, seconds: float) -> None:
         if n >= 8 and seconds > 0:
@@ -181,11 +205,21 @@ class CostModel:
 
     @classmethod
     def from_json(cls, d: dict) -> "CostModel":
-        return cls({int(k): float(v) for k, v in d.get("verify_s", {}).items()}, d.get("draft_first_s"),
+        return cls(plausible({int(k): float(v) for k, v in d.get("verify_s", {}).items()}), d.get("draft_first_s"),
                    d.get("draft_step_s"), gpu=bool(d.get("gpu", False)),
                    mtp_first_s=d.get("mtp_first_s"), mtp_step_s=d.get("mtp_step_s"),
                    # Files from before this count were written after a full calibration.
                    observations=int(d.get("observations", 3 * len(d.get("verify_s", {})))))
+
+
+def plausible(verify_s: dict[int, float]) -> dict[int, float]:
+    """The sizes whose cost is possible: a pass of n tokens never costs more than n single
+    steps (decoding them one at a time does the same work), so a size above that was timed
+    while something else held the cores, and is dropped to be timed again."""
+    one = verify_s.get(1)
+    if one is None:
+        return dict(verify_s)
+    return {n: s for n, s in verify_s.items() if s > 0 and s <= n * one * 1.05}
 
 
 def _ema(old: float | None, new: float) -> float:
