@@ -107,3 +107,48 @@ def test_a_prediction_is_forgotten_by_the_next_generation():
     list(dec.generate(PROMPT, max_tokens=60, policy="auto", prediction=plain))
     again = list(dec.generate(PROMPT, max_tokens=60, policy="auto"))
     assert not any(c.source == Source.PREDICTION for c in again)
+
+
+# -- an edit that repeats itself: learned once, drafted from then on --
+
+OLD, NEW = 199, (7, 8)  # a rename: the token 199 became the two tokens 7, 8 wherever it stood
+WITH_OLD = [OLD if i in (10, 20, 40) else t for i, t in enumerate(PREDICTED)]  # it stands three times
+
+
+def renamed(upto):
+    """The edited answer: WITH_OLD up to (not including) index ``upto``, renamed."""
+    return [t for p in WITH_OLD[:upto] for t in (NEW if p == OLD else (p,))]
+
+
+def edited_so_far(upto):
+    d = PredictionDrafter()
+    d.expect(WITH_OLD)
+    d.begin(PROMPT)
+    context = list(PROMPT)
+    for t in renamed(upto):
+        d.accept(context := context + [t])
+    return d, context
+
+
+def test_a_rename_is_learnt_once_and_drafted_with_its_new_name_after():
+    d, context = edited_so_far(12)  # the first rename, and one token after it
+    assert d.substitutions == {}  # not confirmed yet
+    d, context = edited_so_far(15)
+    assert d.substitutions == {OLD: {(OLD,): NEW}}
+    assert proposal(d, context, 8) == [115, 116, 117, 118, 119, *NEW, 121]  # drafted with its new name
+    for t in [115, 116, 117, 118, 119, *NEW, 121]:  # the output writes it: the cursor stays aligned
+        d.accept(context := context + [t])
+        assert d.match(context).length > 0
+    assert proposal(d, context, 2) == [122, 123]
+
+
+def test_a_learnt_change_the_output_does_not_repeat_is_left():
+    d, context = edited_so_far(15)
+    for t in WITH_OLD[15:21]:  # this time the old name is kept
+        d.accept(context := context + [t])
+    assert proposal(d, context, 3) == [121, 122, 123]  # still aligned: the prediction's own token matched
+
+
+def test_an_insertion_teaches_nothing():
+    d, context = following([list(range(100, 110)), [7, 8], list(range(110, 116))])
+    assert d.substitutions == {}

@@ -240,10 +240,20 @@ class PromptLookup:
 # again at the next place where the output's latest tokens occur in the prediction, searching
 # forward from where it was first, so a rename resumes copying right after the new name.
 #
+# An edit usually repeats itself (a rename changes every occurrence), so the drafter learns
+# it: where the output left the prediction and where it rejoined it, the predicted tokens it
+# skipped and the ones it wrote instead are one substitution, kept once the output has
+# followed the prediction for CONFIRM tokens after it. Drafts then apply it wherever the
+# skipped tokens come again, and the cursor follows the output through it: the second
+# occurrence of a renamed variable is drafted with its new name instead of failing a pass.
+#
 # ``Match.length`` tells the policy how much to trust a draft: the number of output tokens
 # in a row that followed the prediction (a fresh re-alignment on one common token is weak).
 MAX_ALIGN = 8  # longest output suffix looked up when re-aligning
 START_RUN = 2  # trust at the very start: the answer usually opens with the predicted text
+MAX_SKIPPED = 8  # longest predicted span a learned substitution replaces...
+MAX_WRITTEN = 16  # ... and longest text it writes instead
+CONFIRM = 2  # tokens the output follows the prediction after a change before it is learned
 
 
 class PredictionDrafter:
@@ -255,8 +265,13 @@ class PredictionDrafter:
         self._origin = 0  # where the output starts in the context
         self._seen = 0  # context length already followed
         self._cursor: int | None = None  # index of the next expected predicted token; None: lost
+        self._pending: tuple[int, ...] = ()  # a substitution's tokens still expected before the cursor
         self._anchor = 0  # where the output last followed the prediction
         self._run = 0  # output tokens in a row that followed the prediction
+        self._left: tuple[int, int] | None = None  # where the output left: (predicted index, context position)
+        self._candidate: tuple[tuple[int, ...], tuple[int, ...]] | None = None  # (skipped, written), unconfirmed
+        self._confirming = 0  # tokens followed since the candidate's re-alignment
+        self.substitutions: dict[int, dict[tuple[int, ...], tuple[int, ...]]] = {}  # first skipped token -> ...
 
     @classmethod
     def build(cls, inputs: DrafterInputs) -> "PredictionDrafter":
@@ -270,33 +285,76 @@ class PredictionDrafter:
             for n in range(1, min(MAX_ALIGN, end) + 1):
                 index.setdefault(tuple(self.predicted[end - n:end]), []).append(end)
         self._index = index
+        self.substitutions = {}  # an edit learnt on one file says nothing of the next
 
     def begin(self, context: Sequence[int]) -> None:
         self._origin = self._seen = len(context)
         self._cursor = 0 if self.predicted else None
+        self._pending = ()
         self._anchor = 0
         self._run = START_RUN
+        self._left, self._candidate = None, None
 
     def match(self, context: Sequence[int]) -> Match:
         """Where the output stands in the prediction; ``available`` predicted tokens follow."""
         if not self.predicted:
             return NO_MATCH
         self._follow(context)
-        if self._cursor is None or self._cursor >= len(self.predicted):
+        if self._cursor is None or (self._cursor >= len(self.predicted) and not self._pending):
             return NO_MATCH
-        return Match(self._cursor - 1, self._run, len(self.predicted) - self._cursor)
+        return Match(self._cursor - 1, self._run, len(self._pending) + len(self.predicted) - self._cursor)
 
     def propose(self, context: Sequence[int], k: int, choice: Choice, sampling: SamplingParams,
                 rng: np.random.Generator) -> Draft:
-        end, run, _ = self.match(context) if k > 0 else NO_MATCH
+        _, run, _ = self.match(context) if k > 0 else NO_MATCH
         if run <= 0 or run < choice.min_match:
             return Draft(source=self.source)
-        tokens = self.predicted[end + 1:end + 1 + k]
-        return Draft(list(tokens), self.source, None, [1.0] * len(tokens), run)
+        tokens = self._expected(k)
+        return Draft(tokens, self.source, None, [1.0] * len(tokens), run)
 
     def accept(self, context: Sequence[int]) -> None:
         if self.predicted:
             self._follow(context)
+
+    def _substitution_at(self, at: int) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+        """A learned substitution whose skipped tokens start at predicted index ``at``."""
+        for skipped, written in self.substitutions.get(self.predicted[at], {}).items():
+            if tuple(self.predicted[at:at + len(skipped)]) == skipped:
+                return skipped, written
+        return None
+
+    def _expected(self, k: int) -> list[int]:
+        """The next k tokens the output should write: the prediction, with the learned edits applied."""
+        out = list(self._pending[:k])
+        at = self._cursor
+        while len(out) < k and at < len(self.predicted):
+            sub = self._substitution_at(at)
+            if sub is not None:
+                out.extend(sub[1])
+                at += len(sub[0])
+            else:
+                out.append(self.predicted[at])
+                at += 1
+        return out[:k]
+
+    def _step(self, token: int) -> bool:
+        """Advance the cursor over one output token; False when the output left the prediction."""
+        if self._pending:
+            if self._pending[0] != token:
+                return False
+            self._pending = self._pending[1:]
+            return True
+        if self._cursor >= len(self.predicted):
+            return False
+        sub = self._substitution_at(self._cursor)
+        if sub is not None and sub[1][0] == token:
+            self._cursor += len(sub[0])
+            self._pending = sub[1][1:]
+        elif self.predicted[self._cursor] == token:
+            self._cursor += 1
+        else:
+            return False
+        return True
 
     def _follow(self, context: Sequence[int]) -> None:
         """Advance the cursor over output tokens not yet seen; re-align when they leave the prediction."""
@@ -304,19 +362,31 @@ class PredictionDrafter:
             self.begin(context)
             return
         for pos in range(self._seen, len(context)):
-            if self._cursor is not None and self._cursor < len(self.predicted) \
-                    and self.predicted[self._cursor] == context[pos]:
-                self._cursor += 1
-                self._run += 1
-                self._anchor = self._cursor
-            else:
-                self._cursor, self._run = None, 0
+            if self._cursor is not None:
+                at = self._cursor
+                if self._step(context[pos]):
+                    self._run += 1
+                    self._anchor = self._cursor
+                    self._learn_when_confirmed()
+                    continue
+                self._left = (at, pos) if not self._pending else None
+                self._cursor, self._pending, self._run, self._candidate = None, (), 0, None
         self._seen = len(context)
         if self._cursor is None:
-            self._realign(context[self._origin:])
+            self._realign(context)
 
-    def _realign(self, output: Sequence[int]) -> None:
+    def _learn_when_confirmed(self) -> None:
+        if self._candidate is None:
+            return
+        self._confirming += 1
+        if self._confirming >= CONFIRM:
+            skipped, written = self._candidate
+            self.substitutions.setdefault(skipped[0], {})[skipped] = written
+            self._candidate = None
+
+    def _realign(self, context: Sequence[int]) -> None:
         """The longest suffix of the output found in the prediction, nearest at or after the anchor."""
+        output = context[self._origin:]
         for n in range(min(MAX_ALIGN, len(output)), 0, -1):
             ends = self._index.get(tuple(output[len(output) - n:]))
             if not ends:
@@ -325,7 +395,20 @@ class PredictionDrafter:
             end = ends[at] if at < len(ends) else ends[-1]  # else: the output went back in the text
             if end < len(self.predicted):
                 self._cursor, self._run = end, n
+                self._candidate, self._confirming = self._change(context, n, end), 0
                 return
+
+    def _change(self, context: Sequence[int], n: int, end: int) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+        """What the output wrote instead of which predicted tokens, from where it left the prediction
+        to where its last ``n`` tokens rejoined it (ending at ``end``); None unless a short change."""
+        if self._left is None:
+            return None
+        left_at, left_pos = self._left
+        skipped = tuple(self.predicted[left_at:end - n])
+        written = tuple(context[left_pos:len(context) - n])
+        if not 0 < len(skipped) <= MAX_SKIPPED or not 0 < len(written) <= MAX_WRITTEN:
+            return None  # an insertion or a deletion, or a change too long to come again
+        return skipped, written
 
 
 # Source -> drafter class. Order is the order drafters begin and accept in.
