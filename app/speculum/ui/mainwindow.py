@@ -330,9 +330,11 @@ class MainWindow(QMainWindow):
         conv = self.current
         conv.messages.append(Message("user", text))
         self.conversations.title_from_question(conv, text)
-        self.conversations.save(conv)  # the question survives a crash; only the answer being written can be lost
         self.input.clear()
         self._begin(conv, self.generation_form.request(conv, self.mode_combo.currentData()), "chat", text)
+        # Saved once the engine has the request: the first token does not wait for the disk, and
+        # the question still survives a crash (only the answer being written can be lost).
+        self.conversations.save(conv)
 
     def summarise(self) -> None:
         text = self.document.text()
@@ -346,9 +348,9 @@ class MainWindow(QMainWindow):
         name = self.document.name or "the pasted document"
         conv.messages.append(document_question(text, name))
         self.conversations.title_from_document(conv, name)
-        self.conversations.save(conv)
         self.document_toggle.setChecked(True)
         self._begin(conv, self.generation_form.request(conv, self.mode_combo.currentData(), document=text), "summary")
+        self.conversations.save(conv)  # after the request, as in send
 
     def _begin(self, conv: Conversation, request: GenerationRequest, kind: str, restore: str = "") -> None:
         self.banner.hide()
