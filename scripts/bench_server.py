@@ -5,7 +5,9 @@ client process (as from an editor), streaming. Rows, run alternately so both see
 machine load:
 
 - overhead: one chat request through the server vs the same prompt in a bare
-  ``Decoder.generate`` loop in the server's process;
+  ``Decoder.generate`` loop in the server's process, in plain decoding (mode off: both do the
+  same passes, so the ratio is the server's cost alone) and in the run's mode (auto: the
+  policy's own draws make two runs differ by more than the server does);
 - edit: rename a variable through a 100-line file (resources/bench/edit_inventory.py.txt),
   with plain decoding (mode off), without a prediction, with the original file as the
   prediction, and with unrelated text as the prediction: tokens/s and accepted/rejected
@@ -13,13 +15,15 @@ machine load:
 
 Every rate is decoding alone: tokens after the first over the time after the first, so a
 row that reads its prompt afresh (the first edit after the chat rows) is not charged for it.
-Ratios are taken within each round (rows a few seconds apart) and their median reported.
+Ratios are taken within each round (rows a few seconds apart) and their median reported;
+the order of the rows compared turns from round to round.
 The edit's physical limit is the oracle of `speculum bench`: on this edit's output, with the
 verify curve the run measured, what a drafter that knew in advance how much of the file
 would be accepted could reach over plain decoding.
 
     SPECULUM_MODELS_DIR=~/.cache/speculum-dev/models python scripts/bench_server.py
-    (add --target T --draft D, --mode auto, --max-tokens N, --repeat N, --json)
+    (add --target T --draft D, --mode auto, --max-tokens N, --repeat N, --json; --overhead-only
+    runs the two plain-decoding chat rows alone, for more rounds in the same time)
 """
 
 from __future__ import annotations
@@ -74,6 +78,7 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--overhead-only", action="store_true", help="only the server-overhead rows in plain decoding")
     parser.add_argument("--client", nargs=2, metavar=("URL", "BODY"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.client:
@@ -114,15 +119,16 @@ def main() -> int:
                              capture_output=True, text=True, check=True)
         return json.loads(out.stdout)
 
-    def bare_loop(messages) -> dict:
+    def bare_loop(messages, mode=args.mode) -> dict:
         prompt = decoder.target.tokenize(decoder.target.apply_chat_template(messages))
         start = time.perf_counter()
         n, first = 0, None
-        for cycle in decoder.generate(prompt, max_tokens=args.max_tokens, policy=args.mode):
+        for cycle in decoder.generate(prompt, max_tokens=args.max_tokens, policy=mode):
             first = first or time.perf_counter()
             n += len(cycle.emitted)
         end = time.perf_counter()
-        return {"seconds": end - start, "decode_s": end - first, "tokens": n}
+        return {"seconds": end - start, "decode_s": end - first, "tokens": n,
+                "speculum": {"tokens_per_s": decoder.stats.tokens_per_s}}
 
     # Tokens after the first over the time after it: decoding, whether or not the prompt was cached.
     rate = lambda r: (r["tokens"] - 1) / r["decode_s"]  # noqa: E731
@@ -131,19 +137,30 @@ def main() -> int:
     edit = build_messages("Rename the variable `total` to `running_sum` everywhere in this file. Answer with "
                           f"the whole file and nothing else.\n\n```python\n{source}```")
     unrelated = UNRELATED.read_text(encoding="utf-8")[: len(source)]
-    rows = {"generate loop (chat)": [], "server, streaming (chat)": [], "edit, plain decoding (off)": [],
+    rows = {"generate loop (chat, off)": [], "server, streaming (chat, off)": [],
+            "generate loop (chat)": [], "server, streaming (chat)": [], "edit, plain decoding (off)": [],
             "edit, no prediction": [],
             "edit, file as prediction": [], "edit, unrelated prediction": []}
-    bare_loop(chat), through_server(chat), through_server(edit)  # warm-up: prompts cached, policy settled
+    bare_loop(chat), through_server(chat)  # warm-up: prompts cached, policy settled
+    if not args.overhead_only:
+        through_server(edit)
     for i in range(args.repeat):
         print(f"  round {i + 1} of {args.repeat}", file=sys.stderr)
-        rows["generate loop (chat)"].append(bare_loop(chat))
-        rows["server, streaming (chat)"].append(through_server(chat))
-        rows["edit, plain decoding (off)"].append(through_server(edit, mode="off"))
-        rows["edit, no prediction"].append(through_server(edit))
-        rows["edit, file as prediction"].append(through_server(edit, source))
-        rows["edit, unrelated prediction"].append(through_server(edit, unrelated))
+        # The order turns round by round, so that whatever favours a place in the order (a
+        # machine warming up or slowing down between runs) falls on each row alike.
+        pairs = [
+            [("generate loop (chat, off)", lambda: bare_loop(chat, mode="off")),
+             ("server, streaming (chat, off)", lambda: through_server(chat, mode="off"))],
+            [("generate loop (chat)", lambda: bare_loop(chat)), ("server, streaming (chat)", lambda: through_server(chat))],
+            [("edit, plain decoding (off)", lambda: through_server(edit, mode="off")),
+             ("edit, no prediction", lambda: through_server(edit)),
+             ("edit, file as prediction", lambda: through_server(edit, source)),
+             ("edit, unrelated prediction", lambda: through_server(edit, unrelated))]]
+        for group in pairs[:1] if args.overhead_only else pairs:
+            for name, run in group[i % len(group):] + group[:i % len(group)]:
+                rows[name].append(run())
     server.should_exit = True
+    rows = {name: runs for name, runs in rows.items() if runs}
     table = []
     for name, runs in rows.items():
         details = [r.get("usage", {}).get("completion_tokens_details") or {} for r in runs]
@@ -155,13 +172,22 @@ def main() -> int:
     def paired(a: str, b: str) -> float:  # the median of each round's ratio: rows of one round share its load
         return statistics.median(rate(x) / rate(y) for x, y in zip(rows[a], rows[b]))
 
-    ratios = {"server / generate loop": paired("server, streaming (chat)", "generate loop (chat)"),
-              "file prediction / none": paired("edit, file as prediction", "edit, no prediction"),
-              "file prediction / plain decoding": paired("edit, file as prediction", "edit, plain decoding (off)"),
-              "no prediction / plain decoding": paired("edit, no prediction", "edit, plain decoding (off)"),
-              "unrelated prediction / none": paired("edit, unrelated prediction", "edit, no prediction")}
+    ratios = {"server / generate loop (off)": paired("server, streaming (chat, off)", "generate loop (chat, off)")}
+    # The same, by the engine's own clock (its cycles' time): what the server costs the decoding
+    # itself, without the time the tokens take to reach the client.
+    engine_rate = lambda r: r["speculum"]["tokens_per_s"]  # noqa: E731
+    ratios["engine in the server / generate loop (off)"] = statistics.median(
+        engine_rate(x) / engine_rate(y) for x, y in zip(rows["server, streaming (chat, off)"],
+                                                          rows["generate loop (chat, off)"]))
+    if not args.overhead_only:
+        ratios.update({
+            f"server / generate loop ({args.mode})": paired("server, streaming (chat)", "generate loop (chat)"),
+            "file prediction / none": paired("edit, file as prediction", "edit, no prediction"),
+            "file prediction / plain decoding": paired("edit, file as prediction", "edit, plain decoding (off)"),
+            "no prediction / plain decoding": paired("edit, no prediction", "edit, plain decoding (off)"),
+            "unrelated prediction / none": paired("edit, unrelated prediction", "edit, no prediction")})
     curve = verify_curve(decoder)
-    if curve is not None:
+    if curve is not None and not args.overhead_only:
         prompt = decoder.target.tokenize(decoder.target.apply_chat_template(edit))
         output = decoder.target.tokenize(rows["edit, file as prediction"][-1]["text"], parse_special=False)
         oracle = oracle_speedup(prompt, output, curve)
