@@ -352,3 +352,17 @@ def test_a_pessimistic_curve_drifts_back_within_reach_and_is_timed_again(tmp_pat
     timed = {1 + c.k for c in cycles if c.source == "lookup"}
     for n in timed & set(range(2, 17)):
         assert abs(policy.costs.verify(n) / CPU["verify"](n) - 1) < 0.15  # the sizes used, timed for what they are
+
+
+def test_a_draft_step_timed_while_the_machine_was_busy_does_not_stop_every_draft_after_one_token(tmp_path):
+    # A draft model step read at 7 target steps: forced draft mode would draft one token per
+    # cycle, and a one-token draft never times a step again.
+    store = tmp_path / "p.json"
+    store.write_text(__import__("json").dumps({"costs": {
+        "verify_s": {str(n): GPU["verify"](n) for n in (1, 2, 3, 4, 5, 6, 8, 16)},
+        "draft_first_s": 0.002, "draft_step_s": 0.07, "gpu": True, "observations": 500}}))
+    dec = make_pair(GPU, noise=0.0)  # cheap batches, a good draft: long drafts pay
+    policy = AutoPolicy(dec.drafters, store=store, clock=dec.clock, mode="draft")
+    assert policy.costs.draft_step_s <= policy.costs.draft_first_s
+    cycles = list(dec.generate([1, 2, 3], max_tokens=120, policy=policy))
+    assert max(len(c.drafted) for c in cycles) >= 3

@@ -66,6 +66,17 @@ class CostModel:
             self.mtp_first_s = measured.mtp_first_s
         if measured.mtp_step_s is not None:
             self.mtp_step_s = measured.mtp_step_s
+        self._plausible_steps()
+
+    def _plausible_steps(self) -> None:
+        """A drafter's next token never costs more than its first, which also reads the tokens
+        the last cycle confirmed: a step above it was timed while something else held the
+        cores. (A 0.5B draft once read 7 target steps per token; forced draft mode then stopped
+        every draft after one token, and a draft of one token never times a step again.)"""
+        if self.draft_step_s is not None and self.draft_first_s is not None:
+            self.draft_step_s = min(self.draft_step_s, self.draft_first_s)
+        if self.mtp_step_s is not None and self.mtp_first_s is not None:
+            self.mtp_step_s = min(self.mtp_step_s, self.mtp_first_s)
 
     # A pass the OS preempted can take 10x longer; clipping keeps one hiccup from
     # steering several cycles, while a real slowdown still shows within a few passes.
@@ -115,6 +126,7 @@ class CostModel:
             self.catch_up_s = _ema(self.catch_up_s, max(first_s - self.draft_first_s, 0.0) / (caught_up - 2))
         if k > 1:
             self.draft_step_s = _ema(self.draft_step_s, (seconds - first_s) / (k - 1))
+        self._plausible_steps()
 
     def catch_up(self, behind: int) -> float:
         """Seconds for the draft model to read ``behind`` tokens it missed (while plain steps
@@ -128,6 +140,7 @@ class CostModel:
         self.mtp_first_s = _ema(self.mtp_first_s, first_s)
         if k > 1:
             self.mtp_step_s = _ema(self.mtp_step_s, (seconds - first_s) / (k - 1))
+        self._plausible_steps()
 
     def mtp(self, k: int) -> float:
         """Seconds for the MTP head to propose k tokens (unmeasured: a layer and the LM head,
@@ -205,6 +218,12 @@ class CostModel:
 
     @classmethod
     def from_json(cls, d: dict) -> "CostModel":
+        costs = cls._from_json(d)
+        costs._plausible_steps()
+        return costs
+
+    @classmethod
+    def _from_json(cls, d: dict) -> "CostModel":
         return cls(plausible({int(k): float(v) for k, v in d.get("verify_s", {}).items()}), d.get("draft_first_s"),
                    d.get("draft_step_s"), gpu=bool(d.get("gpu", False)),
                    mtp_first_s=d.get("mtp_first_s"), mtp_step_s=d.get("mtp_step_s"),
