@@ -1,8 +1,8 @@
 """Generation speed in the window against a plain engine loop, and how long the UI thread is blocked.
 
 For each mode, the same prompt runs alternately (the order turning each time) in a plain
-``Decoder.generate`` loop and in the real window (engine process, per-frame batches, live speculation view, stats,
-Markdown transcript), so both see the same machine load. Speed is tokens over the wall
+``Decoder.generate`` loop and in the real window (engine process, per-frame batches, live
+speculation view, stats, Markdown transcript), so both see the same machine load. Speed is tokens over the wall
 time from the request to the last cycle; the prompt is already cached in both after the
 warm-up, so the comparison is of decoding alone. On extra runs of its own (its
 100 wake-ups a second would cost the speed runs), the UI thread runs a 10 ms timer; any
@@ -218,14 +218,11 @@ def main() -> int:
         plain_loop(mode, prompt)  # warm-up: caches the prompt, settles the policy's measurements
         in_window(mode, prompt)
         plain, windowed = [], []
+        both = [(plain, plain_loop), (windowed, in_window)]
         for i in range(args.repeat):
             # The order turns, so that whatever favours a place in it falls on both alike.
-            if i % 2:
-                windowed.append(in_window(mode, prompt))
-                plain.append(plain_loop(mode, prompt))
-            else:
-                plain.append(plain_loop(mode, prompt))
-                windowed.append(in_window(mode, prompt))
+            for runs, run in both[::-1] if i % 2 else both:
+                runs.append(run(mode, prompt))
         # The heartbeat wakes the UI thread 100 times a second: instrumentation the app does not
         # have, so it runs on runs of its own, which give the block figures and not the speed.
         watched = [in_window(mode, prompt, watch=True) for _ in range(max(2, args.repeat // 2))]

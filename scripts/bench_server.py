@@ -137,10 +137,18 @@ def main() -> int:
     edit = build_messages("Rename the variable `total` to `running_sum` everywhere in this file. Answer with "
                           f"the whole file and nothing else.\n\n```python\n{source}```")
     unrelated = UNRELATED.read_text(encoding="utf-8")[: len(source)]
-    rows = {"generate loop (chat, off)": [], "server, streaming (chat, off)": [],
-            "generate loop (chat)": [], "server, streaming (chat)": [], "edit, plain decoding (off)": [],
-            "edit, no prediction": [],
-            "edit, file as prediction": [], "edit, unrelated prediction": []}
+    # Rows compared with each other run in one group, one after another.
+    groups = [
+        [("generate loop (chat, off)", lambda: bare_loop(chat, mode="off")),
+         ("server, streaming (chat, off)", lambda: through_server(chat, mode="off"))],
+        [("generate loop (chat)", lambda: bare_loop(chat)), ("server, streaming (chat)", lambda: through_server(chat))],
+        [("edit, plain decoding (off)", lambda: through_server(edit, mode="off")),
+         ("edit, no prediction", lambda: through_server(edit)),
+         ("edit, file as prediction", lambda: through_server(edit, source)),
+         ("edit, unrelated prediction", lambda: through_server(edit, unrelated))]]
+    if args.overhead_only:
+        groups = groups[:1]
+    rows = {name: [] for group in groups for name, _ in group}
     bare_loop(chat), through_server(chat)  # warm-up: prompts cached, policy settled
     if not args.overhead_only:
         through_server(edit)
@@ -148,19 +156,10 @@ def main() -> int:
         print(f"  round {i + 1} of {args.repeat}", file=sys.stderr)
         # The order turns round by round, so that whatever favours a place in the order (a
         # machine warming up or slowing down between runs) falls on each row alike.
-        pairs = [
-            [("generate loop (chat, off)", lambda: bare_loop(chat, mode="off")),
-             ("server, streaming (chat, off)", lambda: through_server(chat, mode="off"))],
-            [("generate loop (chat)", lambda: bare_loop(chat)), ("server, streaming (chat)", lambda: through_server(chat))],
-            [("edit, plain decoding (off)", lambda: through_server(edit, mode="off")),
-             ("edit, no prediction", lambda: through_server(edit)),
-             ("edit, file as prediction", lambda: through_server(edit, source)),
-             ("edit, unrelated prediction", lambda: through_server(edit, unrelated))]]
-        for group in pairs[:1] if args.overhead_only else pairs:
+        for group in groups:
             for name, run in group[i % len(group):] + group[:i % len(group)]:
                 rows[name].append(run())
     server.should_exit = True
-    rows = {name: runs for name, runs in rows.items() if runs}
     table = []
     for name, runs in rows.items():
         details = [r.get("usage", {}).get("completion_tokens_details") or {} for r in runs]
@@ -169,16 +168,16 @@ def main() -> int:
                       "accepted_prediction_tokens": details[-1].get("accepted_prediction_tokens"),
                       "rejected_prediction_tokens": details[-1].get("rejected_prediction_tokens"),
                       "acceptance_rate": runs[-1].get("speculum", {}).get("acceptance_rate")})
-    def paired(a: str, b: str) -> float:  # the median of each round's ratio: rows of one round share its load
-        return statistics.median(rate(x) / rate(y) for x, y in zip(rows[a], rows[b]))
+    def paired(a: str, b: str, measure=rate) -> float:
+        """The median of each round's ratio: rows of one round share its load."""
+        return statistics.median(measure(x) / measure(y) for x, y in zip(rows[a], rows[b]))
 
-    ratios = {"server / generate loop (off)": paired("server, streaming (chat, off)", "generate loop (chat, off)")}
-    # The same, by the engine's own clock (its cycles' time): what the server costs the decoding
-    # itself, without the time the tokens take to reach the client.
-    engine_rate = lambda r: r["speculum"]["tokens_per_s"]  # noqa: E731
-    ratios["engine in the server / generate loop (off)"] = statistics.median(
-        engine_rate(x) / engine_rate(y) for x, y in zip(rows["server, streaming (chat, off)"],
-                                                          rows["generate loop (chat, off)"]))
+    ratios = {"server / generate loop (off)": paired("server, streaming (chat, off)", "generate loop (chat, off)"),
+              # The same by the engine's own clock (its cycles' time): what the server costs the
+              # decoding itself, without the time the tokens take to reach the client.
+              "engine in the server / generate loop (off)": paired(
+                  "server, streaming (chat, off)", "generate loop (chat, off)",
+                  measure=lambda r: r["speculum"]["tokens_per_s"])}
     if not args.overhead_only:
         ratios.update({
             f"server / generate loop ({args.mode})": paired("server, streaming (chat)", "generate loop (chat)"),

@@ -218,17 +218,13 @@ class CostModel:
 
     @classmethod
     def from_json(cls, d: dict) -> "CostModel":
-        costs = cls._from_json(d)
+        costs = cls(plausible({int(k): float(v) for k, v in d.get("verify_s", {}).items()}), d.get("draft_first_s"),
+                    d.get("draft_step_s"), gpu=bool(d.get("gpu", False)),
+                    mtp_first_s=d.get("mtp_first_s"), mtp_step_s=d.get("mtp_step_s"),
+                    # Files from before this count were written after a full calibration.
+                    observations=int(d.get("observations", 3 * len(d.get("verify_s", {})))))
         costs._plausible_steps()
         return costs
-
-    @classmethod
-    def _from_json(cls, d: dict) -> "CostModel":
-        return cls(plausible({int(k): float(v) for k, v in d.get("verify_s", {}).items()}), d.get("draft_first_s"),
-                   d.get("draft_step_s"), gpu=bool(d.get("gpu", False)),
-                   mtp_first_s=d.get("mtp_first_s"), mtp_step_s=d.get("mtp_step_s"),
-                   # Files from before this count were written after a full calibration.
-                   observations=int(d.get("observations", 3 * len(d.get("verify_s", {})))))
 
 
 def plausible(verify_s: dict[int, float]) -> dict[int, float]:
