@@ -5,7 +5,8 @@ client process (as from an editor), streaming. Rows, run alternately so both see
 machine load:
 
 - overhead: one chat request through the server vs the same prompt in a bare
-  ``Decoder.generate`` loop in the server's process, in plain decoding (mode off: both do the
+  ``Decoder.generate`` loop in the server's process and vs ``speculum generate --json`` (the
+  command line, a process of its own, its own tok/s), in plain decoding (mode off: all do the
   same passes, so the ratio is the server's cost alone) and in the run's mode (auto: the
   policy's own draws make two runs differ by more than the server does);
 - edit: rename a variable through a 100-line file (resources/bench/edit_inventory.py.txt),
@@ -130,8 +131,20 @@ def main() -> int:
         return {"seconds": end - start, "decode_s": end - first, "tokens": n,
                 "speculum": {"tokens_per_s": decoder.stats.tokens_per_s}}
 
-    # Tokens after the first over the time after it: decoding, whether or not the prompt was cached.
-    rate = lambda r: (r["tokens"] - 1) / r["decode_s"]  # noqa: E731
+    def generate_command(mode="off") -> dict:
+        # What a user runs: its own process, its own clock (decoding alone, the prompt apart).
+        out = subprocess.run([sys.executable, "-c", "import sys; from speculum.cli import main; sys.exit(main())",
+                              "generate", "--target", target, "--mode", mode, "--max-tokens", str(args.max_tokens),
+                              "--ctx", "4096", "--json", CHAT], capture_output=True, text=True, check=True,
+                             env={**os.environ, "PYTHONPATH": str(REPO / "app")})
+        summary = json.loads(out.stdout.strip().splitlines()[-1])
+        return {"tokens": summary["tokens"], "text": summary["text"],
+                "speculum": {"tokens_per_s": summary["tokens_per_s"]}}
+
+    # Tokens after the first over the time after it: decoding, whether or not the prompt was
+    # cached; `speculum generate` reports its own.
+    def rate(r: dict) -> float:
+        return (r["tokens"] - 1) / r["decode_s"] if "decode_s" in r else r["speculum"]["tokens_per_s"]
     chat = build_messages(CHAT)
     source = EDIT_FILE.read_text(encoding="utf-8")
     edit = build_messages("Rename the variable `total` to `running_sum` everywhere in this file. Answer with "
@@ -140,7 +153,8 @@ def main() -> int:
     # Rows compared with each other run in one group, one after another.
     groups = [
         [("generate loop (chat, off)", lambda: bare_loop(chat, mode="off")),
-         ("server, streaming (chat, off)", lambda: through_server(chat, mode="off"))],
+         ("server, streaming (chat, off)", lambda: through_server(chat, mode="off")),
+         ("speculum generate (chat, off)", lambda: generate_command(mode="off"))],
         [("generate loop (chat)", lambda: bare_loop(chat)), ("server, streaming (chat)", lambda: through_server(chat))],
         [("edit, plain decoding (off)", lambda: through_server(edit, mode="off")),
          ("edit, no prediction", lambda: through_server(edit)),
@@ -177,7 +191,14 @@ def main() -> int:
               # decoding itself, without the time the tokens take to reach the client.
               "engine in the server / generate loop (off)": paired(
                   "server, streaming (chat, off)", "generate loop (chat, off)",
+                  measure=lambda r: r["speculum"]["tokens_per_s"]),
+              # The issue's own yardstick: the command line's tok/s for the same request.
+              "server / speculum generate (off)": paired("server, streaming (chat, off)", "speculum generate (chat, off)"),
+              "engine in the server / speculum generate (off)": paired(
+                  "server, streaming (chat, off)", "speculum generate (chat, off)",
                   measure=lambda r: r["speculum"]["tokens_per_s"])}
+    same = rows["speculum generate (chat, off)"][-1]["text"] == rows["server, streaming (chat, off)"][-1]["text"]
+    print(f"  server and speculum generate wrote the same text: {same}", file=sys.stderr)
     if not args.overhead_only:
         ratios.update({
             f"server / generate loop ({args.mode})": paired("server, streaming (chat)", "generate loop (chat)"),

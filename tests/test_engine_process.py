@@ -69,11 +69,35 @@ def test_the_engine_process_waits_for_threads_as_speculum_sets_it_before_llama_c
         monkeypatch.delenv(name, raising=False)  # this test process applied them to itself
     setting = _engine_settings()
     assert setting["GOMP_SPINCOUNT"] == str(cpu_settings.SPIN_COUNT) and setting["source"] == "Speculum"
+    # llama.cpp here runs on libgomp: its count for more threads than cores (the server's and the
+    # window's serving threads) follows GOMP_SPINCOUNT only under the active policy
+    assert cpu_settings.llama_cpp_uses_libgomp() is True
+    assert setting["OMP_WAIT_POLICY"] == "active"
     assert setting["set_before_libgomp_loaded"] is True
     assert setting["libgomp_loaded"] is True  # llama.cpp's OpenMP runtime, which reads it, is loaded
     # ggml's tiled matmul is off, so verification passes of 8+ tokens skip it
     assert setting[cpu_settings.TILED_MATMUL] == "0" and setting["tiled_source"] == "Speculum"
     assert not cpu_settings.tiled_matmul_on(setting)
+
+
+@pytest.mark.parametrize("needed, expected", [(b"libgomp.so.1", "active"), (b"libomp.so", "")])
+def test_the_active_wait_policy_is_set_only_for_libgomp(tmp_path, monkeypatch, needed, expected):
+    # LLVM's and Intel's OpenMP read `active` as spin forever: the collapse under load again
+    from importlib.machinery import ModuleSpec
+
+    from speculum.engine import cpu_settings
+
+    package = tmp_path / "llama_cpp"
+    (package / "lib").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "lib" / "libggml-cpu.so").write_bytes(b"\x7fELF" + needed + b"\0")
+    spec = ModuleSpec("llama_cpp", None, origin=str(package / "__init__.py"))
+    monkeypatch.setattr(cpu_settings.importlib.util, "find_spec", lambda name: spec)
+    monkeypatch.setattr(cpu_settings, "_in_effect", {})
+    environ: dict = {}
+    setting = cpu_settings.apply(environ)
+    assert environ.get("OMP_WAIT_POLICY", "") == expected == setting["OMP_WAIT_POLICY"]
+    assert environ["GOMP_SPINCOUNT"] == str(cpu_settings.SPIN_COUNT)
 
 
 def test_a_users_own_tiled_matmul_setting_is_kept(data_dirs, monkeypatch):

@@ -248,10 +248,7 @@ def _mtp_row() -> str:
 
 
 def _thread_wait(setting: dict) -> str:
-    if setting.get("OMP_WAIT_POLICY"):
-        text = f"OMP_WAIT_POLICY={setting['OMP_WAIT_POLICY']}"
-    else:
-        text = f"GOMP_SPINCOUNT={setting.get('GOMP_SPINCOUNT')}"
+    text = " ".join(f"{name}={setting[name]}" for name in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY") if setting.get(name))
     return f"{text} (set by {setting.get('source')})"
 
 

@@ -17,6 +17,17 @@ on a 2-core machine, Qwen2.5-Coder 1.5B, plain decoding (quiet tok/s, with one c
 libgomp's default 10.9 → 3.4; passive 9.7 → 5.9; 300 spins 10.4 → 5.7; 1,000 spins 10.6 → 5.6;
 3,000 spins 11.8 → 4.7. 1,000 keeps the quiet speed (0.97) and half of it under load.
 
+libgomp has a second, hidden count: once more OpenMP threads exist in the process than it has
+cores, it spins only 100 times (``gomp_throttled_spin_count_var``), unless the wait policy is
+``active``, which makes that 1,000 as well, and never more than GOMP_SPINCOUNT. Every thread that
+calls into llama.cpp keeps a team of its own: the server decodes on a thread per request after
+the load ran on the main thread, and the window's engine serves API clients beside its own
+generations. With 100 spins those decoded at 0.83-0.89x the speed of the same loop in a
+process with one team (SmolLM2, 25 rounds, ``scripts/bench_server.py --overhead-only``).
+So where llama.cpp runs on libgomp, the policy is ``active`` and GOMP_SPINCOUNT caps both
+counts at 1,000. Nowhere else: LLVM's and Intel's runtimes read ``active`` as spin forever,
+the collapse under load that this setting is here to avoid.
+
 libgomp reads its environment once, when it is loaded: this must run before llama_cpp is
 imported. A user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT is left as it is.
 
@@ -37,9 +48,11 @@ themselves. ggml reads it once, at the first matmul.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import sys
+from pathlib import Path
 
 SPIN_COUNT = 1_000  # libgomp spin iterations before a waiting thread sleeps (see scripts/bench_load.py)
 USER_SETTINGS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
@@ -59,6 +72,24 @@ def _libgomp_loaded() -> bool | None:
         return None
 
 
+def llama_cpp_uses_libgomp() -> bool:
+    """Whether the installed llama.cpp's CPU backend is linked to libgomp, read from its files
+    without loading it (it must not be loaded before the setting is made)."""
+    try:
+        spec = importlib.util.find_spec("llama_cpp")
+    except (ImportError, ValueError):
+        return False
+    if spec is None or spec.origin is None:
+        return False
+    for library in sorted((Path(spec.origin).parent / "lib").glob("libggml-cpu*.so*")):
+        try:
+            if b"libgomp.so" in library.read_bytes():
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def apply(environ=os.environ) -> dict:
     """Set the wait policy and the tiled matmul for this process unless the user chose them;
     what is in effect."""
@@ -66,6 +97,8 @@ def apply(environ=os.environ) -> dict:
         chosen = {k: environ[k] for k in USER_SETTINGS if k in environ}
         if not chosen:
             environ["GOMP_SPINCOUNT"] = str(SPIN_COUNT)
+            if llama_cpp_uses_libgomp():  # see above: the throttled count follows the spin count
+                environ["OMP_WAIT_POLICY"] = "active"
         tiled_chosen = TILED_MATMUL in environ
         environ.setdefault(TILED_MATMUL, "0")
         _in_effect.update({
