@@ -18,9 +18,10 @@ Every rate is decoding alone: tokens after the first over the time after the fir
 row that reads its prompt afresh (the first edit after the chat rows) is not charged for it.
 Ratios are taken within each round (rows a few seconds apart) and their median reported;
 the order of the rows compared turns from round to round.
-The edit's physical limit is the oracle of `speculum bench`: on this edit's output, with the
-verify curve the run measured, what a drafter that knew in advance how much of the file
-would be accepted could reach over plain decoding.
+The edit's physical limit is the oracle of `speculum bench`: on this edit's output, with a
+verify curve, what a drafter that knew in advance how much of the file would be accepted
+could reach over plain decoding. Two curves: the policy's cost model, and the edit rows' own
+passes (median time per pass size, at the edit's context length, in this run).
 
     SPECULUM_MODELS_DIR=~/.cache/speculum-dev/models python scripts/bench_server.py
     (add --target T --draft D, --mode auto, --max-tokens N, --repeat N, --json; --overhead-only
@@ -91,7 +92,7 @@ def main() -> int:
 
     import uvicorn
 
-    from speculum.bench import oracle_speedup, verify_curve
+    from speculum.bench import curve_from_passes, oracle_speedup, verify_curve
     from speculum.engine.prompts import build_messages
     from speculum.engine.loading import LoadOptions, load_decoder
     from speculum.server.api import create_app
@@ -111,7 +112,11 @@ def main() -> int:
         time.sleep(0.05)
     url = f"http://127.0.0.1:{port}/v1"
 
+    passes = []  # (tokens in the pass, seconds) of the edit rows' cycles: the live verify curve
+
     def through_server(messages, prediction=None, mode=args.mode) -> dict:
+        served.on_cycle = (lambda cycle: passes.append((len(cycle.drafted) + 1, cycle.verify_s))) \
+            if messages is edit else None
         body = {"model": "bench", "messages": messages, "max_tokens": args.max_tokens, "temperature": 0}
         if prediction is not None:
             body["prediction"] = {"type": "content", "content": prediction}
@@ -132,10 +137,12 @@ def main() -> int:
                 "speculum": {"tokens_per_s": decoder.stats.tokens_per_s}}
 
     def generate_command(mode="off") -> dict:
-        # What a user runs: its own process, its own clock (decoding alone, the prompt apart).
+        # What a user runs: its own process, its own clock (decoding alone, the prompt apart),
+        # with the models the server holds.
         out = subprocess.run([sys.executable, "-c", "import sys; from speculum.cli import main; sys.exit(main())",
                               "generate", "--target", target, "--mode", mode, "--max-tokens", str(args.max_tokens),
-                              "--ctx", "4096", "--json", CHAT], capture_output=True, text=True, check=True,
+                              "--ctx", "4096", "--json", *(["--draft", draft] if draft else []), CHAT],
+                             capture_output=True, text=True, check=True,
                              env={**os.environ, "PYTHONPATH": str(REPO / "app")})
         summary = json.loads(out.stdout.strip().splitlines()[-1])
         return {"tokens": summary["tokens"], "text": summary["text"],
@@ -206,13 +213,16 @@ def main() -> int:
             "file prediction / plain decoding": paired("edit, file as prediction", "edit, plain decoding (off)"),
             "no prediction / plain decoding": paired("edit, no prediction", "edit, plain decoding (off)"),
             "unrelated prediction / none": paired("edit, unrelated prediction", "edit, no prediction")})
-    curve = verify_curve(decoder)
-    if curve is not None and not args.overhead_only:
+    if not args.overhead_only:
         prompt = decoder.target.tokenize(decoder.target.apply_chat_template(edit))
         output = decoder.target.tokenize(rows["edit, file as prediction"][-1]["text"], parse_special=False)
-        oracle = oracle_speedup(prompt, output, curve)
-        ratios["physical limit of the edit (oracle) / plain decoding"] = oracle
-        ratios["file prediction / physical limit"] = ratios["file prediction / plain decoding"] / oracle
+        # Two curves: the policy's cost model (what it chose by), and the edit's own passes as
+        # they ran at this context length (what this machine allows this request).
+        for name, curve in (("policy's curve", verify_curve(decoder)), ("the edit's passes", curve_from_passes(passes))):
+            if curve is not None:
+                oracle = oracle_speedup(prompt, output, curve)
+                ratios[f"physical limit of the edit (oracle, {name}) / plain decoding"] = oracle
+                ratios[f"file prediction / physical limit ({name})"] = ratios["file prediction / plain decoding"] / oracle
     if args.json:
         print(json.dumps({"target": Path(target).name, "mode": args.mode, "rows": table,
                           "ratios": {k: round(v, 3) for k, v in ratios.items()}}, indent=1))

@@ -72,3 +72,18 @@ def test_oracle_speedup_knows_how_much_of_each_copy_is_right():
     # here, so the oracle copies 1 token per pass (2 tokens for 1.5 steps).
     steep = {1: 1.0, 2: 1.5, 3: 3.5, 4: 5.0, 5: 6.5, 6: 8.0, 7: 9.5}
     assert bench.oracle_speedup(prompt, output, steep.__getitem__) == pytest.approx(7 / (1.5 * 3 + 1.0))
+
+
+def test_a_verify_curve_from_passes_as_they_ran_takes_medians_and_draws_lines_between_them():
+    # passes of 1, 4 and 8 tokens; one slow outlier among the single steps
+    passes = [(1, 0.10), (1, 0.10), (1, 0.90), (4, 0.25), (8, 0.45), (8, 0.45), (0, 1.0), (3, 0.0)]
+    verify = bench.curve_from_passes(passes)
+    assert verify(1) == pytest.approx(0.10)  # the median, not the outlier
+    assert verify(4) == pytest.approx(0.25) and verify(8) == pytest.approx(0.45)
+    assert verify(2) == pytest.approx(0.15) and verify(6) == pytest.approx(0.35)  # between sizes seen
+    assert verify(16) == pytest.approx(0.85)  # beyond them: the last line goes on
+    # the oracle on it: a copy right all the way, 8 tokens a pass at 4.5 steps
+    assert bench.oracle_speedup([5, 6, 7, 8, 9, 10, 11, 12, 13, 5], [6, 7, 8, 9, 10, 11, 12, 13], verify,
+                                max_batch=9) == pytest.approx(8 * 0.10 / 0.45)
+    assert bench.curve_from_passes([(1, 0.1), (1, 0.1)]) is None  # one size: no curve
+    assert bench.curve_from_passes([(4, 0.3), (8, 0.4)]) is None  # no single step to compare with

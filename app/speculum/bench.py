@@ -105,6 +105,31 @@ def oracle_speedup(prompt: Sequence[int], output: Sequence[int], verify: Callabl
     return n * verify(1) / best[0]
 
 
+def curve_from_passes(passes: Sequence[tuple[int, float]]) -> Callable[[int], float] | None:
+    """A verify curve from passes as they ran, (tokens in the pass, seconds): the median per
+    size, straight lines between the sizes seen and beyond them. What the policy's cost model
+    holds was partly timed at another moment and at another context length (calibration
+    reads a short one); this is what this request's own passes cost."""
+    by_size: dict[int, list[float]] = {}
+    for n, seconds in passes:
+        if n >= 1 and seconds > 0:
+            by_size.setdefault(n, []).append(seconds)
+    if 1 not in by_size or len(by_size) < 2:
+        return None
+    sizes = sorted(by_size)
+    cost = {n: statistics.median(by_size[n]) for n in sizes}
+
+    def verify(n: int) -> float:
+        if n in cost:
+            return cost[n]
+        lower = [m for m in sizes if m < n]
+        upper = [m for m in sizes if m > n]
+        a, b = (lower[-1], upper[0]) if lower and upper else (sizes[-2], sizes[-1]) if lower else (sizes[0], sizes[1])
+        return max(cost[a] + (cost[b] - cost[a]) * (n - a) / (b - a), cost[1])
+
+    return verify
+
+
 def verify_curve(decoder) -> Callable[[int], float] | None:
     """The verify curve the policies measured during the run (auto's first)."""
     policies = getattr(decoder, "policies", {})
