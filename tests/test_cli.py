@@ -68,6 +68,7 @@ def test_bench_json_contract(smollm_path, tmp_path):
     for r in results:  # the oracle for copying rows: what knowing each copy's fate would give
         if r["mode"] in ("lookup", "auto"):
             assert r["oracle_speedup"] >= 0.999 and r["oracle_fraction"] > 0
+            assert r["oracle_curve"] == "passes"  # the prompt's own passes: plain steps and drafts
         else:
             assert "oracle_speedup" not in r
     ttft = json.loads(proc.stdout)["ttft"]  # the first token's wait, fresh policy vs taught

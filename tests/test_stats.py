@@ -39,7 +39,7 @@ def test_merge_equals_adding_every_cycle():
 def test_bench_repeats_report_the_median_rate(monkeypatch):
     rates = iter([10.0, 40.0, 20.0, 30.0, 30.0, 90.0])  # per repeat: off, lookup
 
-    def run_one(decoder, tokens, mode, prompt, max_tokens, k=None):
+    def run_one(decoder, tokens, mode, prompt, max_tokens, k=None, passes=None):
         return Stats(tokens=10, passes=5, drafted=4, accepted=2, verify_s=10 / next(rates),
                      passes_by_source={"lookup" if mode == Mode.LOOKUP else "none": 5}), [1] * 10
 

@@ -62,12 +62,15 @@ def load_prompts(path: str | None = None) -> list[BenchPrompt]:
 
 
 def run_one(decoder: Decoder, prompt_tokens: list[int], mode: Mode, prompt: BenchPrompt,
-            max_tokens: int, k: int | None = None) -> tuple[Stats, list[int]]:
-    """One generation; its Stats and the tokens it wrote."""
+            max_tokens: int, k: int | None = None, passes: list | None = None) -> tuple[Stats, list[int]]:
+    """One generation; its Stats and the tokens it wrote (and, into ``passes``, each pass's
+    (tokens, seconds))."""
     sampling = SamplingParams(temperature=prompt.temperature, seed=prompt.seed)
     output: list[int] = []
     for cycle in decoder.generate(prompt_tokens, max_tokens=max_tokens, sampling=sampling, policy=mode, k=k):
         output += cycle.emitted
+        if passes is not None:
+            passes.append((len(cycle.drafted) + 1, cycle.verify_s))
     return decoder.stats, output
 
 
@@ -162,6 +165,7 @@ def run_bench(decoder: Decoder, prompts: list[BenchPrompt], modes: list[Mode], m
     merged: dict[tuple[str, Mode], Stats] = {}
     rates: dict[tuple[str, Mode], list[float]] = {}
     outputs: dict[tuple[str, Mode], list[int]] = {}
+    passes: dict[str, list[tuple[int, float]]] = {p.name: [] for p in prompts}  # per prompt, all modes
     tokenized = {p.name: decoder.target.tokenize(decoder.target.apply_chat_template(p.messages())) for p in prompts}
     # Warm-up: the first decode after loading is slower (page faults, thread start).
     list(decoder.generate(tokenized[prompts[0].name], max_tokens=4, policy=Mode.OFF))
@@ -173,7 +177,8 @@ def run_bench(decoder: Decoder, prompts: list[BenchPrompt], modes: list[Mode], m
     for r in range(repeat):
         for p in prompts:
             for mode in modes:
-                stats, output = run_one(decoder, tokenized[p.name], mode, p, max_tokens or p.max_tokens, k)
+                stats, output = run_one(decoder, tokenized[p.name], mode, p, max_tokens or p.max_tokens, k,
+                                        passes[p.name])
                 if progress:
                     progress.write(f"[{r + 1}/{repeat}] {p.name:<22} {mode:<7} {stats.tokens_per_s:6.1f} tok/s\n")
                     progress.flush()
@@ -200,10 +205,15 @@ def run_bench(decoder: Decoder, prompts: list[BenchPrompt], modes: list[Mode], m
             "choices": {source: round(share, 3) for source, share in s.choices.items()},
         })
     off = {r["name"]: r["tokens_per_s"] for r in results if r["mode"] == Mode.OFF}
-    curve = verify_curve(decoder)
+    policy_curve = verify_curve(decoder)
     for r in results:
         base = off.get(r["name"])
         r["speedup_vs_off"] = round(r["tokens_per_s"] / base, 3) if base else None
+        # The prompt's own passes (its context length, this run's moment) when they give a
+        # curve; the policy's cost model holds sizes timed elsewhere, often cheaper.
+        curve = curve_from_passes(passes[r["name"]])
+        r["oracle_curve"] = "passes" if curve is not None else "policy"
+        curve = curve or policy_curve
         if r["mode"] in (Mode.LOOKUP, Mode.AUTO) and curve is not None:
             oracle = oracle_speedup(tokenized[r["name"]], outputs[r["name"], r["mode"]], curve)
             r["oracle_speedup"] = round(oracle, 3) if oracle else None
