@@ -2,6 +2,7 @@
 
 from typing import Sequence
 
+import math
 import numpy as np
 
 from speculum.engine.auto import AutoPolicy, CostModel, expected_tokens
@@ -366,3 +367,20 @@ def test_a_draft_step_timed_while_the_machine_was_busy_does_not_stop_every_draft
     assert policy.costs.draft_step_s <= policy.costs.draft_first_s
     cycles = list(dec.generate([1, 2, 3], max_tokens=120, policy=policy))
     assert max(len(c.drafted) for c in cycles) >= 3
+
+
+def test_a_policy_file_with_impossible_numbers_keeps_only_what_could_be_true(tmp_path):
+    # Another version, a hand edit or a damaged disk: JSON that parses but cannot be a cost.
+    (tmp_path / "p.json").write_text(
+        '{"costs": {"verify_s": {"1": 1e309, "2": NaN, "3": -0.5, "4": 0.05, "0": 0.01, "99": 0.2, "x": 0.1},'
+        ' "draft_first_s": Infinity, "draft_step_s": "fast", "mtp_first_s": -1, "mtp_step_s": 0.01,'
+        ' "gpu": false, "observations": "many"}, "model": [1e309, NaN]}')
+    dec, policy, prompt = _copy_heavy(tmp_path / "p.json")
+    c = policy.costs
+    assert c.verify_s == {4: 0.05}  # sizes 1..16 with a finite positive cost
+    assert c.draft_first_s is None and c.draft_step_s is None and c.mtp_first_s is None
+    assert c.mtp_step_s == 0.01
+    assert all(0 < r.prior < 1 for r in policy.model_rates)
+    cycles = list(dec.generate(prompt, max_tokens=60, policy=policy))  # and it decodes, learning again
+    assert sum(len(cy.emitted) for cy in cycles) == 60
+    assert all(math.isfinite(policy.costs.verify(n)) and policy.costs.verify(n) > 0 for n in range(1, 17))

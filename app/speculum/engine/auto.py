@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import platform
 import time
 from dataclasses import dataclass, replace
@@ -433,12 +434,11 @@ class AutoPolicy:
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return  # a damaged memory only costs a re-measurement
         self.costs = costs
-        for rates, saved in ((self.model_rates, model), (self.mtp_rates, mtp)):
+        for rates, saved in ((self.model_rates, model), (self.mtp_rates, mtp), *(
+                (self.lookup_rates[b], saved) for b, saved in lookup.items())):
             for r, v in zip(rates, saved):
-                r.prior = min(max(v, 0.01), 0.99)
-        for b, saved in lookup.items():
-            for r, v in zip(self.lookup_rates[b], saved):
-                r.prior = min(max(v, 0.01), 0.99)
+                if math.isfinite(v):  # NaN would pass the clamp and poison every draw
+                    r.prior = min(max(v, 0.01), 0.99)
 
     def save(self) -> None:
         if not self.store:

@@ -9,6 +9,7 @@ what is known, or from defaults: the first generation never waits for a calibrat
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -218,13 +219,31 @@ class CostModel:
 
     @classmethod
     def from_json(cls, d: dict) -> "CostModel":
-        costs = cls(plausible({int(k): float(v) for k, v in d.get("verify_s", {}).items()}), d.get("draft_first_s"),
-                    d.get("draft_step_s"), gpu=bool(d.get("gpu", False)),
-                    mtp_first_s=d.get("mtp_first_s"), mtp_step_s=d.get("mtp_step_s"),
-                    # Files from before this count were written after a full calibration.
-                    observations=int(d.get("observations", 3 * len(d.get("verify_s", {})))))
+        """A saved model; each figure that cannot be a cost (not a number, infinite, not positive,
+        a batch size out of range) is left out, to be measured again."""
+        saved = d.get("verify_s", {})
+        verify_s = {int(n): _seconds(v) for n, v in saved.items() if str(n).isdigit() and 1 <= int(n) <= MAX_BATCH}
+        try:
+            observations = int(d.get("observations", 3 * len(saved)))  # files from before it: a full calibration
+        except (TypeError, ValueError):
+            observations = 0
+        costs = cls(plausible({n: s for n, s in verify_s.items() if s is not None}),
+                    _seconds(d.get("draft_first_s")), _seconds(d.get("draft_step_s")), gpu=d.get("gpu") is True,
+                    mtp_first_s=_seconds(d.get("mtp_first_s")), mtp_step_s=_seconds(d.get("mtp_step_s")),
+                    observations=max(observations, 0))
         costs._plausible_steps()
         return costs
+
+
+def _seconds(value) -> float | None:
+    """A saved time in seconds, or None where it cannot be one."""
+    if isinstance(value, bool):
+        return None
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        return None
+    return seconds if math.isfinite(seconds) and seconds > 0 else None
 
 
 def plausible(verify_s: dict[int, float]) -> dict[int, float]:
