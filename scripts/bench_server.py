@@ -92,7 +92,7 @@ def main() -> int:
 
     import uvicorn
 
-    from speculum.bench import curve_from_passes, oracle_speedup, verify_curve
+    from speculum.bench import curve_from_passes, oracle_speedup, timed_pass, verify_curve
     from speculum.engine.prompts import build_messages
     from speculum.engine.loading import LoadOptions, load_decoder
     from speculum.server.api import create_app
@@ -115,8 +115,7 @@ def main() -> int:
     passes = []  # (tokens in the pass, seconds) of the edit rows' cycles: the live verify curve
 
     def through_server(messages, prediction=None, mode=args.mode) -> dict:
-        served.on_cycle = (lambda cycle: passes.append((len(cycle.drafted) + 1, cycle.verify_s))) \
-            if messages is edit else None
+        served.on_cycle = (lambda cycle: passes.append(timed_pass(cycle))) if messages is edit else None
         body = {"model": "bench", "messages": messages, "max_tokens": args.max_tokens, "temperature": 0}
         if prediction is not None:
             body["prediction"] = {"type": "content", "content": prediction}

@@ -6,6 +6,7 @@ same model), because shared machines are noisy.
 
 from __future__ import annotations
 
+import bisect
 import json
 import statistics
 from dataclasses import dataclass
@@ -70,8 +71,13 @@ def run_one(decoder: Decoder, prompt_tokens: list[int], mode: Mode, prompt: Benc
     for cycle in decoder.generate(prompt_tokens, max_tokens=max_tokens, sampling=sampling, policy=mode, k=k):
         output += cycle.emitted
         if passes is not None:
-            passes.append((len(cycle.drafted) + 1, cycle.verify_s))
+            passes.append(timed_pass(cycle))
     return decoder.stats, output
+
+
+def timed_pass(cycle) -> tuple[int, float]:
+    """A cycle's target pass as ``curve_from_passes`` reads it: (tokens in it, seconds)."""
+    return len(cycle.drafted) + 1, cycle.verify_s
 
 
 def time_to_first_token(stats: Stats) -> float:
@@ -125,9 +131,9 @@ def curve_from_passes(passes: Sequence[tuple[int, float]]) -> Callable[[int], fl
     def verify(n: int) -> float:
         if n in cost:
             return cost[n]
-        lower = [m for m in sizes if m < n]
-        upper = [m for m in sizes if m > n]
-        a, b = (lower[-1], upper[0]) if lower and upper else (sizes[-2], sizes[-1]) if lower else (sizes[0], sizes[1])
+        # The two sizes seen around n, or the last two below it (n is never below size 1)
+        i = min(bisect.bisect(sizes, n), len(sizes) - 1)
+        a, b = sizes[i - 1], sizes[i]
         return max(cost[a] + (cost[b] - cost[a]) * (n - a) / (b - a), cost[1])
 
     return verify
@@ -206,12 +212,13 @@ def run_bench(decoder: Decoder, prompts: list[BenchPrompt], modes: list[Mode], m
         })
     off = {r["name"]: r["tokens_per_s"] for r in results if r["mode"] == Mode.OFF}
     policy_curve = verify_curve(decoder)
+    curves = {name: curve_from_passes(timed) for name, timed in passes.items()}
     for r in results:
         base = off.get(r["name"])
         r["speedup_vs_off"] = round(r["tokens_per_s"] / base, 3) if base else None
         # The prompt's own passes (its context length, this run's moment) when they give a
         # curve; the policy's cost model holds sizes timed elsewhere, often cheaper.
-        curve = curve_from_passes(passes[r["name"]])
+        curve = curves[r["name"]]
         r["oracle_curve"] = "passes" if curve is not None else "policy"
         curve = curve or policy_curve
         if r["mode"] in (Mode.LOOKUP, Mode.AUTO) and curve is not None:

@@ -222,12 +222,13 @@ class CostModel:
         """A saved model; each figure that cannot be a cost (not a number, infinite, not positive,
         a batch size out of range) is left out, to be measured again."""
         saved = d.get("verify_s", {})
-        verify_s = {int(n): _seconds(v) for n, v in saved.items() if str(n).isdigit() and 1 <= int(n) <= MAX_BATCH}
+        verify_s = {int(n): s for n, v in saved.items()
+                    if str(n).isdigit() and 1 <= int(n) <= MAX_BATCH and (s := _seconds(v)) is not None}
         try:
             observations = int(d.get("observations", 3 * len(saved)))  # files from before it: a full calibration
         except (TypeError, ValueError):
             observations = 0
-        costs = cls(plausible({n: s for n, s in verify_s.items() if s is not None}),
+        costs = cls(plausible(verify_s),
                     _seconds(d.get("draft_first_s")), _seconds(d.get("draft_step_s")), gpu=d.get("gpu") is True,
                     mtp_first_s=_seconds(d.get("mtp_first_s")), mtp_step_s=_seconds(d.get("mtp_step_s")),
                     observations=max(observations, 0))

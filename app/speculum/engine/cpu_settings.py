@@ -81,10 +81,10 @@ def llama_cpp_uses_libgomp() -> bool:
         return False
     if spec is None or spec.origin is None:
         return False
+    # One file says it: every CPU variant (and each soname copy of it) links the same runtime.
     for library in sorted((Path(spec.origin).parent / "lib").glob("libggml-cpu*.so*")):
         try:
-            if b"libgomp.so" in library.read_bytes():
-                return True
+            return b"libgomp.so" in library.read_bytes()
         except OSError:
             continue
     return False
