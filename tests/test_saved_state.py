@@ -91,6 +91,27 @@ def test_damaged_conversations_keep_what_is_valid(data_dirs):
     assert len(store.load_all()) == 4 and paths.set_aside_notices == []
 
 
+def test_each_save_writes_the_conversation_as_it_is_now(data_dirs):
+    # Saving reuses an answer's encoded cycle records: a changed answer must not be saved as it was.
+    store = ConversationStore()
+    answer = Message("assistant", "yo", cycles=[CYCLE])
+    conv = Conversation(title="T", messages=[Message("user", "hi"), answer])
+    store.save(conv)
+    answer.note = "stopped"
+    answer.cycles = [CYCLE, {**CYCLE, "index": 1}]  # a new list
+    conv.messages.append(Message("user", "more"))
+    store.save(conv)
+    saved = json.loads((store.folder / f"{conv.id}.json").read_text())
+    assert saved == {**saved, "id": conv.id, "title": "T"}
+    assert [m["content"] for m in saved["messages"]] == ["hi", "yo", "more"]
+    assert saved["messages"][1]["note"] == "stopped" and [c["index"] for c in saved["messages"][1]["cycles"]] == [0, 1]
+    answer.cycles.append({**CYCLE, "index": 2})  # the same list, grown
+    store.save(conv)
+    (loaded,) = store.load_all()
+    assert [c["index"] for c in loaded.messages[1].cycles] == [0, 1, 2] and loaded.messages[1].note == "stopped"
+    assert not paths.set_aside_notices
+
+
 def test_a_conversation_id_is_never_a_path(data_dirs):
     store = ConversationStore()
     settings = data_dirs / "config" / "settings.json"

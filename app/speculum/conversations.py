@@ -7,11 +7,12 @@ the previous version or the new one, never half a file.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from . import paths
@@ -57,8 +58,14 @@ class Conversation:
         """The turns the model sees next time, oldest first."""
         return [{"role": m.role, "content": m.content} for m in self.messages if m.in_history and m.content]
 
-    def to_json(self) -> dict:
-        return asdict(self)
+    def json_text(self) -> str:
+        """The conversation as JSON text, for its file. Saved after every question and answer, on
+        the UI thread: each answer's cycle records (most of the file, and never changed once
+        the answer is finished) are encoded once and their text reused."""
+        head = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "messages"}
+        messages = ",".join(_message_text(m) for m in self.messages)
+        return _dumps(head)[:-1] + ',"messages":[' + messages + "]}"
+
 
     @classmethod
     def from_json(cls, d: dict, problems: list[str] | None = None) -> "Conversation":
@@ -81,6 +88,19 @@ class Conversation:
             if message is not None:
                 messages.append(message)
         return cls(messages=messages, **fields)
+
+
+def _dumps(obj) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def _message_text(m: Message) -> str:
+    rest = _dumps({f.name: getattr(m, f.name) for f in fields(Message) if f.name != "cycles"})
+    cached = getattr(m, "_cycles_text", None)  # (the list, its length, its text)
+    if cached is None or cached[0] is not m.cycles or cached[1] != len(m.cycles):
+        cached = (m.cycles, len(m.cycles), _dumps(m.cycles))
+        m._cycles_text = cached  # not a field: never compared, shown or saved
+    return rest[:-1] + ',"cycles":' + cached[2] + "}"
 
 
 def _message(m, number: int, problems: list[str]) -> Message | None:
@@ -149,14 +169,14 @@ class ConversationStore:
         else:
             return conversation
         try:
-            paths.write_json_atomic(self._path(conversation.id), conversation.to_json())
+            paths.write_text_atomic(self._path(conversation.id), conversation.json_text())
         except OSError:
             pass  # the valid part is still shown; it is saved with the next change
         return conversation
 
     def save(self, conversation: Conversation) -> None:
         conversation.updated = time.time()
-        paths.write_json_atomic(self._path(conversation.id), conversation.to_json())
+        paths.write_text_atomic(self._path(conversation.id), conversation.json_text())
 
     def delete(self, conversation_id: str) -> None:
         self._path(conversation_id).unlink(missing_ok=True)

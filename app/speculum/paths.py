@@ -56,12 +56,18 @@ def resource(name: str) -> Path:
 
 def write_json_atomic(path: Path, obj, indent: int | None = None) -> None:
     """Write ``obj`` as JSON so that a crash or kill leaves the old file or the new one, never half."""
+    # dumps, not dump: dump streams through the pure-Python encoder, ten times slower.
+    write_text_atomic(path, json.dumps(obj, ensure_ascii=False, indent=indent,
+                                       separators=None if indent is not None else (",", ":")))
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` so that a crash or kill leaves the old file or the new one, never half."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as out:
-            json.dump(obj, out, ensure_ascii=False, indent=indent,
-                      separators=None if indent is not None else (",", ":"))
+            out.write(text)
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp, path)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 
 from ..records import RecordError, field_types, typed_fields, zero
 
@@ -96,7 +96,9 @@ class Cycle:
         return self.draft_s + self.verify_s + self.overhead_s
 
     def to_json(self) -> dict:
-        d = asdict(self)
+        # Field by field, lists copied: asdict deep-copies every number, and the window stores
+        # every cycle of every answer.
+        d = {f.name: (list(v) if isinstance(v := getattr(self, f.name), list) else v) for f in fields(self)}
         d["policy"] = self.policy.to_json() if self.policy is not None else {}
         d["rejected"] = self.rejected
         return d

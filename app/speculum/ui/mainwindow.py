@@ -15,7 +15,8 @@ from .. import paths
 from ..conversations import Conversation, ConversationStore, Message
 from ..engine import profiles
 from ..errors import SpeculumError
-from .answer import LiveAnswer, answer_so_far, cycle_records, document_question, finished_answer, with_stages
+from .answer import (LiveAnswer, StagedCycle, answer_so_far, cycle_records, document_question, finished_answer,
+                     with_stages)
 from .chatpane import ChatPane
 from .conversationlist import ConversationList
 from .generationform import GenerationForm
@@ -299,11 +300,13 @@ class MainWindow(QMainWindow):
         if next_id is not None:
             self.open_conversation(next_id)
 
-    def replay_message(self, index: int, step: int | None = 0) -> None:
-        """Load an answer's cycle records into the replay bar; step 0 starts before the first cycle."""
+    def replay_message(self, index: int, step: int | None = 0, staged: list[StagedCycle] | None = None) -> None:
+        """Load an answer's cycle records into the replay bar; step 0 starts before the first cycle.
+        ``staged``: the answer's cycles when at hand (just generated), so its records are not read back."""
         if self.generating or self.current is None or not (0 <= index < len(self.current.messages)):
             return
-        self.replay.load(self.current, index, step, self.settings.plain_tokens_per_s.get(self.settings.target))
+        self.replay.load(self.current, index, step, self.settings.plain_tokens_per_s.get(self.settings.target),
+                         staged)
 
     # ------------------------------------------------------------------ generating
 
@@ -398,7 +401,8 @@ class MainWindow(QMainWindow):
         if conv is None:
             self._update_controls()
             return
-        records = cycle_records(with_stages(result.cycles, live.events if live else []))
+        staged = with_stages(result.cycles, live.events if live else [])
+        records = cycle_records(staged)
         conv.messages.append(finished_answer(conv, result, records))
         self.conversations.save(conv)
         self._save_settings()
@@ -406,7 +410,7 @@ class MainWindow(QMainWindow):
             self.transcript.show_messages(conv.messages)
             if live and live.kind == "summary":
                 self.chat.highlight_copies(result.cycles)
-            self.replay_message(len(conv.messages) - 1, step=None)
+            self.replay_message(len(conv.messages) - 1, step=None, staged=staged)
         self._update_controls()
         self.generationFinished.emit()
 

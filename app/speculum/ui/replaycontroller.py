@@ -73,10 +73,12 @@ class ReplayController(QObject):
         self.bar.setEnabled(False)
         self.label.setText(caption)
 
-    def load(self, conv: Conversation, index: int, step: int | None, plain_tokens_per_s: float | None) -> None:
-        """Load answer ``index``'s cycle records into the bar; step 0 starts before the first cycle."""
+    def load(self, conv: Conversation, index: int, step: int | None, plain_tokens_per_s: float | None,
+             staged: list[StagedCycle] | None = None) -> None:
+        """Load answer ``index``'s cycle records into the bar (or ``staged``, the same cycles
+        already read); step 0 starts before the first cycle."""
         message = conv.messages[index]
-        cycles = staged_cycles(message.cycles)
+        cycles = staged if staged is not None else staged_cycles(message.cycles)
         self.state = ReplayState(conv, index, cycles,
                                  replay_snapshots([s.cycle for s in cycles], plain_tokens_per_s,
                                                   message.stats.get("prompt_tokens", 0),
