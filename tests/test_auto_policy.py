@@ -151,6 +151,17 @@ def test_auto_mode_picks_k_itself_even_when_a_fixed_k_is_given():
 MID = dict(verify=lambda n: 0.030 * (1 + 0.2 * (n - 1)), draft=lambda n: 0.006 * n)
 
 
+def test_a_draft_that_stops_early_is_priced_by_the_decodes_it_made():
+    # A draft asked for k tokens that stops below its confidence threshold has decoded one token
+    # more than it kept (to judge it). Counted by the tokens kept, a 2-token draft read twice
+    # the draft model's step cost, and forced draft mode then stuck at k = 1 on a real pair.
+    dec = make_pair(CPU, noise=1.0)
+    policy = AutoPolicy(dec.drafters, "draft", clock=dec.clock)
+    cycles = list(dec.generate([1, 2, 3], max_tokens=200, policy=policy))
+    assert any(0 < len(c.drafted) < c.k for c in cycles)  # early stops happened
+    assert abs(policy.costs.draft_step_s - 0.020) <= 0.002, policy.costs.draft_step_s
+
+
 def test_a_wrong_prior_about_untried_positions_is_found_out_within_30_cycles():
     # The policy believes positions 2 and beyond are almost never accepted: k = 1 looks
     # best, so a policy acting on its prior would never draft there to learn otherwise.
@@ -247,8 +258,8 @@ def test_the_draft_model_catching_up_is_priced_in():
     # charged to a model draft that would start that far behind.
     c = CostModel()
     c.observe_verify(1, 0.030)
-    c.observe_draft(1, 0.010, 0.010, first=True)  # an ordinary cycle: two tokens caught up
-    c.observe_draft(1, 0.052, 0.052, first=False, caught_up=44)  # 42 more tokens: 1 ms each
+    c.observe_draft(0, 0.010, 0.010, first=True)  # an ordinary cycle: two tokens caught up
+    c.observe_draft(0, 0.052, 0.052, first=False, caught_up=44)  # 42 more tokens: 1 ms each
     assert c.draft_first_s == 0.010 and abs(c.catch_up_s - 0.001) < 1e-9
     assert c.catch_up(2) == 0.0 and abs(c.catch_up(22) - 0.020) < 1e-9
     dec = make_pair(CPU)
@@ -353,6 +364,21 @@ def test_a_pessimistic_curve_drifts_back_within_reach_and_is_timed_again(tmp_pat
     timed = {1 + c.k for c in cycles if c.source == "lookup"}
     for n in timed & set(range(2, 17)):
         assert abs(policy.costs.verify(n) / CPU["verify"](n) - 1) < 0.15  # the sizes used, timed for what they are
+
+
+def test_forced_draft_mode_times_again_the_sizes_a_slow_moment_made_too_dear(tmp_path):
+    # Forced modes never time a single step. Sizes from 3 tokens up timed as dear as their tokens
+    # one at a time (plausible, wrong: the true slope is 0.2 steps per token): one-token drafts
+    # look best, and no longer draft ever ran to time its size again.
+    store = tmp_path / "p.json"
+    store.write_text(__import__("json").dumps({"costs": {
+        "verify_s": {"2": MID["verify"](2), **{str(n): 0.030 * n for n in (3, 4, 5, 6, 7, 8, 9, 12, 16)}},
+        "draft_first_s": 0.012, "draft_step_s": 0.006, "gpu": False, "observations": 500}}))
+    dec = make_pair(MID, noise=0.0)
+    policy = AutoPolicy(dec.drafters, "draft", store=store, clock=dec.clock)
+    cycles = list(dec.generate([1, 2, 3], max_tokens=400, policy=policy))
+    later = cycles[len(cycles) // 2:-1]
+    assert sum(len(c.drafted) >= 3 for c in later) >= 0.8 * len(later), [c.k for c in cycles]
 
 
 def test_a_draft_step_timed_while_the_machine_was_busy_does_not_stop_every_draft_after_one_token(tmp_path):

@@ -361,11 +361,11 @@ class AutoPolicy:
             return None
         if draft.source == Source.MODEL:
             # A first draft after a new prompt caught up on all of it: not a cycle's usual cost.
-            self.costs.observe_draft(len(draft.tokens), draft_s, draft.first_s or draft_s,
+            self.costs.observe_draft(draft.steps, draft_s, draft.first_s or draft_s,
                                      first=draft.caught_up <= CATCH_UP, caught_up=draft.caught_up)
             rates = self.model_rates
         elif draft.source == Source.MTP:
-            self.costs.observe_mtp(len(draft.tokens), draft_s, draft.first_s or draft_s)
+            self.costs.observe_mtp(draft.steps, draft_s, draft.first_s or draft_s)
             rates = self.mtp_rates
         elif draft.source in self.match_rates:
             if draft.source == Source.LOOKUP:

@@ -106,10 +106,12 @@ class CostModel:
         another program held the cores read 3 tokens at 67 single steps) keeps every draft of
         that size out, so the size is never timed again and auto mode never drafts; drifting,
         it comes back within reach, is tried, and is timed for what it is. A size the drift
-        makes too cheap is tried sooner and timed too: optimism that evidence corrects."""
-        one = self.verify_s.get(1)
-        if one is None:
+        makes too cheap is tried sooner and timed too: optimism that evidence corrects.
+        Forced modes never time a single step: their curve drifts against its estimate (without
+        it, a size timed slow once in draft mode stayed slow, and k stayed short)."""
+        if not self.verify_s:
             return
+        one = self.verify(1)
         slope = self.slope_hint() or (0.05 if self.gpu else 0.5)
         for size, seconds in self.verify_s.items():
             prior = one * (1 + slope * (size - 1))
@@ -120,13 +122,17 @@ class CostModel:
         if n >= 8 and seconds > 0:
             self.prefill = (n, seconds)
 
-    def observe_draft(self, k: int, seconds: float, first_s: float, first: bool = True, caught_up: int = 0) -> None:
+    def observe_draft(self, steps: int, seconds: float, first_s: float, first: bool = True,
+                      caught_up: int = 0) -> None:
+        """A model draft: ``steps`` single-token decodes after its first token, in ``seconds``
+        all told. (Counted as the tokens after the first, a draft that stopped early on a token
+        it then refused read twice its step cost after two tokens, and k stuck at 1.)"""
         if first:
             self.draft_first_s = _ema(self.draft_first_s, first_s)
         elif caught_up > 2 and self.draft_first_s is not None:  # a long catch-up: its cost per token
             self.catch_up_s = _ema(self.catch_up_s, max(first_s - self.draft_first_s, 0.0) / (caught_up - 2))
-        if k > 1:
-            self.draft_step_s = _ema(self.draft_step_s, (seconds - first_s) / (k - 1))
+        if steps > 0:
+            self.draft_step_s = _ema(self.draft_step_s, (seconds - first_s) / steps)
         self._plausible_steps()
 
     def catch_up(self, behind: int) -> float:
@@ -137,10 +143,10 @@ class CostModel:
         per = self.catch_up_s if self.catch_up_s is not None else 0.15 * self.draft(1)
         return (behind - 2) * per
 
-    def observe_mtp(self, k: int, seconds: float, first_s: float) -> None:
+    def observe_mtp(self, steps: int, seconds: float, first_s: float) -> None:
         self.mtp_first_s = _ema(self.mtp_first_s, first_s)
-        if k > 1:
-            self.mtp_step_s = _ema(self.mtp_step_s, (seconds - first_s) / (k - 1))
+        if steps > 0:
+            self.mtp_step_s = _ema(self.mtp_step_s, (seconds - first_s) / steps)
         self._plausible_steps()
 
     def mtp(self, k: int) -> float:

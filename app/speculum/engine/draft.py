@@ -38,6 +38,9 @@ class Draft:
     match_length: int = 0  # lookup: length of the context suffix that matched
     first_s: float = 0.0  # model drafts: seconds to catch up and propose the first token
     caught_up: int = 0  # model drafts: context tokens decoded before the first (a new prompt: many)
+    # Model drafts: single-token decodes after the first token. One more than the tokens after
+    # the first when the draft stopped early: the token it refused had to be decoded to be judged.
+    steps: int = 0
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -69,16 +72,17 @@ class DrafterInputs:
 
 def draft_one_by_one(logits: np.ndarray, k: int, next_logits: Callable[[int, int], np.ndarray], choice: Choice,
                      sampling: SamplingParams, rng: np.random.Generator, since: float,
-                     clock: Callable[[], float]) -> tuple[list[int], np.ndarray | None, list[float], float]:
+                     clock: Callable[[], float]) -> tuple[list[int], np.ndarray | None, list[float], float, int]:
     """A model's draft, a token at a time from ``logits``: greedy or sampled, stopping early
     once a token's own probability falls below ``choice.min_confidence``.
     ``next_logits(i, token)`` decodes the i-th drafted token and returns the logits after it.
-    Returns the tokens, their q rows when sampling, their confidences, and the seconds from
-    ``since`` to the first token."""
+    Returns the tokens, their q rows when sampling, their confidences, the seconds from
+    ``since`` to the first token, and how many times ``next_logits`` ran."""
     tokens: list[int] = []
     qs: list[np.ndarray] = []
     conf: list[float] = []
     first_s = 0.0
+    steps = 0
     for i in range(k):
         if sampling.greedy:
             tok = int(np.argmax(logits))
@@ -96,4 +100,5 @@ def draft_one_by_one(logits: np.ndarray, k: int, next_logits: Callable[[int, int
             first_s = clock() - since
         if i + 1 < k:
             logits = next_logits(i, tok)
-    return tokens, np.stack(qs[: len(tokens)]) if qs else None, conf, first_s
+            steps += 1
+    return tokens, np.stack(qs[: len(tokens)]) if qs else None, conf, first_s, steps

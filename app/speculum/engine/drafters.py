@@ -66,10 +66,10 @@ class ModelDrafter:
         else:  # a long catch-up (a new chat turn): in chunks, logits from the last one
             seq.feed(pending[:-1])
             logits = seq.decode(pending[-1:])[0]
-        tokens, q, conf, first_s = draft_one_by_one(logits, k, lambda i, tok: seq.decode([tok])[0], choice,
+        tokens, q, conf, first_s, steps = draft_one_by_one(logits, k, lambda i, tok: seq.decode([tok])[0], choice,
                                                     sampling, rng, start, self.clock)
         self._drafted = bool(tokens)
-        return Draft(tokens, self.source, q, conf, first_s=first_s, caught_up=len(pending))
+        return Draft(tokens, self.source, q, conf, first_s=first_s, caught_up=len(pending), steps=steps)
 
     def behind(self, context: Sequence[int]) -> int:
         """Tokens of ``context`` the draft model would read before its first draft token."""

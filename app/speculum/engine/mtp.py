@@ -172,11 +172,11 @@ class MtpDrafter:
             return out
 
         try:
-            tokens, q, conf, first_s = draft_one_by_one(logits, k, next_logits, choice, sampling, rng, start,
-                                                        self.clock)
+            tokens, q, conf, first_s, steps = draft_one_by_one(logits, k, next_logits, choice, sampling, rng,
+                                                               start, self.clock)
         finally:
             self.head.use(0)  # as llama.cpp leaves it: decodes outside drafting run the first head
-        return Draft(tokens, self.source, q, conf, first_s=first_s)
+        return Draft(tokens, self.source, q, conf, first_s=first_s, steps=steps)
 
     def _catch_up_to(self, context: Sequence[int], pos0: int) -> tuple[np.ndarray, np.ndarray]:
         """The head's pairs agree with the context up to n; pairs n..pos0 go in as one batch:
