@@ -37,7 +37,8 @@ def test_merge_equals_adding_every_cycle():
 
 
 def test_bench_repeats_report_the_median_rate(monkeypatch):
-    rates = iter([10.0, 40.0, 20.0, 30.0, 30.0, 90.0])  # per repeat: off, lookup
+    # Per repeat: off, lookup, off again (plain decoding brackets the speculative run).
+    rates = iter([10.0, 40.0, 30.0, 20.0, 30.0, 20.0, 30.0, 90.0, 10.0])
 
     def run_one(decoder, tokens, mode, prompt, max_tokens, k=None, passes=None):
         return Stats(tokens=10, passes=5, drafted=4, accepted=2, verify_s=10 / next(rates),
@@ -54,8 +55,16 @@ def test_bench_repeats_report_the_median_rate(monkeypatch):
     assert by_mode["off"]["tokens_per_s"] == 20.0 and by_mode["lookup"]["tokens_per_s"] == 40.0
     assert by_mode["lookup"]["speedup_vs_off"] == 2.0
     assert by_mode["lookup"]["tokens"] == 10 and by_mode["lookup"]["acceptance_rate"] == 0.5
+    assert by_mode["off"]["tokens"] == 10
     assert by_mode["lookup"]["choices"] == {"lookup": 1.0}
-    assert progress.getvalue().count("[3/3]") == 2
+    assert progress.getvalue().count("[3/3]") == 3
+
+
+def test_bench_runs_auto_first_and_plain_decoding_around_it():
+    assert bench.run_order([Mode.OFF, Mode.DRAFT, Mode.LOOKUP, Mode.AUTO]) == [
+        Mode.OFF, Mode.AUTO, Mode.OFF, Mode.DRAFT, Mode.LOOKUP]
+    assert bench.run_order([Mode.LOOKUP, Mode.OFF]) == [Mode.OFF, Mode.LOOKUP, Mode.OFF]
+    assert bench.run_order([Mode.OFF]) == [Mode.OFF] and bench.run_order([Mode.AUTO]) == [Mode.AUTO]
 
 
 def test_oracle_speedup_knows_how_much_of_each_copy_is_right():
