@@ -25,7 +25,7 @@ import platform
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -71,6 +71,18 @@ SURE_MARGIN = 1.1
 # right nearly every time.
 PREDICTION_BUCKETS = (1, 2, 4, 8, 16)
 PREDICTION_PRIORS = (0.1, 0.5, 0.75, 0.85, 0.9)
+
+
+class Option(NamedTuple):
+    """A candidate for the next cycle: expected tokens/s and tokens per pass on this cycle's
+    draws (acceptance rates, and the costs of batch sizes not timed yet); tokens/s on the means
+    and the cost model's own estimates, and the seconds it is then expected to take."""
+
+    speed: float
+    choice: Choice
+    tokens: float
+    mean_speed: float
+    seconds: float
 
 
 def bucket_of(length: int, bounds: Sequence[int] = LOOKUP_BUCKETS) -> int:
@@ -237,48 +249,62 @@ class AutoPolicy:
     def plain_tokens_per_s(self) -> float:
         return 1.0 / self.costs.verify(1)
 
-    def _draft_options(self, rates: Sequence[float], k_max: int, seconds: Callable[[int], float],
-                       choice: Callable[[int], Choice]) -> list[tuple[float, Choice, float]]:
+    @staticmethod
+    def _draft_options(rates: tuple[Sequence[float], Sequence[float]], k_max: int,
+                       seconds: Callable[[int, Sequence[float]], float], choice: Callable[[int], Choice],
+                       verify: tuple[Sequence[float], Sequence[float]]) -> list[Option]:
+        drawn, mean = rates
         out = []
-        e = 1.0
-        run = 1.0
-        for k in range(1, min(k_max, len(rates), MAX_BATCH - 1) + 1):
-            run *= rates[k - 1]
+        e = e_mean = run = run_mean = 1.0
+        for k in range(1, min(k_max, len(drawn), MAX_BATCH - 1) + 1):
+            run *= drawn[k - 1]
+            run_mean *= mean[k - 1]
             e += run
-            out.append((e / seconds(k), choice(k), e))
+            e_mean += run_mean
+            s, s_mean = seconds(k, verify[0]), seconds(k, verify[1])
+            out.append(Option(e / s, choice(k), e, e_mean / s_mean, s_mean))
         return out
 
-    def _options(self, context: Sequence[int], rng: np.random.Generator | None = None
-                 ) -> list[tuple[float, Choice, float]]:
-        """(expected tokens/s, choice, expected tokens per pass) for every candidate; with
-        ``rng`` on Thompson draws of the acceptance rates, else on their means."""
+    def _options(self, context: Sequence[int], rng: np.random.Generator | None = None) -> list[Option]:
+        """Every candidate, with its expected tokens/s and tokens per pass on Thompson draws of the
+        acceptance rates (with ``rng``; else on their means) and its tokens/s on the means."""
         c = self.costs
+        # Each size once per cycle, not per option: on this cycle's draws of the untimed sizes'
+        # costs, and on the cost model's own estimate (the means, and an option's worst case).
+        verify = tuple([0.0] + [c.verify(n, drawn) for n in range(1, MAX_BATCH + 1)] for drawn in (True, False))
         options = []
         if self.min_k == 0:
-            options.append((1.0 / c.verify(1), Choice(Source.NONE, 0), 1.0))
+            step = verify[1][1]
+            options.append(Option(1.0 / step, Choice(Source.NONE, 0), 1.0, 1.0 / step, step))
+
+        def rates(table: Sequence[Rate]) -> tuple[list[float], list[float]]:
+            mean = chained(table)
+            return (chained(table, rng) if rng is not None else mean), mean
+
         for source, (bounds, _) in self.MATCH_TABLES.items():
             if source not in self.sources:
                 continue
             match = self.drafters[source].match(context)
             if match.length > 0:
-                rates = chained(self.match_rates[source][bucket_of(match.length, bounds)], rng)
                 options += self._draft_options(
-                    rates, min(MAX_K, match.available), lambda k: c.verify(k + 1) + c.lookup_s,
-                    lambda k, s=source, m=match.length: Choice(s, k, min_match=m))
+                    rates(self.match_rates[source][bucket_of(match.length, bounds)]), min(MAX_K, match.available),
+                    lambda k, v: v[k + 1] + c.lookup_s, lambda k, s=source, m=match.length: Choice(s, k, min_match=m),
+                    verify)
         if Source.MODEL in self.sources:
-            rates = chained(self.model_rates, rng)
             # The draft model first reads what it missed since it last drafted: drafting now
             # and then costs more per cycle than drafting every cycle. Paid once for the run
             # of model cycles it starts, so it is spread over a few.
             behind = getattr(self.drafters[Source.MODEL], "behind", lambda context: 0)(context)
             catch_up = c.catch_up(behind) / CATCH_UP_CYCLES
-            options += self._draft_options(rates, MAX_K_MODEL, lambda k: c.verify(k + 1) + c.draft(k) + catch_up,
-                                           lambda k: Choice(Source.MODEL, k))
+            options += self._draft_options(rates(self.model_rates), MAX_K_MODEL,
+                                           lambda k, v: v[k + 1] + c.draft(k) + catch_up,
+                                           lambda k: Choice(Source.MODEL, k), verify)
         if Source.MTP in self.sources:
             # Chained heads draft at most one token per head: no option beyond them.
             k_max = min(MAX_K_MODEL, getattr(self.drafters[Source.MTP], "max_k", None) or MAX_K_MODEL)
-            options += self._draft_options(chained(self.mtp_rates, rng), k_max,
-                                           lambda k: c.verify(k + 1) + c.mtp(k), lambda k: Choice(Source.MTP, k))
+            options += self._draft_options(rates(self.mtp_rates), k_max,
+                                           lambda k, v: v[k + 1] + c.mtp(k), lambda k: Choice(Source.MTP, k),
+                                           verify)
         return options
 
     def _guess_costs(self) -> None:
@@ -303,16 +329,16 @@ class AutoPolicy:
             self.last_estimate = {"expected_tokens_per_s": round(self.plain_tokens_per_s(), 2)}
             return self.last
         if self.min_k == 0:
-            options = self._affordable(options, self._options(context))
-        speed, choice, e = max(options, key=lambda o: o[0])
+            options = self._affordable(options)
+        speed, choice, e, *_ = max(options, key=lambda o: o.speed)
         if choice.source in (Source.MODEL, Source.MTP):
             # Hybrid: a confident copy goes first, the model (or MTP head) drafts when it has none.
-            look = [o for o in options if o[1].source in self.MATCH_TABLES]
+            look = [o for o in options if o.choice.source in self.MATCH_TABLES]
             if look:
-                best_look = max(look, key=lambda o: o[0])
-                if best_look[0] >= 0.9 * speed:
+                best_look = max(look, key=lambda o: o.speed)
+                if best_look.speed >= 0.9 * speed:
                     drafter = choice.source
-                    speed, choice, e = best_look
+                    speed, choice, e, *_ = best_look
                     choice = Choice(choice.source, choice.k, min_match=choice.min_match, fallback=drafter)
         if Source.MODEL in (choice.source, choice.fallback):
             self.min_confidence = self._threshold(speed, self.rng)
@@ -321,19 +347,21 @@ class AutoPolicy:
         self.last_estimate = {"expected_tokens_per_s": round(speed, 2), "expected_tokens_per_pass": round(e, 3)}
         return choice
 
-    def _affordable(self, drawn: list[tuple[float, Choice, float]], means: list[tuple[float, Choice, float]]
-                    ) -> list[tuple[float, Choice, float]]:
+    def _affordable(self, options: list[Option]) -> list[Option]:
         """The options to choose among: plain steps, drafts that surely pay on the mean
-        acceptance rates (SURE_MARGIN), and exploratory copies (paying only on this cycle's
-        draws) whose worst case keeps this answer within LOSS_SHARE of plain decoding. A pass always yields at least the
-        target's own token, so the worst a draft can do is cost its pass minus one plain step.
+        acceptance rates and estimated costs (SURE_MARGIN), and exploratory copies (paying only
+        on this cycle's draws) whose worst case keeps this answer within LOSS_SHARE of plain
+        decoding. A pass always yields at least the target's own token, so the worst a draft can
+        do is cost its pass minus one plain step, priced on the cost model's estimate: on this
+        cycle's draw, a fresh policy's guess that batches were nearly free let long copies through
+        that cost 2-3 steps each (code writing at 0.90x plain on its first answer).
         Copies are where exploration costs (short matches tried over and over); a draft model
         is left to its draws: its catch-up grows while it waits, and a budget that kept it out
-        would keep it out for good. ``drawn`` and ``means`` list the same candidates in order."""
+        would keep it out for good."""
         step = self.costs.verify(1)
         slack = LOSS_SHARE * (self._plain_s + LOSS_HORIZON * step) - (self._spent_s - self._plain_s)
-        return [o for o, m in zip(drawn, means)
-                if o[1].source not in self.MATCH_TABLES or m[0] * step >= SURE_MARGIN or o[2] / o[0] - step <= slack]
+        return [o for o in options if o.choice.source not in self.MATCH_TABLES or o.mean_speed * step >= SURE_MARGIN
+                or o.seconds - step <= slack]
 
     # -- learning -------------------------------------------------------------------------
 

@@ -162,7 +162,9 @@ class CostModel:
         step = self.draft_step_s if self.draft_step_s is not None else 0.4 * self.verify(1)
         return first + (k - 1) * step
 
-    def verify(self, n: int) -> float:
+    def verify(self, n: int, drawn: bool = True) -> float:
+        """Seconds for a pass of n tokens. Untimed sizes follow the policy's current draws
+        (``slope_guess``, ``extrapolation_scale``); with ``drawn`` False, the model's own estimate."""
         if n in self.verify_s:
             return self.verify_s[n]
         known = sorted(self.verify_s.items())
@@ -182,7 +184,8 @@ class CostModel:
             # never tried could never be measured. ``extrapolation_scale`` is the policy's
             # draw below that bound, so larger batches get tried until they are timed.
             (k0, v0), (k1, v1), (kf, vf) = known[-2], known[-1], known[0]
-            slope = max(min((v1 - v0) / (k1 - k0), (v1 - vf) / (k1 - kf)), 0.0) * self.extrapolation_scale
+            slope = max(min((v1 - v0) / (k1 - k0), (v1 - vf) / (k1 - kf)), 0.0) * (
+                self.extrapolation_scale if drawn else 1.0)
             return v1 + slope * (n - k1)
         if len(known) >= 2:  # below the smallest size timed (forced modes never time 1)
             (k0, v0), (k1, v1) = known[0], known[1]
@@ -190,7 +193,7 @@ class CostModel:
             # Two noisy sizes can slope steeply: never below what 0.6 steps per token allows.
             return max(v0 - slope * (k0 - n), v0 / (1 + 0.6 * (k0 - n)))
         k0, v0 = known[0]
-        slope = self._default_slope(k0, v0)
+        slope = self._default_slope(k0, v0, drawn)
         per = v0 / (1 + slope * (k0 - 1))
         return per * (1 + slope * (n - 1))
 
@@ -206,12 +209,12 @@ class CostModel:
         n, seconds = self.prefill
         return min(max(1.3 * (seconds / self.verify_s[1] - 1) / (n - 1), 0.1), 0.5)
 
-    def _default_slope(self, k0: int, v0: float) -> float:
+    def _default_slope(self, k0: int, v0: float, drawn: bool = True) -> float:
         """Extra cost per token in a batch, in single steps, before two sizes are measured:
         from a prompt chunk's decode when one was timed (it computes no logits, so a verify
         pass costs somewhat more: kept between 0.1 and 0.5), else 0.5 on a CPU (a cautious
         guess: machines measured 0.2-0.5) and 0.05 on a GPU."""
-        if self.slope_guess is not None:
+        if self.slope_guess is not None and drawn:
             return self.slope_guess
         hint = self.slope_hint() if k0 == 1 else None
         if hint is not None:
