@@ -90,7 +90,7 @@ def test_bench_repeats(smollm_path, tmp_path):
     proc = speculum("bench", "--target", smollm_path, "--prompts", suite, "--modes", "off,lookup", "--repeat", "3",
                     "--json")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stderr.count("[3/3]") == 2  # every repeat ran, each mode
+    assert proc.stderr.count("[3/3]") == 3  # every repeat ran, each mode (off before and after lookup)
     results = json.loads(proc.stdout)["results"]
     assert sorted(r["mode"] for r in results) == ["lookup", "off"]
     for r in results:
