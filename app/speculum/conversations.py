@@ -7,7 +7,6 @@ the previous version or the new one, never half a file.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import time
@@ -64,8 +63,7 @@ class Conversation:
         the answer is finished) are encoded once and their text reused."""
         head = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "messages"}
         messages = ",".join(_message_text(m) for m in self.messages)
-        return _dumps(head)[:-1] + ',"messages":[' + messages + "]}"
-
+        return paths.json_text(head)[:-1] + ',"messages":[' + messages + "]}"
 
     @classmethod
     def from_json(cls, d: dict, problems: list[str] | None = None) -> "Conversation":
@@ -90,15 +88,11 @@ class Conversation:
         return cls(messages=messages, **fields)
 
 
-def _dumps(obj) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
-
-
 def _message_text(m: Message) -> str:
-    rest = _dumps({f.name: getattr(m, f.name) for f in fields(Message) if f.name != "cycles"})
+    rest = paths.json_text({f.name: getattr(m, f.name) for f in fields(Message) if f.name != "cycles"})
     cached = getattr(m, "_cycles_text", None)  # (the list, its length, its text)
     if cached is None or cached[0] is not m.cycles or cached[1] != len(m.cycles):
-        cached = (m.cycles, len(m.cycles), _dumps(m.cycles))
+        cached = (m.cycles, len(m.cycles), paths.json_text(m.cycles))
         m._cycles_text = cached  # not a field: never compared, shown or saved
     return rest[:-1] + ',"cycles":' + cached[2] + "}"
 

@@ -56,9 +56,13 @@ def resource(name: str) -> Path:
 
 def write_json_atomic(path: Path, obj, indent: int | None = None) -> None:
     """Write ``obj`` as JSON so that a crash or kill leaves the old file or the new one, never half."""
+    write_text_atomic(path, json_text(obj, indent))
+
+
+def json_text(obj, indent: int | None = None) -> str:
+    """``obj`` as the JSON our files hold: UTF-8 as it is, compact unless indented."""
     # dumps, not dump: dump streams through the pure-Python encoder, ten times slower.
-    write_text_atomic(path, json.dumps(obj, ensure_ascii=False, indent=indent,
-                                       separators=None if indent is not None else (",", ":")))
+    return json.dumps(obj, ensure_ascii=False, indent=indent, separators=None if indent is not None else (",", ":"))
 
 
 def write_text_atomic(path: Path, text: str) -> None:

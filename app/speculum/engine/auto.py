@@ -250,9 +250,11 @@ class AutoPolicy:
         return 1.0 / self.costs.verify(1)
 
     @staticmethod
-    def _draft_options(rates: tuple[Sequence[float], Sequence[float]], k_max: int,
-                       seconds: Callable[[int, Sequence[float]], float], choice: Callable[[int], Choice],
-                       verify: tuple[Sequence[float], Sequence[float]]) -> list[Option]:
+    def _draft_options(rates: tuple[Sequence[float], Sequence[float]], k_max: int, extra: Callable[[int], float],
+                       choice: Callable[[int], Choice], verify: tuple[Sequence[float], Sequence[float]]
+                       ) -> list[Option]:
+        """Drafts of 1..k_max tokens; ``rates``: (drawn, mean) acceptance per position; ``verify``:
+        (drawn, estimated) seconds per pass by size; ``extra(k)``: drafting k tokens' seconds."""
         drawn, mean = rates
         out = []
         e = e_mean = run = run_mean = 1.0
@@ -261,13 +263,14 @@ class AutoPolicy:
             run_mean *= mean[k - 1]
             e += run
             e_mean += run_mean
-            s, s_mean = seconds(k, verify[0]), seconds(k, verify[1])
+            drafting = extra(k)
+            s, s_mean = verify[0][k + 1] + drafting, verify[1][k + 1] + drafting
             out.append(Option(e / s, choice(k), e, e_mean / s_mean, s_mean))
         return out
 
-    def _options(self, context: Sequence[int], rng: np.random.Generator | None = None) -> list[Option]:
-        """Every candidate, with its expected tokens/s and tokens per pass on Thompson draws of the
-        acceptance rates (with ``rng``; else on their means) and its tokens/s on the means."""
+    def _options(self, context: Sequence[int]) -> list[Option]:
+        """Every candidate, with its expected tokens/s and tokens per pass on this cycle's Thompson
+        draws of the acceptance rates, and its tokens/s on their means."""
         c = self.costs
         # Each size once per cycle, not per option: on this cycle's draws of the untimed sizes'
         # costs, and on the cost model's own estimate (the means, and an option's worst case).
@@ -278,8 +281,7 @@ class AutoPolicy:
             options.append(Option(1.0 / step, Choice(Source.NONE, 0), 1.0, 1.0 / step, step))
 
         def rates(table: Sequence[Rate]) -> tuple[list[float], list[float]]:
-            mean = chained(table)
-            return (chained(table, rng) if rng is not None else mean), mean
+            return chained(table, self.rng), chained(table)
 
         for source, (bounds, _) in self.MATCH_TABLES.items():
             if source not in self.sources:
@@ -288,22 +290,19 @@ class AutoPolicy:
             if match.length > 0:
                 options += self._draft_options(
                     rates(self.match_rates[source][bucket_of(match.length, bounds)]), min(MAX_K, match.available),
-                    lambda k, v: v[k + 1] + c.lookup_s, lambda k, s=source, m=match.length: Choice(s, k, min_match=m),
-                    verify)
+                    lambda k: c.lookup_s, lambda k, s=source, m=match.length: Choice(s, k, min_match=m), verify)
         if Source.MODEL in self.sources:
             # The draft model first reads what it missed since it last drafted: drafting now
             # and then costs more per cycle than drafting every cycle. Paid once for the run
             # of model cycles it starts, so it is spread over a few.
             behind = getattr(self.drafters[Source.MODEL], "behind", lambda context: 0)(context)
             catch_up = c.catch_up(behind) / CATCH_UP_CYCLES
-            options += self._draft_options(rates(self.model_rates), MAX_K_MODEL,
-                                           lambda k, v: v[k + 1] + c.draft(k) + catch_up,
+            options += self._draft_options(rates(self.model_rates), MAX_K_MODEL, lambda k: c.draft(k) + catch_up,
                                            lambda k: Choice(Source.MODEL, k), verify)
         if Source.MTP in self.sources:
             # Chained heads draft at most one token per head: no option beyond them.
             k_max = min(MAX_K_MODEL, getattr(self.drafters[Source.MTP], "max_k", None) or MAX_K_MODEL)
-            options += self._draft_options(rates(self.mtp_rates), k_max,
-                                           lambda k, v: v[k + 1] + c.mtp(k), lambda k: Choice(Source.MTP, k),
+            options += self._draft_options(rates(self.mtp_rates), k_max, c.mtp, lambda k: Choice(Source.MTP, k),
                                            verify)
         return options
 
@@ -323,7 +322,7 @@ class AutoPolicy:
 
     def choose(self, context: Sequence[int] = ()) -> Choice:
         self._guess_costs()
-        options = self._options(context, self.rng)
+        options = self._options(context)
         if not options:  # forced lookup with no match: a plain step
             self.last = Choice(Source.NONE, 0)
             self.last_estimate = {"expected_tokens_per_s": round(self.plain_tokens_per_s(), 2)}
