@@ -111,7 +111,7 @@ class CostModel:
         it, a size timed slow once in draft mode stayed slow, and k stayed short)."""
         if not self.verify_s:
             return
-        one = self.verify(1)
+        one = self.verify(1, drawn=False)  # the model's estimate, not the cycle's draw
         slope = self.slope_hint() or (0.05 if self.gpu else 0.5)
         for size, seconds in self.verify_s.items():
             prior = one * (1 + slope * (size - 1))
