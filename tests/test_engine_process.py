@@ -14,7 +14,7 @@ import threading
 
 import pytest
 
-from speculum import paths
+from speculum import paths, yielding
 from speculum.engine import profiles
 from speculum.engine_process import CRASH_SWITCH, MID_GENERATION_CYCLE, EngineProcess, describe_exit
 from speculum.runner import LoadRequest
@@ -291,6 +291,29 @@ def test_stop_reaches_the_engine_process_within_a_pass(qtbot, open_window, smoll
     answer = w.current.messages[-1]
     assert answer.finish == "stopped"
     assert len(answer.cycles) < 200  # far short of max_tokens: it stopped, it did not run out
+
+
+def _thread_policies(pid: int) -> set[int]:
+    return {os.sched_getscheduler(int(tid)) for tid in os.listdir(f"/proc/{pid}/task")}
+
+
+def test_while_llama_cpp_fills_every_core_the_window_waits_for_one_and_the_engine_never_does(
+        qtbot, open_window, smollm_path):
+    w = open_window(smollm_path, mode="off", max_tokens=400)
+    cores_full = w.engine.batcher.cpu_budget < 0.25  # the target decodes on the CPU, a thread on every core
+    with qtbot.waitSignal(w.generationFinished, timeout=GENERATE_MS):
+        start_answer(qtbot, w, "Write a long story about a lighthouse keeper.")
+        giving_way = w.engine.giving_way
+        if yielding.supported():
+            window_policies, engine_policies = _thread_policies(os.getpid()), _thread_policies(w.engine.pid)
+        w.stop()
+    assert giving_way == (cores_full and yielding.supported())
+    assert not w.engine.giving_way
+    if yielding.supported():
+        # Every thread of the window (UI, pipe reader, Qt's own) waited; none of the engine's did.
+        assert window_policies == {os.SCHED_BATCH if cores_full else os.SCHED_OTHER}
+        assert engine_policies == {os.SCHED_OTHER}
+        assert _thread_policies(os.getpid()) == {os.SCHED_OTHER}  # and the window is back once it ends
 
 
 def test_loading_other_models_ends_the_old_engine_process(qtbot, open_window, smollm_path):

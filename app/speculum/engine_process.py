@@ -97,6 +97,8 @@ def _crash() -> None:
 
 def _engine_main(conn, stop, cancel_load) -> None:
     """The engine process: run commands until told to quit or the window's end of the pipe closes."""
+    from . import yielding
+    yielding.give_way(False)  # decoding never waits for a core: whatever policy the window had
     from .engine import llama, cpu_settings, profiles, rpc
     from .engine.loading import LoadOptions
     from .runner import EngineRunner

@@ -22,6 +22,7 @@ from ..engine_process import EngineProcess, describe_exit
 # Request and result types live with the runner (no Qt); the window imports them from here.
 from ..runner import (CycleEvent, GenerationRequest, GenerationResult, LoadRequest,  # noqa: F401
                       StatsSnapshot, replay_snapshots, snapshot_of)
+from .. import yielding
 
 # Widgets are updated at most this often: 20 frames a second reads as live, and every
 # redraw takes CPU from llama.cpp's threads on a small machine.
@@ -152,6 +153,9 @@ class Engine(QObject):
         self._fresh = False  # loaded, and no cycle decoded since
         self._last_words = ""
         self.started = False  # the engine process has imported llama.cpp and said so
+        self._cores_full = False  # the loaded target decodes on the CPU with a thread on every core
+        self._decoding: set[str] = set()  # "window" / "api": what the engine is decoding now
+        self.giving_way = False  # the window's threads wait for a core (see yielding)
         self._lock = threading.Lock()
         self._spawn()  # importing llama.cpp takes a moment: do it before the user presses Load
 
@@ -176,6 +180,10 @@ class Engine(QObject):
             return
         if kind in ("finished", "failed", "load_failed"):
             self._activity = ""
+        if kind in ("finished", "failed"):
+            self._decoded("window", False)
+        if kind == "served_request":
+            self._decoded("api", payload[0] == "started")
         if kind == "ready":
             self.started = True
         if kind == "profile":
@@ -196,6 +204,7 @@ class Engine(QObject):
         activity = self._activity or "idle"
         during_load = activity == "loading the models" or (self._fresh and bool(self._activity))
         words, self._activity, self._last_words = self._last_words, "", ""
+        self._decoded(None, False)
         if words:  # a lost RPC worker: no safer profile would help
             during_load = False
         self.worker.died.emit(EngineDeath(describe_exit(code), activity, during_load, self.profile, words))
@@ -212,6 +221,22 @@ class Engine(QObject):
     @Slot(object, object)
     def _on_loaded(self, target, _draft) -> None:
         self.batcher.cpu_budget = ui_cpu_budget(target)
+        self._cores_full = self.batcher.cpu_budget < 0.25
+
+    def _decoded(self, what: str | None, started: bool) -> None:
+        """Any thread: the engine started or ended decoding for ``what`` ("window", "api"; None:
+        everything, the process is gone). While llama.cpp fills every core, the window's threads
+        wait for one (see yielding)."""
+        with self._lock:
+            if what is None:
+                self._decoding.clear()
+            elif started:
+                self._decoding.add(what)
+            else:
+                self._decoding.discard(what)
+            wanted = self._cores_full and bool(self._decoding)
+            if wanted != self.giving_way:
+                self.giving_way = yielding.give_way(wanted) if wanted else not yielding.give_way(False)
 
     def load(self, request: LoadRequest, profile: profiles.Profile | None = None, why: str = "") -> None:
         """Load a pair in a fresh engine process (the old one and its memory go back to the system).
@@ -239,9 +264,11 @@ class Engine(QObject):
         # Cleared here, before sending: a Stop pressed while this request waits must still count.
         self._process.stop.clear()
         self.batcher.begin()
+        self._decoded("window", True)
         self._activity = ("summarising a document" if request.document is not None
                           else "generating an answer")
         if not self._process.send("generate", request):
+            self._decoded("window", False)
             self.worker.failed.emit("The engine is not running. Press Reload.")
 
     def stop(self) -> None:
@@ -261,6 +288,7 @@ class Engine(QObject):
         if self._process is not None:
             self._process.end()
             self._process = None
+        self._decoded(None, False)
 
     def shutdown(self) -> None:
         """The window closes: the engine stops, and its memory goes back with its process."""
