@@ -15,7 +15,11 @@ lives in this process: its llama.cpp threads show as "python" ones). "Load" is t
 time from pressing Load to the window being ready, engine process start included.
 
     SPECULUM_MODELS_DIR=~/.cache/speculum-dev/models xvfb-run -a python scripts/bench_gui.py
-    (add --model PATH, --modes off,lookup, --max-tokens N, --repeat N, --json)
+    (add --model PATH, --modes off,lookup, --max-tokens N, --repeat N, --undrawn, --json)
+
+``--undrawn`` adds a third row: the same window with its live views idle (no frame is
+drawn while the answer is written), which parts what the engine process costs from what
+drawing costs.
 """
 
 from __future__ import annotations
@@ -97,6 +101,8 @@ def main() -> int:
     parser.add_argument("--modes", default="off,lookup,auto")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--undrawn", action="store_true",
+                        help="also run the window with its live views idle while it answers")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -177,7 +183,8 @@ def main() -> int:
     waiting = QEventLoop()
     window.generationFinished.connect(lambda: (done.append(1), waiting.quit()))
 
-    def in_window(mode: str, prompt: str, watch: bool = False) -> Run:
+    def in_window(mode: str, prompt: str, watch: bool = False, drawn: bool = True) -> Run:
+        window.engine.batcher.blockSignals(not drawn)  # undrawn: no frame is handed to the widgets
         window.mode_combo.setCurrentIndex(window.mode_combo.findData(mode))
         window.new_conversation()
         seen.clear()
@@ -201,7 +208,6 @@ def main() -> int:
                    {k: v for k, v in threads.items() if v > 0})
 
     def plain_loop(mode: str, prompt: str) -> Run:
-        tokens = decoder.target.tokenize(decoder.target.apply_chat_template(build_messages(prompt)))
         policy = mode
         if mode == "auto":
             # Auto decides from what it has learnt: two policies learning apart soon choose apart
@@ -212,6 +218,8 @@ def main() -> int:
             policy = decoder.policy_for("auto")
             policy.store = None
         start = time.perf_counter()
+        # The request is text on both sides: the engine process renders and tokenizes it too.
+        tokens = decoder.target.tokenize(decoder.target.apply_chat_template(build_messages(prompt)))
         first = None
         cycles = []
         # k = 4 fixed on both sides (the window setting k=4 means exactly 4): same work, window cost alone
@@ -226,11 +234,14 @@ def main() -> int:
         prompt = PROMPTS.get(mode, PROMPTS["off"])
         plain_loop(mode, prompt)  # warm-up: caches the prompt, settles the policy's measurements
         in_window(mode, prompt)
-        plain, windowed = [], []
-        both = [(plain, plain_loop), (windowed, in_window)]
+        plain, windowed, undrawn = [], [], []
+        rows = [(plain, plain_loop), (windowed, in_window)]
+        if args.undrawn:
+            rows.append((undrawn, lambda m, p: in_window(m, p, drawn=False)))
         for i in range(args.repeat):
-            # The order turns, so that whatever favours a place in it falls on both alike.
-            for runs, run in both[::-1] if i % 2 else both:
+            # The order turns, so that whatever favours a place in it falls on every row alike.
+            turn = i % len(rows)
+            for runs, run in rows[turn:] + rows[:turn]:
                 runs.append(run(mode, prompt))
         # The heartbeat wakes the UI thread 100 times a second: instrumentation the app does not
         # have, so it runs on runs of its own, which give the block figures and not the speed.
@@ -247,6 +258,10 @@ def main() -> int:
             "plain_tokens_per_s": round(med(plain, "tokens_per_s"), 2),
             "window_tokens_per_s": round(med(windowed, "tokens_per_s"), 2),
             "ratio_median": round(statistics.median(ratios), 3), "ratios": [round(r, 3) for r in ratios],
+            **({"undrawn_ratio_median": round(statistics.median(
+                u.tokens_per_s / p.tokens_per_s for p, u in zip(plain, undrawn)), 3),
+                "undrawn_verify_ms_per_cycle": round(med(undrawn, "verify_ms"), 2),
+                "undrawn_ui_cpu_share": round(med(undrawn, "ui_cpu_share"), 4)} if undrawn else {}),
             "ui_blocked_max_ms": round(max(w.blocked_ms for w in watched), 1),
             "ui_blocked_per_run_ms": [round(w.blocked_ms, 1) for w in watched],
             "ui_cpu_share": round(med(windowed, "ui_cpu_share"), 4),
@@ -283,6 +298,9 @@ def main() -> int:
             shares = ", ".join(f"{name} {100 * share:.1f}%" for name, share in r["window_thread_cpu_share"].items()
                                if share >= 0.001)
             print(f"{'':<8} window threads: {shares}")
+            if "undrawn_ratio_median" in r:
+                print(f"{'':<8} undrawn window: ratio {r['undrawn_ratio_median']:.3f}, verify ms/cycle "
+                      f"{r['undrawn_verify_ms_per_cycle']:.2f}, UI CPU {100 * r['undrawn_ui_cpu_share']:.1f}%")
     return 0
 
 
