@@ -18,6 +18,7 @@ from speculum import paths, yielding
 from speculum.engine import profiles
 from speculum.engine_process import CRASH_SWITCH, MID_GENERATION_CYCLE, EngineProcess, describe_exit
 from speculum.runner import LoadRequest
+from speculum.ui.worker import FRAME_MS, CycleBatcher
 
 from test_gui_window import GENERATE_MS, LOAD_MS, open_window, send, start_answer  # noqa: F401  (fixture)
 
@@ -300,7 +301,7 @@ def _thread_policies(pid: int) -> set[int]:
 def test_while_llama_cpp_fills_every_core_the_window_waits_for_one_and_the_engine_never_does(
         qtbot, open_window, smollm_path):
     w = open_window(smollm_path, mode="off", max_tokens=400)
-    cores_full = w.engine.batcher.cpu_budget < 0.25  # the target decodes on the CPU, a thread on every core
+    cores_full = w.engine.cores_full  # the target decodes on the CPU, a thread on every core
     with qtbot.waitSignal(w.generationFinished, timeout=GENERATE_MS):
         start_answer(qtbot, w, "Write a long story about a lighthouse keeper.")
         giving_way = w.engine.giving_way
@@ -308,6 +309,8 @@ def test_while_llama_cpp_fills_every_core_the_window_waits_for_one_and_the_engin
             window_policies, engine_policies = _thread_policies(os.getpid()), _thread_policies(w.engine.pid)
         w.stop()
     assert giving_way == (cores_full and yielding.supported())
+    # Frames as far apart as still reads as live where each one is decoding lost.
+    assert w.engine.batcher.frame_ms == (CycleBatcher.MAX_FRAME_MS if cores_full else FRAME_MS)
     assert not w.engine.giving_way
     if yielding.supported():
         # Every thread of the window (UI, pipe reader, Qt's own) waited; none of the engine's did.

@@ -31,6 +31,9 @@ from .worker import Engine, GenerationRequest, LoadRequest
 # While generating (the speculation view updates every frame, see worker.FRAME_MS):
 ANSWER_UPDATE_MS = 200  # the Markdown answer
 STATS_UPDATE_MS = 1000  # the stats panel's numbers, bars and chart: a meter, read once a second
+# Where llama.cpp fills every core, the Markdown answer is redrawn with the stats (see
+# worker.Engine._on_loaded): the speculation view still shows each token within a frame.
+ANSWER_UPDATE_CORES_FULL_MS = STATS_UPDATE_MS
 
 
 class MainWindow(QMainWindow):
@@ -390,7 +393,7 @@ class MainWindow(QMainWindow):
         # The speculation view is the live one, every frame. The Markdown answer and the stats
         # panel are re-rendered less often: each costs the UI thread more than a frame of tokens.
         self.speculation_pane.add_events(events)
-        if live.answer_due(ANSWER_UPDATE_MS):
+        if live.answer_due(ANSWER_UPDATE_CORES_FULL_MS if self.engine.cores_full else ANSWER_UPDATE_MS):
             self.transcript.update_answer(answer_so_far(live.events))
         if live.stats_due(STATS_UPDATE_MS):
             self.speculation_pane.show_snapshot(live.snapshot)
