@@ -65,6 +65,13 @@ def test_serve_switch_serves_the_loaded_model_and_shows_requests_live(qtbot, ope
     assert predicted.choices[0].message.content == answer
     qtbot.waitUntil(lambda: look.PREDICTED in kinds_shown(w.speculation), timeout=GENERATE_MS)
     assert look.PREDICTED in kinds_shown(w.speculation.legend)
+    # A client that leaves mid-answer ends its request without a "finished": the window still
+    # learns that llama.cpp is done with it, and stops giving way.
+    stream = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Write a long story."}],
+                                            max_tokens=400, stream=True)
+    next(iter(stream))
+    stream.close()
+    qtbot.waitUntil(lambda: not w.engine._decoding and not w.engine.giving_way, timeout=30_000)
     # The window still answers its own questions between API requests.
     assert send(qtbot, w, "Say hello.").content.strip()
 

@@ -121,7 +121,7 @@ class ServedModel:
         self._waiting = 0
         self._last_seconds = 5.0  # how long the last request took: the Retry-After guess
         self.on_cycle = None  # optional observer of every cycle (the window's live view)
-        self.on_request = None  # optional observer: ("started", summary) / ("finished", Done)
+        self.on_request = None  # optional observer: ("started", prompt tokens) / ("finished", Done) / ("decoded", None)
 
     # -- prompts --
 
@@ -175,13 +175,17 @@ class ServedModel:
                 with self.turn:
                     if self.on_request is not None:
                         self.on_request("started", len(completion.prompt))
-                    prediction = self.predicted_tokens(completion.prediction)
-                    for cycle in self.decoder.generate(completion.prompt, max_tokens=completion.max_tokens,
-                                                       sampling=completion.sampling, policy=self.mode, stop=stop,
-                                                       prediction=prediction):
-                        if self.on_cycle is not None:
-                            self.on_cycle(cycle)
-                        loop.call_soon_threadsafe(queue.put_nowait, cycle)
+                    try:
+                        prediction = self.predicted_tokens(completion.prediction)
+                        for cycle in self.decoder.generate(completion.prompt, max_tokens=completion.max_tokens,
+                                                           sampling=completion.sampling, policy=self.mode,
+                                                           stop=stop, prediction=prediction):
+                            if self.on_cycle is not None:
+                                self.on_cycle(cycle)
+                            loop.call_soon_threadsafe(queue.put_nowait, cycle)
+                    finally:
+                        if self.on_request is not None:  # done with llama.cpp, however the request ends
+                            self.on_request("decoded", None)
                 loop.call_soon_threadsafe(queue.put_nowait, None)
             except BaseException as exc:  # the request fails, the server does not
                 loop.call_soon_threadsafe(queue.put_nowait, exc)

@@ -184,6 +184,8 @@ class Engine(QObject):
             self._decoded("window", False)
         if kind == "served_request":
             self._decoded("api", payload[0] == "started")
+            if payload[0] == "decoded":  # the window's own sign that an API request left llama.cpp
+                return
         if kind == "ready":
             self.started = True
         if kind == "profile":
