@@ -223,8 +223,9 @@ class Engine(QObject):
     @Slot(object, object)
     def _on_loaded(self, target, _draft) -> None:
         self.cores_full = fills_every_core(target)
+        budget = ui_cpu_budget(target)
         for batcher in (self.batcher, self.served_batcher):
-            batcher.cpu_budget = ui_cpu_budget(target)
+            batcher.cpu_budget = budget
             # Where every frame is decoding lost, frames are as far apart as still reads as live:
             # bench_gui (SmolLM2, 36 pairs) read the drawing's cost to verify passes +7.9% at the
             # budget's own pace, +6.8% with 500 ms frames, +4.6% with the Markdown answer at 1 s too.
