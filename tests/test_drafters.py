@@ -117,3 +117,17 @@ def test_lookup_starts_over_when_the_context_is_not_an_extension():
     # A context truncated behind the index's back is caught by match() itself.
     assert lookup.match([9, 10, 9, 10]).length == 2 and lookup.tokens == [9, 10, 9, 10]
     assert lookup.match([1, 2, 3]) == drafters.NO_MATCH
+
+
+def test_the_draft_model_counts_a_new_prompt_as_unread_after_a_longer_one():
+    # Its cache holds an earlier, longer prompt sharing only a template prefix with the new one:
+    # the new prompt is all to read (a guess from the end once said 8 tokens, and auto mode
+    # tried the draft model on a long document as if it were nearly free).
+    drafter = drafters.ModelDrafter(SyntheticModel(n_vocab=64, seed=3))
+    earlier = [1, 2, 3] + [5] * 60
+    drafter.sequence.feed(earlier)
+    new = [1, 2, 3] + [7] * 40
+    assert drafter.behind(new) == 40
+    assert drafter.behind(earlier[:50]) == 0  # a prefix of what it read: nothing to read
+    assert drafter.behind(earlier[:30] + [9, 9]) == 2  # diverged late: only the new tail
+    assert drafter.sequence.common(new) == 3 and drafter.sequence.tokens == earlier  # counting trims nothing

@@ -95,15 +95,24 @@ class CachedSequence:
         self.model = model
         self.tokens: list[int] = []
 
+    def common(self, context: Sequence[int]) -> int:
+        """How many leading tokens of ``context`` the cache already holds."""
+        limit = min(len(self.tokens), len(context))
+        context = list(context[:limit])
+        if self.tokens[:limit] == context:  # the usual case, at C speed
+            return limit
+        lo, hi = 0, limit - 1  # the prefix is shorter than limit: binary search on slice compares
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.tokens[:mid] == context[:mid]:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
     def sync(self, context: Sequence[int]) -> int:
         """Trim the cache to its longest common prefix with ``context``; return that length."""
-        limit = min(len(self.tokens), len(context))
-        if self.tokens[:limit] == list(context[:limit]):  # the usual case, at C speed
-            n = limit
-        else:
-            n = 0
-            while self.tokens[n] == context[n]:
-                n += 1
+        n = self.common(context)
         if n < len(self.tokens):
             n = self._trim(n)
         return n
