@@ -74,11 +74,19 @@ def has_amx_kernels() -> bool:
 _DEVICE_TYPE_GPU, _DEVICE_TYPE_IGPU = 1, 2
 
 
-def _ggml() -> ctypes.CDLL:
-    """ggml's own library, shipped beside libllama: the device registry lives there."""
+def shipped_library(stem: str) -> ctypes.CDLL:
+    """A library llama-cpp-python ships beside libllama ("ggml", "ggml-rpc"); OSError when absent."""
     lib_dir = Path(lc.__file__).parent / "lib"
-    names = {"win32": ("ggml.dll",), "darwin": ("libggml.dylib",)}.get(sys.platform, ("libggml.so",))
-    lib = ctypes.CDLL(str(next((lib_dir / n for n in names if (lib_dir / n).exists()), lib_dir / names[0])))
+    names = {"win32": (f"{stem}.dll",), "darwin": (f"lib{stem}.dylib",)}.get(sys.platform, (f"lib{stem}.so",))
+    path = next((lib_dir / n for n in names if (lib_dir / n).exists()), None)
+    if path is None:
+        raise OSError(f"{names[0]} is not in {lib_dir}")
+    return ctypes.CDLL(str(path))
+
+
+def _ggml() -> ctypes.CDLL:
+    """ggml's own library: the device registry lives there."""
+    lib = shipped_library("ggml")
     lib.ggml_backend_dev_count.restype = ctypes.c_size_t
     lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
     lib.ggml_backend_dev_get.restype = ctypes.c_void_p

@@ -21,7 +21,6 @@ import struct
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Callable, Sequence
 
 from ..errors import SpeculumError
@@ -49,30 +48,15 @@ class RpcUnavailable(SpeculumError):
 _libs: tuple[ctypes.CDLL, ctypes.CDLL] | None = None
 
 
-def _lib_dir() -> Path:
-    import llama_cpp
-
-    return Path(llama_cpp.__file__).parent / "lib"
-
-
-def _open(stem: str) -> ctypes.CDLL:
-    names = {"win32": (f"{stem}.dll",), "darwin": (f"lib{stem}.dylib",)}.get(sys.platform, (f"lib{stem}.so",))
-    lib_dir = _lib_dir()
-    path = next((lib_dir / n for n in names if (lib_dir / n).exists()), None)
-    if path is None:
-        raise OSError(f"{names[0]} is not in {lib_dir}")
-    return ctypes.CDLL(str(path))
-
-
 def libraries() -> tuple[ctypes.CDLL, ctypes.CDLL]:
     """(ggml-rpc, ggml) with the signatures of ggml-rpc.h and ggml-backend.h; RpcUnavailable when absent."""
     global _libs
     if _libs is not None:
         return _libs
-    from . import llama  # noqa: F401  (llama.cpp initialised and its log captured first)
+    from .llama import shipped_library  # (llama.cpp initialised and its log captured first)
 
     try:
-        rpc = _open("ggml-rpc")
+        rpc = shipped_library("ggml-rpc")
         missing = [name for name in _SYMBOLS if not hasattr(rpc, name)]
     except OSError as exc:
         raise RpcUnavailable(
@@ -91,7 +75,7 @@ def libraries() -> tuple[ctypes.CDLL, ctypes.CDLL]:
     rpc.ggml_backend_rpc_add_server.argtypes = [ctypes.c_char_p]
     rpc.ggml_backend_rpc_add_server.restype = ctypes.c_void_p
 
-    ggml = _open("ggml")
+    ggml = shipped_library("ggml")
     for name, args, res in (
         ("ggml_backend_register", [ctypes.c_void_p], None),
         ("ggml_backend_reg_dev_count", [ctypes.c_void_p], ctypes.c_size_t),
