@@ -473,6 +473,8 @@ def test_pair_picker_picks_mtp_mode_for_a_gemma4_assistant(qtbot, gemma4_models,
     qtbot.addWidget(bar)
     bar.refresh_models(target, "")
     assert bar.mode_combo.currentData() != "mtp"
+    # Offered as a draft only: as a target it could not load.
+    assert bar.target_combo.findData(assistant) < 0 and bar.target_combo.findData(target) >= 0
     bar.draft_combo.setCurrentIndex(bar.draft_combo.findData(assistant))
     assert bar.mode_combo.currentData() == "mtp" and bar.draft_path() == assistant  # loaded as the draft file
 

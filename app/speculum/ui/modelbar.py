@@ -123,16 +123,18 @@ class ModelBar(QToolBar):
         target = target or (self.target_combo.currentData() or "")
         draft = draft if draft is not None else (self.draft_combo.currentData() or "")
         choices = local_models()
-        for combo, with_none in ((self.target_combo, False), (self.draft_combo, True)):
+        # A Gemma 4 assistant drafts on its target's KV cache: a draft, never a target.
+        targets = [c for c in choices if not is_assistant(c.path)]
+        for combo, listed, with_none in ((self.target_combo, targets, False), (self.draft_combo, choices, True)):
             combo.blockSignals(True)
             combo.clear()
             if with_none:
                 combo.addItem(NO_DRAFT, "")
-            for choice in choices:
+            for choice in listed:
                 combo.addItem(choice.label, choice.path)
             combo.blockSignals(False)
-        if not target and choices:
-            target = choices[0].path
+        if not target and targets:
+            target = targets[0].path
             if len(choices) > 1 and "demo target" in choices[0].label:
                 draft = draft or choices[1].path
         self.select_pair(target, draft or None)
