@@ -86,7 +86,8 @@ class Decoder:
         """Yield one Cycle per target pass until end of generation, max tokens, stop or full context.
 
         ``k``: None lets draft and lookup modes adapt the draft length; a number fixes it.
-        ``on_prompt(read, total)``: prompt tokens read so far, after each chunk of the prompt.
+        ``on_prompt(read, total)``: prompt tokens read so far, after each chunk of the prompt (in
+        draft mode both models read it, and both reads count).
         ``prediction``: tokens the caller expects the answer to hold (auto mode drafts from them).
         Raises ContextFullError before decoding when the prompt alone does not fit.
         """
@@ -160,17 +161,29 @@ class Decoder:
         have = self.sequence.sync(context[:-1])
         stats.prompt_tokens = len(context) - 1 - have
         last = [t0]
+        # Where the draft model drafts every cycle (draft mode), it reads the prompt here too,
+        # after the target: progress counts both reads.
+        model = self.drafters.get(Source.MODEL)
+        reads_ahead = hasattr(model, "read") and [s for s in policy.sources if s != Source.PREDICTION] == [Source.MODEL]
+        draft_behind = model.behind(context[:-1]) if reads_ahead and model.holds(context[:-1]) else 0
+        total = len(context) - 1 + draft_behind
 
         def chunk_read(n_read: int, n_chunk: int) -> None:
             now = self.clock()
             policy.observe_prompt(n_chunk, now - last[0])
             last[0] = now
             if on_prompt is not None:
-                on_prompt(have + n_read, len(context) - 1)
+                on_prompt(have + n_read, total)
 
-        if on_prompt is not None and stats.prompt_tokens:
-            on_prompt(have, len(context) - 1)
-        self.sequence.feed(context[have:-1], stop, chunk_read, chunk=PROMPT_CHUNK if on_prompt else None)
+        def draft_read(n_read: int, n_chunk: int) -> None:
+            on_prompt(len(context) - 1 + n_read, total)
+
+        if on_prompt is not None and (stats.prompt_tokens or draft_behind):
+            on_prompt(have, total)
+        chunk = PROMPT_CHUNK if on_prompt else None
+        self.sequence.feed(context[have:-1], stop, chunk_read, chunk=chunk)
+        if draft_behind and not (stop is not None and stop.is_set()):
+            model.read(context[:-1], stop, draft_read if on_prompt else None, chunk=chunk)
         stats.prompt_s = self.clock() - t0
         for drafter in self.drafters.values():
             drafter.begin(context)
