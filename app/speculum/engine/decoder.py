@@ -158,15 +158,16 @@ class Decoder:
             )
         stats = self.stats = Stats()
         t0 = self.clock()
-        have = self.sequence.sync(context[:-1])
-        stats.prompt_tokens = len(context) - 1 - have
+        known = context[:-1]  # the last token is decoded by the first cycle, for its logits
+        have = self.sequence.sync(known)
+        stats.prompt_tokens = len(known) - have
         last = [t0]
         # Where the draft model drafts every cycle (draft mode), it reads the prompt here too,
         # after the target: progress counts both reads.
         model = self.drafters.get(Source.MODEL)
         reads_ahead = hasattr(model, "read") and [s for s in policy.sources if s != Source.PREDICTION] == [Source.MODEL]
-        draft_behind = model.behind(context[:-1]) if reads_ahead and model.holds(context[:-1]) else 0
-        total = len(context) - 1 + draft_behind
+        draft_behind = model.behind(known) if reads_ahead and model.holds(known) else 0
+        total = len(known) + draft_behind
 
         def chunk_read(n_read: int, n_chunk: int) -> None:
             now = self.clock()
@@ -176,14 +177,14 @@ class Decoder:
                 on_prompt(have + n_read, total)
 
         def draft_read(n_read: int, n_chunk: int) -> None:
-            on_prompt(len(context) - 1 + n_read, total)
+            on_prompt(len(known) + n_read, total)
 
         if on_prompt is not None and (stats.prompt_tokens or draft_behind):
             on_prompt(have, total)
         chunk = PROMPT_CHUNK if on_prompt else None
-        self.sequence.feed(context[have:-1], stop, chunk_read, chunk=chunk)
+        self.sequence.feed(known[have:], stop, chunk_read, chunk=chunk)
         if draft_behind and not (stop is not None and stop.is_set()):
-            model.read(context[:-1], stop, draft_read if on_prompt else None, chunk=chunk)
+            model.read(known, stop, draft_read if on_prompt else None, chunk=chunk)
         stats.prompt_s = self.clock() - t0
         for drafter in self.drafters.values():
             drafter.begin(context)

@@ -78,16 +78,13 @@ class ModelDrafter:
         # tried the draft model there and paid seconds to read it (0.95x plain).
         return len(context) - self.sequence.common(context)
 
-    def read(self, context: Sequence[int], stop=None, on_chunk=None, chunk: int | None = None) -> int:
+    def read(self, context: Sequence[int], stop=None, on_chunk=None, chunk: int | None = None) -> None:
         """Read ``context`` into the draft model's cache now, as part of reading the prompt
-        (``CachedSequence.feed``'s arguments); the tokens it had to read. Where it drafts every
-        cycle, its first draft would otherwise read a whole new document inside the first cycle,
-        seconds with no progress shown. Nothing is read that its own context could not hold."""
-        if not self.holds(context):
-            return 0
-        have = self.sequence.sync(context)
-        self.sequence.feed(context[have:], stop, on_chunk, chunk=chunk)
-        return len(context) - have
+        (``CachedSequence.feed``'s arguments). Where it drafts every cycle, its first draft would
+        otherwise read a whole new document inside the first cycle, seconds with no progress
+        shown. Nothing is read that its own context could not hold."""
+        if self.holds(context):
+            self.sequence.feed(context[self.sequence.sync(context):], stop, on_chunk, chunk=chunk)
 
     def holds(self, context: Sequence[int]) -> bool:
         """Whether the draft model's own context (it may be smaller than the target's) holds this."""
