@@ -69,8 +69,14 @@ def test_bench_json_contract(smollm_path, tmp_path):
         if r["mode"] in ("lookup", "auto"):
             assert r["oracle_speedup"] >= 0.999 and r["oracle_fraction"] > 0
             assert r["oracle_curve"] == "passes"  # the prompt's own passes: plain steps and drafts
+            # its own choices priced on that curve: never beyond the oracle's (lookup mode drafts
+            # only copies; auto's other drafts, if any, cost time to make)
+            assert 0 < r["priced_speedup"] <= r["oracle_speedup"] + 1e-3 or r["mode"] == "auto"
+            assert r["priced_oracle_fraction"] == pytest.approx(r["priced_speedup"] / r["oracle_speedup"], abs=2e-3)
         else:
             assert "oracle_speedup" not in r
+    # plain decoding priced is plain decoding, less what choosing each step took (a fraction of a ms)
+    assert all(0.9 < r["priced_speedup"] <= 1.0 for r in results if r["mode"] == "off")
     ttft = json.loads(proc.stdout)["ttft"]  # the first token's wait, fresh policy vs taught
     assert all(ttft[key] > 0 for key in ("fresh_s", "calibrated_s", "plain_s", "plain_after_s",
                                          "fresh_vs_calibrated", "fresh_vs_calibrated_vs_plain"))

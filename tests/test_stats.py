@@ -40,7 +40,7 @@ def test_bench_repeats_report_the_median_rate(monkeypatch):
     # Per repeat: off, lookup, off again (plain decoding brackets the speculative run).
     rates = iter([10.0, 40.0, 30.0, 20.0, 30.0, 20.0, 30.0, 90.0, 10.0])
 
-    def run_one(decoder, tokens, mode, prompt, max_tokens, k=None, passes=None):
+    def run_one(decoder, tokens, mode, prompt, max_tokens, k=None, passes=None, choices=None):
         return Stats(tokens=10, passes=5, drafted=4, accepted=2, verify_s=10 / next(rates),
                      passes_by_source={"lookup" if mode == Mode.LOOKUP else "none": 5}), [1] * 10
 
@@ -81,6 +81,18 @@ def test_oracle_speedup_knows_how_much_of_each_copy_is_right():
     # here, so the oracle copies 1 token per pass (2 tokens for 1.5 steps).
     steep = {1: 1.0, 2: 1.5, 3: 3.5, 4: 5.0, 5: 6.5, 6: 8.0, 7: 9.5}
     assert bench.oracle_speedup(prompt, output, steep.__getitem__) == pytest.approx(7 / (1.5 * 3 + 1.0))
+
+
+def test_a_run_priced_on_the_verify_curve_counts_its_passes_not_the_clock():
+    linear = lambda n: 0.1 * (1 + 0.25 * (n - 1))  # noqa: E731
+    C = bench.CycleChoice
+    # Plain steps: exactly plain decoding, however long each step really took.
+    assert bench.priced_speedup([C(1, 1, 0.0)] * 5, linear) == pytest.approx(1.0)
+    # A copy of 6 accepted (7 tokens for 2.5 steps), then a draft of 3 all refused (1 token, 1.75 steps)
+    # that took 0.05 s to make.
+    run = [C(7, 7, 0.0), C(4, 1, 0.05)]
+    assert bench.priced_speedup(run, linear) == pytest.approx(8 * 0.1 / (0.25 + 0.175 + 0.05))
+    assert bench.priced_speedup([], linear) is None
 
 
 def test_a_verify_curve_from_passes_as_they_ran_takes_medians_and_draws_lines_between_them():

@@ -11,7 +11,7 @@ import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence, TextIO
+from typing import Callable, NamedTuple, Sequence, TextIO
 
 from . import paths
 from .documents import read_document
@@ -63,21 +63,44 @@ def load_prompts(path: str | None = None) -> list[BenchPrompt]:
 
 
 def run_one(decoder: Decoder, prompt_tokens: list[int], mode: Mode, prompt: BenchPrompt,
-            max_tokens: int, k: int | None = None, passes: list | None = None) -> tuple[Stats, list[int]]:
+            max_tokens: int, k: int | None = None, passes: list | None = None,
+            choices: list | None = None) -> tuple[Stats, list[int]]:
     """One generation; its Stats and the tokens it wrote (and, into ``passes``, each pass's
-    (tokens, seconds))."""
+    (tokens, seconds); into ``choices``, what each cycle chose, as ``priced_speedup`` reads it)."""
     sampling = SamplingParams(temperature=prompt.temperature, seed=prompt.seed)
     output: list[int] = []
     for cycle in decoder.generate(prompt_tokens, max_tokens=max_tokens, sampling=sampling, policy=mode, k=k):
         output += cycle.emitted
         if passes is not None:
             passes.append(timed_pass(cycle))
+        if choices is not None:
+            choices.append(CycleChoice(len(cycle.drafted) + 1, len(cycle.emitted), cycle.draft_s))
     return decoder.stats, output
 
 
 def timed_pass(cycle) -> tuple[int, float]:
     """A cycle's target pass as ``curve_from_passes`` reads it: (tokens in it, seconds)."""
     return len(cycle.drafted) + 1, cycle.verify_s
+
+
+class CycleChoice(NamedTuple):
+    """What one cycle chose and got: the tokens in its target pass, the tokens it emitted, and
+    the seconds its drafting took."""
+
+    pass_tokens: int
+    emitted: int
+    draft_s: float
+
+
+def priced_speedup(choices: Sequence[CycleChoice], verify: Callable[[int], float]) -> float | None:
+    """A run's speedup over plain decoding with its target passes priced on one verify curve
+    (and its drafting as timed): what the policy's choices are worth with the machine's noise
+    taken out. On a shared 2-core machine the same plain run reads anywhere from 24 to 33
+    tok/s, so tokens/s alone cannot tell a policy's 5% from the machine's; priced on the curve
+    the oracle is priced on, this and the oracle compare like for like."""
+    seconds = sum(verify(c.pass_tokens) + c.draft_s for c in choices)
+    tokens = sum(c.emitted for c in choices)
+    return tokens * verify(1) / seconds if seconds > 0 and tokens else None
 
 
 def time_to_first_token(stats: Stats) -> float:
@@ -183,6 +206,7 @@ def run_bench(decoder: Decoder, prompts: list[BenchPrompt], modes: list[Mode], m
     merged: dict[tuple[str, Mode], Stats] = {}
     rates: dict[tuple[str, Mode], list[float]] = {}
     outputs: dict[tuple[str, Mode], list[int]] = {}
+    choices: dict[tuple[str, Mode], list[list[CycleChoice]]] = {}  # per run
     passes: dict[str, list[tuple[int, float]]] = {p.name: [] for p in prompts}  # per prompt, all modes
     tokenized = {p.name: decoder.target.tokenize(decoder.target.apply_chat_template(p.messages())) for p in prompts}
     # Warm-up: the first decode after loading is slower (page faults, thread start).
@@ -196,8 +220,10 @@ def run_bench(decoder: Decoder, prompts: list[BenchPrompt], modes: list[Mode], m
     for r in range(repeat):
         for p in prompts:
             for mode in run_order(modes):
+                chosen: list[CycleChoice] = []
                 stats, output = run_one(decoder, tokenized[p.name], mode, p, max_tokens or p.max_tokens, k,
-                                        passes[p.name])
+                                        passes[p.name], chosen)
+                choices.setdefault((p.name, mode), []).append(chosen)
                 if progress:
                     progress.write(f"[{r + 1}/{repeat}] {p.name:<22} {mode:<7} {stats.tokens_per_s:6.1f} tok/s\n")
                     progress.flush()
@@ -240,20 +266,26 @@ def run_bench(decoder: Decoder, prompts: list[BenchPrompt], modes: list[Mode], m
             r["oracle_speedup"] = round(oracle, 3) if oracle else None
             r["oracle_fraction"] = (round(r["speedup_vs_off"] / oracle, 3)
                                     if oracle and r["speedup_vs_off"] is not None else None)
+        if curve is not None:
+            priced = [x for run in choices[r["name"], r["mode"]] if (x := priced_speedup(run, curve))]
+            r["priced_speedup"] = round(statistics.median(priced), 3) if priced else None
+            if r.get("oracle_speedup") and r["priced_speedup"]:
+                r["priced_oracle_fraction"] = round(r["priced_speedup"] / r["oracle_speedup"], 3)
     return results
 
 
 def print_table(results: list[dict], out: TextIO, info: dict | None = None) -> None:
     head = (f"{'prompt':<22} {'mode':<7} {'tokens':>6} {'tok/s':>7} {'accept':>7} {'tok/pass':>8} "
-            f"{'ovh ms':>7} {'vs off':>7} {'oracle':>7} {'of it':>6}  passes by drafter")
+            f"{'ovh ms':>7} {'vs off':>7} {'priced':>7} {'oracle':>7} {'of it':>6}  passes by drafter")
     out.write(head + "\n" + "-" * len(head) + "\n")
     for r in results:
         sp = f"{r['speedup_vs_off']:.2f}x" if r["speedup_vs_off"] is not None else "-"
         acc = f"{100 * r['acceptance_rate']:.0f}%" if r["mode"] != Mode.OFF else "-"
         oracle = f"{r['oracle_speedup']:.2f}x" if r.get("oracle_speedup") else "-"
         share = f"{100 * r['oracle_fraction']:.0f}%" if r.get("oracle_fraction") else "-"
+        priced = f"{r['priced_speedup']:.2f}x" if r.get("priced_speedup") else "-"
         out.write(f"{r['name']:<22} {r['mode']:<7} {r['tokens']:>6} {r['tokens_per_s']:>7.1f} {acc:>7} "
-                  f"{r['tokens_per_pass']:>8.2f} {r['overhead_ms_per_cycle']:>7.3f} {sp:>7} {oracle:>7} {share:>6}  "
+                  f"{r['tokens_per_pass']:>8.2f} {r['overhead_ms_per_cycle']:>7.3f} {sp:>7} {priced:>7} {oracle:>7} {share:>6}  "
                   + " ".join(f"{src} {100 * share:.0f}%" for src, share in r["choices"].items()) + "\n")
     ttft = (info or {}).get("ttft")
     if ttft:
