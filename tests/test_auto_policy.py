@@ -302,16 +302,24 @@ def test_a_size_timed_alone_moves_the_rest_of_the_curve_too():
     assert c.verify(1) < 0.045
 
 
-def _auto_over_off(seed: int, n: int = 128) -> float:
+def _auto_over_off(seed: int, n: int = 128, taught: bool = False) -> float:
     """Auto's time over plain decoding's for the same answer: a random prompt full of short
-    matches that rarely continue as the model writes (lookup's exploration is all cost)."""
+    matches that rarely continue as the model writes (lookup's exploration is all cost).
+    ``taught``: by an earlier answer (a document) in which every copy was right."""
     prompt = [int(t) for t in np.random.default_rng(seed).integers(1, 64, 200)]
     seconds = {}
     for mode in ("off", "auto"):
         clock = FakeClock()
         target = SyntheticModel(n_vocab=64, seed=seed, order=3, sharpness=4.0, pass_cost=CPU["verify"], clock=clock)
         dec = Decoder(target, None, clock=clock)
-        list(dec.generate(prompt, max_tokens=n, policy=mode))
+        policy = mode
+        if mode == "auto":
+            policy = dec.policy_for(mode)
+            policy.store = None
+            for table in policy.lookup_rates if taught else ():
+                for rate in table:
+                    rate.accepted, rate.rejected = 5.0, 0.0  # as many right as decaying counts hold
+        list(dec.generate(prompt, max_tokens=n, policy=policy))
         assert dec.stats.tokens == n
         seconds[mode] = dec.stats.seconds
     return seconds["auto"] / seconds["off"]
@@ -327,6 +335,19 @@ def test_exploring_copies_never_costs_an_answer_more_than_its_loss_share(monkeyp
     # The same answers without the budget: exploration alone costs more than it allows.
     monkeypatch.setattr(auto, "LOSS_SHARE", 10.0)
     assert max(_auto_over_off(seed, n) for seed in range(1, 9)) > bound
+
+
+def test_copies_an_earlier_answer_taught_to_trust_keep_within_the_budget_where_they_fail(monkeypatch):
+    # After a document whose every copy was right, short matches look sure on the means; in the
+    # chat that follows they fail, and they may then cost no more than the budget allows.
+    from speculum.engine import auto
+
+    n = 128
+    bound = 1 + auto.LOSS_SHARE * (1 + auto.LOSS_HORIZON / n)
+    ratios = [_auto_over_off(seed, n, taught=True) for seed in range(1, 9)]
+    assert max(ratios) <= bound + 0.01, ratios  # within a pass of the budget: the one that overdrew it
+    monkeypatch.setattr(auto, "SURE_MATCH", 0)  # sure on the means alone, as before
+    assert max(_auto_over_off(seed, n, taught=True) for seed in range(1, 9)) > bound + 0.01
 
 
 def _copy_heavy(store=None):

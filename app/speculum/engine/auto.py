@@ -59,12 +59,18 @@ SEED = 14  # the policy's own randomness: reproducible, and never the sampling R
 # saved pays for more. The horizon, in plain steps, lets an answer's first cycles try a short
 # copy. (Measured before it: code writing 0.93x plain, its losses lookup drafts on 1-3 token
 # matches; see _affordable.)
-LOSS_SHARE = 0.03
-LOSS_HORIZON = 32
+LOSS_SHARE = 0.02
+LOSS_HORIZON = 48  # 0.96 steps of room at an answer's start; a 128-token answer's bound: 0.973x plain
 # A copy counts as sure, outside the budget, only when its mean rates beat plain decoding by
 # this much: at the margin, a prior a little too hopeful or a verify cost not yet timed
 # turns "pays on the means" into a loss (code writing: 1-3 token matches, 44% accepted).
 SURE_MARGIN = 1.1
+# Copies of shorter matches than this are never sure: how often a copy of 1-8 tokens of context
+# is right depends on the text, and rates a document taught made them look sure in the chat that
+# followed it, which then ran at 0.95x plain (priced on the verify curve). They stay within the
+# budget, which what they save in a text they suit soon makes room in; a long match is right
+# in any text.
+SURE_MATCH = 9
 # A client's prediction: acceptance by how many output tokens in a row followed it
 # (bucket lower bounds: 1, 2-3, 4-7, 8-15, 16+). One token in common with it means little
 # (unrelated text shares newlines and brackets); a long run is an edit copying the file,
@@ -359,8 +365,12 @@ class AutoPolicy:
         would keep it out for good."""
         step = self.costs.verify(1)
         slack = LOSS_SHARE * (self._plain_s + LOSS_HORIZON * step) - (self._spent_s - self._plain_s)
-        return [o for o in options if o.choice.source not in self.MATCH_TABLES or o.mean_speed * step >= SURE_MARGIN
-                or o.seconds - step <= slack]
+
+        def sure(o: Option) -> bool:
+            carried = o.choice.source not in self.PER_REQUEST and (o.choice.min_match or 0) < SURE_MATCH
+            return o.mean_speed * step >= SURE_MARGIN and not carried
+
+        return [o for o in options if o.choice.source not in self.MATCH_TABLES or sure(o) or o.seconds - step <= slack]
 
     # -- learning -------------------------------------------------------------------------
 
@@ -372,8 +382,11 @@ class AutoPolicy:
         if n <= MAX_BATCH and verify_s > 0:
             self.costs.observe_verify(n, verify_s)
         self.costs.age(n)
-        self._plain_s += (n_accepted + 1) * self.costs.verify(1)
-        self._spent_s += draft_s + verify_s
+        plain = (n_accepted + 1) * self.costs.verify(1)
+        self._plain_s += plain
+        # A plain step costs what plain decoding does, however long the machine made it take:
+        # the budget counts what drafting cost.
+        self._spent_s += draft_s + verify_s if draft.tokens else plain
         observed = self._observe_draft(draft, n_accepted, draft_s)
         # What was not tried this cycle ages: a drafter that failed a few times long ago is
         # uncertain again after a while and gets tried again (never locked out for good).
