@@ -454,3 +454,23 @@ def test_draft_mode_reads_the_prompt_into_the_draft_model_with_the_target_and_sh
     progress = []
     list(dec.generate(prompt, max_tokens=2, policy="off", on_prompt=lambda r, t: progress.append((r, t))))
     assert progress[-1] == (299, 299) and dec.drafters["model"].behind(prompt) == 300
+
+
+def test_a_long_copy_is_sure_only_once_its_match_length_has_been_seen():
+    # A fresh policy's prior says a 12-token match copies well; on that alone its first copy
+    # stays within the loss budget (a restated function signature, copied 14 tokens long and
+    # wrong, cost a first answer 5%). One copy seen from such a match, the next may be long.
+    from speculum.engine.draft import Draft
+    from speculum.engine.drafters import PromptLookup
+    from speculum.engine.vocabulary import Source
+
+    policy = AutoPolicy({Source.LOOKUP: PromptLookup()}, "auto", "CPU")
+    policy.calibrated(CostModel({n: 0.030 * (1 + 0.35 * (n - 1)) for n in range(1, 17)}))
+    phrase = list(range(10, 40))
+    context = [1, 2] + phrase + [3, 4] + phrase[:12]  # the last 12 tokens were seen: 18 follow them
+    worst = max(0.030 * 0.35 * policy.choose(context).k for _ in range(20))  # its pass minus one plain step
+    from speculum.engine import auto
+
+    assert worst <= auto.LOSS_SHARE * auto.LOSS_HORIZON * 0.030 + 1e-9  # what the answer's start allows
+    policy.observe(Draft(tokens=phrase[12:13], source=Source.LOOKUP, match_length=12), 1, 0.0, 0.030 * 1.35)
+    assert max(policy.choose(context).k for _ in range(20)) >= 8  # seen now: sure, and long

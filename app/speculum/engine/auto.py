@@ -74,6 +74,12 @@ SURE_MARGIN = 1.1
 # budget, which what they save in a text they suit soon makes room in; a long match is right
 # in any text.
 SURE_MATCH = 9
+# ... and a long match's copy is sure only once its bucket has been seen (evidence, decaying,
+# of about one copy): on its prior alone, a fresh policy's first answer (code writing) copied 14
+# tokens from a restated function signature and lost all of them, 0.94-0.96x plain priced on
+# the verify curve in three fresh runs. Within the budget, the first copy is short; once seen,
+# the next can be long.
+SURE_EVIDENCE = 0.5
 # A client's prediction: acceptance by how many output tokens in a row followed it
 # (bucket lower bounds: 1, 2-3, 4-7, 8-15, 16+). One token in common with it means little
 # (unrelated text shares newlines and brackets); a long run is an edit copying the file,
@@ -363,6 +369,9 @@ class AutoPolicy:
         do is cost its pass minus one plain step, priced on the cost model's estimate: on this
         cycle's draw, a fresh policy's guess that batches were nearly free let long copies through
         that cost 2-3 steps each (code writing at 0.90x plain on its first answer).
+        Sure means the means pay by SURE_MARGIN, on a match of SURE_MATCH tokens or more whose
+        bucket has been seen (SURE_EVIDENCE); a client's prediction, whose match is this request's
+        own output agreeing with it, needs only the margin.
         Copies are where exploration costs (short matches tried over and over); a draft model
         is left to its draws: its catch-up grows while it waits, and a budget that kept it out
         would keep it out for good."""
@@ -370,8 +379,11 @@ class AutoPolicy:
         slack = LOSS_SHARE * (self._plain_s + LOSS_HORIZON * step) - (self._spent_s - self._plain_s)
 
         def sure(o: Option) -> bool:
-            carried = o.choice.source not in self.PER_REQUEST and (o.choice.min_match or 0) < SURE_MATCH
-            return o.mean_speed * step >= SURE_MARGIN and not carried
+            source, match = o.choice.source, o.choice.min_match or 0
+            if source in self.PER_REQUEST:  # its match is this request's own output agreeing with it
+                return o.mean_speed * step >= SURE_MARGIN
+            seen = self.match_rates[source][bucket_of(max(match, 1), self.MATCH_TABLES[source][0])][0].evidence
+            return o.mean_speed * step >= SURE_MARGIN and match >= SURE_MATCH and seen >= SURE_EVIDENCE
 
         return [o for o in options if o.choice.source not in self.MATCH_TABLES or sure(o) or o.seconds - step <= slack]
 
