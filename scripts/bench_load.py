@@ -93,9 +93,9 @@ def main() -> int:
         print(json.dumps(measure(args)))
         return 0
     if not args.model:
-        models = os.environ.get("SPECULUM_MODELS_DIR", os.path.expanduser("~/.cache/speculum-dev/models"))
-        args.model = os.path.join(models, "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")
-        args.draft = args.draft or os.path.join(models, "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
+        from demo_pair import demo_pair
+
+        args.model, args.draft = demo_pair(None, args.draft)
     results = {}
     for setting in args.settings.split(","):
         cmd = [sys.executable, __file__, "--measure", "--model", args.model, "--modes", args.modes,

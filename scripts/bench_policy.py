@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -39,9 +38,9 @@ def main() -> int:
     from speculum.engine.loading import LoadOptions, load_decoder
     from speculum.engine.vocabulary import Mode
 
-    models = Path(os.environ.get("SPECULUM_MODELS_DIR", Path.home() / ".cache/speculum-dev/models"))
-    target = args.target or str(models / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")
-    draft = args.draft or str(models / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
+    from demo_pair import demo_pair
+
+    target, draft = demo_pair(args.target, args.draft)
     decoder = load_decoder(target, draft, LoadOptions(n_ctx=4096))
     suite = load_prompts()
     if args.prompts:

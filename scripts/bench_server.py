@@ -98,9 +98,9 @@ def main() -> int:
     from speculum.server.api import create_app
     from speculum.server.service import ServedModel
 
-    models = Path(os.environ.get("SPECULUM_MODELS_DIR", Path.home() / ".cache/speculum-dev/models"))
-    target = args.target or str(models / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")
-    draft = args.draft or (None if args.target else str(models / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"))
+    from demo_pair import demo_pair
+
+    target, draft = demo_pair(args.target, args.draft)
     decoder = load_decoder(target, draft, LoadOptions(n_ctx=4096))
     served = ServedModel(decoder, "bench", mode=args.mode)
     with socket.socket() as sock:
