@@ -474,3 +474,31 @@ def test_a_long_copy_is_sure_only_once_its_match_length_has_been_seen():
     assert worst <= auto.LOSS_SHARE * auto.LOSS_HORIZON * 0.030 + 1e-9  # what the answer's start allows
     policy.observe(Draft(tokens=phrase[12:13], source=Source.LOOKUP, match_length=12), 1, 0.0, 0.030 * 1.35)
     assert max(policy.choose(context).k for _ in range(20)) >= 8  # seen now: sure, and long
+
+
+def test_short_copies_are_sure_again_once_this_answer_has_shown_them_right():
+    # A 3-token match's copy is budgeted (how often it is right depends on the text) until this
+    # answer's own short copies were right; the next answer starts budgeted again.
+    from speculum.engine import auto
+    from speculum.engine.draft import Draft
+    from speculum.engine.drafters import PromptLookup
+    from speculum.engine.vocabulary import Source
+
+    policy = AutoPolicy({Source.LOOKUP: PromptLookup()}, "auto", "CPU")
+    policy.calibrated(CostModel({n: 0.030 * (1 + 0.35 * (n - 1)) for n in range(1, 17)}))
+    for rate in policy.lookup_rates[2]:
+        rate.accepted, rate.rejected = 5.0, 0.0  # an earlier document: 3-token matches always right
+    phrase = list(range(10, 40))
+    context = [1, 2] + phrase + [3, 4] + phrase[:3]
+    room = auto.LOSS_SHARE * auto.LOSS_HORIZON * 0.030
+
+    def longest() -> int:
+        return max(policy.choose(context).k for _ in range(20))
+
+    assert 0.030 * 0.35 * longest() <= room + 1e-9  # within the answer's budget
+    for _ in range(2):  # two short copies right in this answer (each its pass: 2 tokens for 1.35 steps)
+        policy.observe(Draft(tokens=phrase[3:4], source=Source.LOOKUP, match_length=3), 1, 0.0, 0.030 * 1.35)
+    policy._plain_s = policy._spent_s = 0.0  # the same room as before: only the evidence changed
+    assert longest() >= 8  # sure now
+    policy.finish()
+    assert 0.030 * 0.35 * longest() <= room + 1e-9
