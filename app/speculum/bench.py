@@ -73,7 +73,7 @@ def run_one(decoder: Decoder, prompt_tokens: list[int], mode: Mode, prompt: Benc
         output += cycle.emitted
         if passes is not None:
             passes.append(timed_pass(cycle))
-        if choices is not None:
+        if choices is not None and cycle.emitted:  # an ending event made no pass
             choices.append(CycleChoice(len(cycle.drafted) + 1, len(cycle.emitted), cycle.draft_s))
     return decoder.stats, output
 
