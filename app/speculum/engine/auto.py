@@ -391,16 +391,17 @@ class AutoPolicy:
 
         def sure(o: Option) -> bool:
             source, match = o.choice.source, o.choice.min_match or 0
+            if o.mean_speed * step < SURE_MARGIN:
+                return False
             if source in self.PER_REQUEST:  # its match is this request's own output agreeing with it
-                return o.mean_speed * step >= SURE_MARGIN
+                return True
             if match < SURE_MATCH:
                 right, tried = self._short
-                return (o.mean_speed * step >= SURE_MARGIN and SHORT_SURE_AFTER > 0 and tried >= SHORT_SURE_AFTER
-                        and right >= 0.75 * tried)
-            seen = self.match_rates[source][bucket_of(max(match, 1), self.MATCH_TABLES[source][0])][0].evidence
+                return tried >= SHORT_SURE_AFTER and right >= 0.75 * tried
+            seen = self.match_rates[source][bucket_of(match, self.MATCH_TABLES[source][0])][0].evidence
             # Unseen, a one-token probe: else an answer whose budget an early miss used up never
             # starts copying (code editing once ran at 0.95x plain).
-            return o.mean_speed * step >= SURE_MARGIN and (seen >= SURE_EVIDENCE or o.choice.k == 1)
+            return seen >= SURE_EVIDENCE or o.choice.k == 1
 
         return [o for o in options if o.choice.source not in self.MATCH_TABLES or sure(o) or o.seconds - step <= slack]
 
