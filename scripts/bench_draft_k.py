@@ -38,7 +38,7 @@ def main() -> int:
 
     from demo_pair import demo_pair
 
-    target, draft = demo_pair(args.target, args.draft)
+    target, draft = demo_pair(args.target, args.draft, alone=False)
     decoder = load_decoder(target, draft, LoadOptions(n_ctx=4096))
     wanted = [name.strip() for name in args.prompts.split(",")]
     prompts = [p for p in load_prompts() if p.name in wanted]

@@ -40,7 +40,7 @@ def main() -> int:
 
     from demo_pair import demo_pair
 
-    target, draft = demo_pair(args.target, args.draft)
+    target, draft = demo_pair(args.target, args.draft, alone=False)
     decoder = load_decoder(target, draft, LoadOptions(n_ctx=4096))
     suite = load_prompts()
     if args.prompts:
