@@ -11,7 +11,8 @@ from synthetic import FakeClock, SyntheticModel, noisy_copy
 
 # Seconds per pass with n tokens in the batch.
 CPU = dict(verify=lambda n: 0.030 * (1 + 0.5 * (n - 1)), draft=lambda n: 0.020 * n)  # 0.67 of a step
-GPU = dict(verify=lambda n: 0.010 * (1 + 0.02 * (n - 1)), draft=lambda n: 0.001 * n)
+# On a GPU a batch costs about what one token does, the draft model's catching up included.
+GPU = dict(verify=lambda n: 0.010 * (1 + 0.02 * (n - 1)), draft=lambda n: 0.001 * (1 + 0.02 * (n - 1)))
 
 
 def make_pair(profile, noise=0.0, seed=1, collapse_after=None):
@@ -266,6 +267,14 @@ def test_the_draft_model_catching_up_is_priced_in():
     c.observe_draft(0, 0.052, 0.052, first=False, caught_up=44)  # 42 more tokens: 1 ms each
     assert c.draft_first_s == 0.010 and abs(c.catch_up_s - 0.001) < 1e-9
     assert c.catch_up(2) == 0.0 and abs(c.catch_up(22) - 0.020) < 1e-9
+    # The very first draft read a 10-token prompt with its first token: that token alone is
+    # priced as two tokens read at once, on the target's curve; the rest is catching up.
+    c = CostModel()
+    c.observe_verify(1, 0.030)
+    c.observe_verify(2, 0.036)
+    c.observe_draft(1, 0.066, 0.060, first=False, caught_up=10)
+    assert abs(c.draft_step_s - 0.006) < 1e-9 and abs(c.draft_first_s - 0.0072) < 1e-9
+    assert abs(c.catch_up_s - (0.060 - 0.0072) / 8) < 1e-9
     dec = make_pair(CPU)
     list(dec.generate([1, 2, 3], max_tokens=40, policy="off"))  # the draft model read nothing
     assert dec.drafters["model"].behind(list(range(43))) == 43
@@ -335,6 +344,40 @@ def test_exploring_copies_never_costs_an_answer_more_than_its_loss_share(monkeyp
     # The same answers without the budget: exploration alone costs more than it allows.
     monkeypatch.setattr(auto, "LOSS_SHARE", 10.0)
     assert max(_auto_over_off(seed, n) for seed in range(1, 9)) > bound
+
+
+def _answers_over_off(noise: float, answers: int = 4, n: int = 128) -> list[float]:
+    """Auto's time over plain decoding's, answer by answer, with one policy and a draft model
+    of this noise on the MID machine (a new short prompt each time)."""
+    clock = FakeClock()
+    target = SyntheticModel(n_vocab=64, seed=3, order=3, sharpness=4.0, pass_cost=MID["verify"], clock=clock)
+    draft = noisy_copy(target, seed=103, noise=noise)
+    draft.pass_cost, draft.clock = MID["draft"], clock
+    dec = Decoder(target, draft, clock=clock)
+    policy = dec.policy_for("auto")
+    policy.store = None
+    ratios = []
+    for a in range(answers):
+        prompt = [int(t) for t in np.random.default_rng(a).integers(1, 64, 3)]
+        seconds = []
+        for mode in ("off", policy):
+            list(dec.generate(prompt, max_tokens=n, policy=mode))
+            seconds.append(dec.stats.seconds)
+        ratios.append(seconds[1] / seconds[0])
+    return ratios
+
+
+def test_a_draft_model_that_does_not_pay_is_explored_within_the_loss_budget():
+    # Half its drafts right at the first token: on its draws alone it was tried again and again
+    # (one answer 12% slower than plain). Its first try times its cost; after that its drafts are
+    # exploration like a short copy's, within the answer's budget, until its means pay.
+    from speculum.engine import auto
+
+    n = 128
+    bound = 1 + auto.LOSS_SHARE * (1 + auto.LOSS_HORIZON / n)
+    assert max(_answers_over_off(noise=2.0, n=n)) <= bound + 0.002
+    # ... while a draft model that pays is soon sure, and doubles the speed.
+    assert max(_answers_over_off(noise=0.0, n=n)[1:]) < 0.6
 
 
 def test_copies_an_earlier_answer_taught_to_trust_keep_within_the_budget_where_they_fail(monkeypatch):

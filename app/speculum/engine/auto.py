@@ -53,7 +53,7 @@ PRIOR_WEIGHT = 2.0  # pseudo-observations a prior is worth: little, so evidence 
 LOOKUP_BUCKETS = (1, 2, 3, 4, 6, 9, 17)
 LOOKUP_PRIORS = (0.2, 0.35, 0.5, 0.6, 0.7, 0.9, 0.95)
 CATCH_UP_CYCLES = 4  # model cycles a catch-up's cost is spread over
-CATCH_UP = 8  # tokens a cycle's draft usually catches up on (accepted drafts + the correction)
+CATCH_UP = 2  # tokens a model cycle's draft catches up on after its last (its last draft, the correction)
 SEED = 14  # the policy's own randomness: reproducible, and never the sampling RNG
 # Auto mode's promise: never much slower than plain decoding, also while it explores copies.
 # Over each answer, what its cycles cost beyond plain steps for the same tokens may not
@@ -383,18 +383,25 @@ class AutoPolicy:
         its bucket has been seen (SURE_EVIDENCE); on a shorter one, this answer's short copies were
         right (SHORT_SURE_AFTER); a client's prediction, whose match is this request's own output
         agreeing with it, needs only the margin.
-        Copies are where exploration costs (short matches tried over and over); a draft model
-        is left to its draws: its catch-up grows while it waits, and a budget that kept it out
-        would keep it out for good."""
+        A draft model (or MTP head) is sure once it has been seen and its means pay; while its
+        costs are untimed, a draft of up to two tokens is (only a try times them); else its drafts
+        are exploration too. (Left to its draws, a fresh policy on a 2-core CPU tried the draft
+        model in open chat again and again, each try reading the prompt into it first: 0.86x plain
+        priced on the verify curve, one seed 0.72x; 0.97x within the budget. Where drafting is
+        cheap, as on a GPU, its first tries fit the budget at once and its means soon pay.)"""
         step = self.costs.verify(1)
         slack = LOSS_SHARE * (self._plain_s + LOSS_HORIZON * step) - (self._spent_s - self._plain_s)
 
         def sure(o: Option) -> bool:
             source, match = o.choice.source, o.choice.min_match or 0
+            if source not in self.MATCH_TABLES and not self._timed(source):
+                return o.choice.k <= 2  # its cost a default guess: the shortest try that times it all
             if o.mean_speed * step < SURE_MARGIN:
                 return False
             if source in self.PER_REQUEST:  # its match is this request's own output agreeing with it
                 return True
+            if source not in self.MATCH_TABLES:
+                return self._drafted_from(source)[0].evidence >= SURE_EVIDENCE
             if match < SURE_MATCH:
                 right, tried = self._short
                 return tried >= SHORT_SURE_AFTER and right >= 0.75 * tried
@@ -403,9 +410,20 @@ class AutoPolicy:
             # starts copying (code editing once ran at 0.95x plain).
             return seen >= SURE_EVIDENCE or o.choice.k == 1
 
-        return [o for o in options if o.choice.source not in self.MATCH_TABLES or sure(o) or o.seconds - step <= slack]
+        return [o for o in options if o.choice.source == Source.NONE or sure(o) or o.seconds - step <= slack]
 
     # -- learning -------------------------------------------------------------------------
+
+    def _drafted_from(self, source: Source) -> list[Rate]:
+        """A drafting model's acceptance per position."""
+        return self.mtp_rates if source == Source.MTP else self.model_rates
+
+    def _timed(self, source: Source) -> bool:
+        """Whether a drafting model's costs (its first token, each next) have been measured, by a
+        draft or by calibration."""
+        c = self.costs
+        first, step = (c.mtp_first_s, c.mtp_step_s) if source == Source.MTP else (c.draft_first_s, c.draft_step_s)
+        return first is not None and step is not None
 
     def _tables(self) -> list[list[Rate]]:
         return [self.model_rates, self.mtp_rates, *(t for tables in self.match_rates.values() for t in tables)]
