@@ -421,6 +421,25 @@ def test_a_curve_timed_while_the_machine_was_busy_is_dropped(tmp_path):
     assert sum(c.source == "lookup" for c in cycles) > len(cycles) / 2
 
 
+def test_small_batches_do_not_drift_below_what_they_were_timed_at_toward_a_prompt_chunks_slope():
+    # A 128-token chunk read at 25 single steps (0.25 steps per token, 1.3x that as a hint): fits
+    # large batches; 2 tokens here cost 1.6 steps. Drifting toward the chunk's line, 2 tokens
+    # read 1.33 steps after 50 plain steps, and losing one-token copies looked cheap to explore.
+    c = CostModel()
+    c.observe_verify(1, 0.030)
+    c.observe_verify(2, 0.048)
+    c.observe_prefill(128, 0.030 * 25)
+    for _ in range(50):
+        c.observe_verify(1, 0.030)
+        c.age(1)
+    assert c.verify(2) >= 1.5 * 0.030
+    # ... while a size timed in a bad moment still comes back within reach.
+    c.observe_verify(3, 0.030 * 20)
+    for _ in range(100):
+        c.age(1)
+    assert c.verify(3) < 0.030 * 3
+
+
 def test_a_pessimistic_curve_drifts_back_within_reach_and_is_timed_again(tmp_path):
     # Possible but wrong (every size as dear as its tokens one at a time), and complete: nothing
     # left to calibrate, and no draft ever looks worth a pass. The true curve is half that slope.

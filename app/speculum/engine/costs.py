@@ -112,7 +112,11 @@ class CostModel:
         if not self.verify_s:
             return
         one = self.verify(1, drawn=False)  # the model's estimate, not the cycle's draw
-        slope = self.slope_hint() or (0.05 if self.gpu else 0.5)
+        # Toward a line no less steep than the cautious default: a prompt chunk's slope fits large
+        # batches, and small ones cost more per token (2 tokens 1.5-1.8 steps where a chunk said
+        # 1.25). Drifting to the chunk's line, small sizes read ever cheaper than timed, and
+        # copies of 1-2 tokens that lose looked cheap enough to explore (open chat 0.96x plain).
+        slope = max(self.slope_hint() or 0.0, 0.05 if self.gpu else 0.5)
         for size, seconds in self.verify_s.items():
             prior = one * (1 + slope * (size - 1))
             if size != timed and seconds > prior:
