@@ -76,9 +76,31 @@ def test_the_engine_process_waits_for_threads_as_speculum_sets_it_before_llama_c
     assert setting["OMP_WAIT_POLICY"] == "active"
     assert setting["set_before_libgomp_loaded"] is True
     assert setting["libgomp_loaded"] is True  # llama.cpp's OpenMP runtime, which reads it, is loaded
-    # ggml's tiled matmul is off, so verification passes of 8+ tokens skip it
-    assert setting[cpu_settings.TILED_MATMUL] == "0" and setting["tiled_source"] == "Speculum"
-    assert not cpu_settings.tiled_matmul_on(setting)
+    # ggml's tiled matmul as this CPU runs verification passes faster: on with AVX-512, else off
+    pays = cpu_settings.tiled_matmul_pays(cpu_settings.cpu_flags())
+    assert setting[cpu_settings.TILED_MATMUL] == ("1" if pays else "0") and setting["tiled_source"] == "Speculum"
+    assert cpu_settings.tiled_matmul_on(setting) is pays
+
+
+def test_the_tiled_matmul_is_on_only_where_the_cpu_has_avx512(tmp_path, monkeypatch):
+    from speculum.engine import cpu_settings
+
+    def flags(line):
+        cpuinfo = tmp_path / "cpuinfo"
+        cpuinfo.write_text(f"processor\t: 0\nvendor_id\t: AuthenticAMD\n{line}\n\nprocessor\t: 1\n")
+        return cpu_settings.cpu_flags(cpuinfo)
+
+    assert cpu_settings.tiled_matmul_pays(flags("flags\t\t: fpu sse2 avx avx2 fma avx512f avx512bw avx512vl"))
+    assert not cpu_settings.tiled_matmul_pays(flags("flags\t\t: fpu sse2 avx avx2 fma avx_vnni"))  # most laptops
+    assert not cpu_settings.tiled_matmul_pays(flags("Features\t: fp asimd"))  # ARM: no tiled path
+    assert not cpu_settings.tiled_matmul_pays(cpu_settings.cpu_flags(tmp_path / "absent"))  # macOS, Windows
+    # apply() sets it by the CPU when the user did not
+    for avx512 in (True, False):
+        monkeypatch.setattr(cpu_settings, "_in_effect", {})
+        monkeypatch.setattr(cpu_settings, "cpu_flags", lambda: {"avx2", "avx512f"} if avx512 else {"avx2"})
+        environ: dict = {}
+        assert cpu_settings.apply(environ)[cpu_settings.TILED_MATMUL] == environ[cpu_settings.TILED_MATMUL] == (
+            "1" if avx512 else "0")
 
 
 @pytest.mark.parametrize("needed, expected", [(b"libgomp.so.1", "active"), (b"libomp.so", "")])
