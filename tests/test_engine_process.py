@@ -88,12 +88,20 @@ def test_the_tiled_matmul_is_on_only_where_the_cpu_has_avx512(tmp_path, monkeypa
     def flags(line):
         cpuinfo = tmp_path / "cpuinfo"
         cpuinfo.write_text(f"processor\t: 0\nvendor_id\t: AuthenticAMD\n{line}\n\nprocessor\t: 1\n")
-        return cpu_settings.cpu_flags(cpuinfo)
+        return cpu_settings._linux_flags(cpuinfo)
 
-    assert cpu_settings.tiled_matmul_pays(flags("flags\t\t: fpu sse2 avx avx2 fma avx512f avx512bw avx512vl"))
-    assert not cpu_settings.tiled_matmul_pays(flags("flags\t\t: fpu sse2 avx avx2 fma avx_vnni"))  # most laptops
-    assert not cpu_settings.tiled_matmul_pays(flags("Features\t: fp asimd"))  # ARM: no tiled path
-    assert not cpu_settings.tiled_matmul_pays(cpu_settings.cpu_flags(tmp_path / "absent"))  # macOS, Windows
+    pays = cpu_settings.tiled_matmul_pays
+    assert pays(flags("flags\t\t: fpu sse2 avx avx2 fma avx512f avx512bw avx512vl"))
+    assert not pays(flags("flags\t\t: fpu sse2 avx avx2 fma avx_vnni"))  # most laptops
+    assert not pays(flags("Features\t: fp asimd"))  # ARM: no tiled path
+    assert not pays(cpu_settings._linux_flags(tmp_path / "absent"))  # unreadable: off, as before
+    # macOS: sysctl's names (an Intel Mac with AVX-512; Apple silicon prints none)
+    assert pays(cpu_settings._darwin_flags(lambda: "FPU SSE4.2 AVX1.0\nBMI1 AVX2 AVX512F AVX512CD\n"))
+    assert not pays(cpu_settings._darwin_flags(lambda: "FPU SSE4.2 AVX1.0\nBMI1 AVX2\n"))
+    assert not pays(cpu_settings._darwin_flags(lambda: ""))
+    # Windows: the one feature asked for
+    assert pays(cpu_settings._windows_flags(lambda feature: feature == cpu_settings.PF_AVX512F_INSTRUCTIONS_AVAILABLE))
+    assert not pays(cpu_settings._windows_flags(lambda feature: 0))
     # apply() sets it by the CPU when the user did not
     for avx512 in (True, False):
         monkeypatch.setattr(cpu_settings, "_in_effect", {})

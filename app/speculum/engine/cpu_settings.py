@@ -48,8 +48,8 @@ model, 16 tokens cost 4.6 / 4.8 single steps with it and 5.5 / 6.5 without, the 
 `speculum bench` on the second (fresh folders, two runs with it, six without) auto mode ran
 verbatim extraction at 2.25-2.28x plain instead of 1.81-2.11x, and the first token came sooner
 (0.42-0.52 s against 0.51-0.73 s). Speculation lives on verification passes, so it is
-on where the CPU has AVX-512 and off elsewhere (Linux lists the CPU's flags; where they cannot be
-read, off, as on most laptops' AVX2 CPUs), unless the user set GGML_CPU_TILED_MM themselves.
+on where the CPU has AVX-512 and off elsewhere (most laptops' CPUs: AVX2), also where the CPU's
+flags cannot be read, unless the user set GGML_CPU_TILED_MM themselves.
 ggml reads it once, at the first matmul.
 """
 
@@ -98,7 +98,17 @@ def llama_cpp_uses_libgomp() -> bool:
 
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str] | None:
-    """The CPU's feature flags as Linux lists them; None where they cannot be read."""
+    """The CPU's x86 feature flags in Linux's names (avx2, avx512f, ...), as far as this system
+    tells them without loading anything: Linux's /proc/cpuinfo, macOS's sysctl, Windows's
+    IsProcessorFeaturePresent (AVX-512F alone). None where they cannot be read."""
+    if sys.platform == "darwin":
+        return _darwin_flags()
+    if sys.platform == "win32":
+        return _windows_flags()
+    return _linux_flags(cpuinfo)
+
+
+def _linux_flags(cpuinfo: Path) -> set[str] | None:
     try:
         text = cpuinfo.read_text(encoding="utf-8", errors="replace")
     except OSError:
@@ -107,6 +117,32 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str] | None:
         if line.startswith("flags"):
             return set(line.partition(":")[2].split())
     return set()  # no x86 flags line (an ARM CPU): ggml has no tiled path there anyway
+
+
+def _darwin_flags(run=None) -> set[str] | None:
+    """An Intel Mac's flags from ``sysctl machdep.cpu`` (Apple silicon has none: an empty set)."""
+    import subprocess
+
+    run = run or (lambda: subprocess.run(["sysctl", "-n", "machdep.cpu.features", "machdep.cpu.leaf7_features"],
+                                         capture_output=True, text=True, timeout=5).stdout)
+    try:
+        return {flag.lower().replace(".", "_") for flag in run().split()}
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
+
+
+PF_AVX512F_INSTRUCTIONS_AVAILABLE = 41  # Windows' IsProcessorFeaturePresent
+
+
+def _windows_flags(present=None) -> set[str] | None:
+    try:
+        if present is None:
+            import ctypes
+
+            present = ctypes.windll.kernel32.IsProcessorFeaturePresent  # type: ignore[attr-defined]
+        return {"avx512f"} if present(PF_AVX512F_INSTRUCTIONS_AVAILABLE) else set()
+    except (OSError, AttributeError):
+        return None
 
 
 def tiled_matmul_pays(flags: set[str] | None) -> bool:
