@@ -108,3 +108,10 @@ def test_a_verify_curve_from_passes_as_they_ran_takes_medians_and_draws_lines_be
                                 max_batch=9) == pytest.approx(8 * 0.10 / 0.45)
     assert bench.curve_from_passes([(1, 0.1), (1, 0.1)]) is None  # one size: no curve
     assert bench.curve_from_passes([(4, 0.3), (8, 0.4)]) is None  # no single step to compare with
+
+
+def test_departure_says_where_an_answer_first_leaves_plain_decodings():
+    assert bench.departure([1, 2, 3], [1, 2, 3]) == (True, None)
+    assert bench.departure([1, 2, 3], [1, 5, 3]) == (False, 1)
+    assert bench.departure([1, 2, 3], [1, 2]) == (False, 2)  # stopped early
+    assert bench.departure([1, 2], [1, 2, 3]) == (False, 2)

@@ -209,6 +209,7 @@ def run_bench(decoder: Decoder, prompts: list[BenchPrompt], modes: list[Mode], m
     choices: dict[tuple[str, Mode], list[list[CycleChoice]]] = {}  # per run
     passes: dict[str, list[tuple[int, float]]] = {p.name: [] for p in prompts}  # per prompt, all modes
     tokenized = {p.name: decoder.target.tokenize(decoder.target.apply_chat_template(p.messages())) for p in prompts}
+    greedy = {p.name: p.temperature == 0 for p in prompts}
     # Warm-up: the first decode after loading is slower (page faults, thread start).
     list(decoder.generate(tokenized[prompts[0].name], max_tokens=4, policy=Mode.OFF))
     first_mode = next((m for m in modes if m == Mode.AUTO), None)
@@ -271,12 +272,25 @@ def run_bench(decoder: Decoder, prompts: list[BenchPrompt], modes: list[Mode], m
             r["priced_speedup"] = round(statistics.median(priced), 3) if priced else None
             if r.get("oracle_speedup") and r["priced_speedup"]:
                 r["priced_oracle_fraction"] = round(r["priced_speedup"] / r["oracle_speedup"], 3)
+        plain = outputs.get((r["name"], Mode.OFF))
+        if r["mode"] != Mode.OFF and plain is not None and greedy[r["name"]]:
+            # Speculation's promise: the target's own answer. Greedy, token for token (a batched
+            # pass computes in another order than a single step, so a near tie can flip: shown here).
+            r["same_as_off"], r["departs_at"] = departure(plain, outputs[r["name"], r["mode"]])
     return results
+
+
+def departure(plain: Sequence[int], other: Sequence[int]) -> tuple[bool, int | None]:
+    """Whether two answers are the same, and where the second first departs from the first."""
+    for i, (a, b) in enumerate(zip(plain, other)):
+        if a != b:
+            return False, i
+    return (True, None) if len(plain) == len(other) else (False, min(len(plain), len(other)))
 
 
 def print_table(results: list[dict], out: TextIO, info: dict | None = None) -> None:
     head = (f"{'prompt':<22} {'mode':<7} {'tokens':>6} {'tok/s':>7} {'accept':>7} {'tok/pass':>8} "
-            f"{'ovh ms':>7} {'vs off':>7} {'priced':>7} {'oracle':>7} {'of it':>6}  passes by drafter")
+            f"{'ovh ms':>7} {'vs off':>7} {'priced':>7} {'oracle':>7} {'of it':>6} {'as off':>7}  passes by drafter")
     out.write(head + "\n" + "-" * len(head) + "\n")
     for r in results:
         sp = f"{r['speedup_vs_off']:.2f}x" if r["speedup_vs_off"] is not None else "-"
@@ -284,8 +298,10 @@ def print_table(results: list[dict], out: TextIO, info: dict | None = None) -> N
         oracle = f"{r['oracle_speedup']:.2f}x" if r.get("oracle_speedup") else "-"
         share = f"{100 * r['oracle_fraction']:.0f}%" if r.get("oracle_fraction") else "-"
         priced = f"{r['priced_speedup']:.2f}x" if r.get("priced_speedup") else "-"
+        same = "-" if "same_as_off" not in r else "same" if r["same_as_off"] else f"@{r['departs_at']}"
         out.write(f"{r['name']:<22} {r['mode']:<7} {r['tokens']:>6} {r['tokens_per_s']:>7.1f} {acc:>7} "
-                  f"{r['tokens_per_pass']:>8.2f} {r['overhead_ms_per_cycle']:>7.3f} {sp:>7} {priced:>7} {oracle:>7} {share:>6}  "
+                  f"{r['tokens_per_pass']:>8.2f} {r['overhead_ms_per_cycle']:>7.3f} {sp:>7} {priced:>7} {oracle:>7} {share:>6} "
+                  f"{same:>7}  "
                   + " ".join(f"{src} {100 * share:.0f}%" for src, share in r["choices"].items()) + "\n")
     ttft = (info or {}).get("ttft")
     if ttft:
