@@ -102,20 +102,10 @@ def replay(answers, curve: dict[int, float], seed: int, mode) -> dict[str, float
 
 def ceiling(prompt: list[int], answer: list[int], curve: dict[int, float]) -> float:
     """A causal policy told this answer's own acceptance per (match-length bucket, position)."""
+    from speculum.bench import copy_fates
     from speculum.engine.auto import bucket_of, expected_tokens
-    from speculum.engine.drafters import SuffixIndex
 
-    index = SuffixIndex()
-    index.extend(prompt)
-    seen = []  # per position: (match length, tokens of lookup's proposal that are right)
-    for t, token in enumerate(answer):
-        m, right = index.match, 0
-        if m.length:
-            proposal = index.tokens[m.end + 1:m.end + 16]
-            while right < len(proposal) and t + right < len(answer) and proposal[right] == answer[t + right]:
-                right += 1
-        seen.append((m.length, right))
-        index.extend([token])
+    seen = copy_fates(prompt, answer)  # per position: (match length, tokens of lookup's proposal right)
     hits, tries = collections.Counter(), collections.Counter()
     for length, right in seen:
         for j in range(min(right + 1, 15) if length else 0):

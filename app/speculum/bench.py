@@ -107,6 +107,23 @@ def time_to_first_token(stats: Stats) -> float:
     return stats.prompt_s + (stats.tokens_over_time[0][0] if stats.tokens_over_time else 0.0)
 
 
+def copy_fates(prompt: Sequence[int], output: Sequence[int], max_batch: int = MAX_BATCH) -> list[tuple[int, int]]:
+    """Per position of ``output``: the lookup drafter's match length there (its longest earlier
+    match), and how many of the up to ``max_batch - 1`` tokens it would copy are right."""
+    index = SuffixIndex()
+    index.extend(prompt)
+    fates = []
+    for t, token in enumerate(output):
+        m, right = index.match, 0
+        if m.length:
+            copy = index.tokens[m.end + 1:m.end + max_batch]
+            while right < len(copy) and t + right < len(output) and copy[right] == output[t + right]:
+                right += 1
+        fates.append((m.length, right))
+        index.extend([token])
+    return fates
+
+
 def oracle_speedup(prompt: Sequence[int], output: Sequence[int], verify: Callable[[int], float],
                    max_batch: int = MAX_BATCH) -> float | None:
     """The speedup over plain decoding of a lookup that knew in advance how many of its
@@ -117,18 +134,7 @@ def oracle_speedup(prompt: Sequence[int], output: Sequence[int], verify: Callabl
     n = len(output)
     if n == 0:
         return None
-    index = SuffixIndex()
-    index.extend(prompt)
-    accepted = []  # per position: how many of the lookup's proposed tokens are right
-    for t in range(n):
-        m = index.match
-        a = 0
-        if m.length:
-            copy = index.tokens[m.end + 1:m.end + max_batch]
-            while a < len(copy) and t + a < n and copy[a] == output[t + a]:
-                a += 1
-        accepted.append(a)
-        index.extend([output[t]])
+    accepted = [right for _, right in copy_fates(prompt, output, max_batch)]
     best = [0.0] * (n + 1)  # seconds to write output[t:]
     for t in range(n - 1, -1, -1):
         best[t] = verify(1) + best[t + 1]

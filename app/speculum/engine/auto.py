@@ -308,13 +308,13 @@ class AutoPolicy:
         def rates(table: Sequence[Rate]) -> tuple[list[float], list[float]]:
             return chained(table, self.rng), chained(table)
 
-        for source, (bounds, _) in self.MATCH_TABLES.items():
+        for source in self.MATCH_TABLES:
             if source not in self.sources:
                 continue
             match = self.drafters[source].match(context)
             if match.length > 0:
                 options += self._draft_options(
-                    rates(self.match_rates[source][bucket_of(match.length, bounds)]), min(MAX_K, match.available),
+                    rates(self._match_table(source, match.length)), min(MAX_K, match.available),
                     lambda k: c.lookup_s, lambda k, s=source, m=match.length: Choice(s, k, min_match=m), verify)
         if Source.MODEL in self.sources:
             # The draft model first reads what it missed since it last drafted: drafting now
@@ -394,7 +394,7 @@ class AutoPolicy:
 
         def sure(o: Option) -> bool:
             source, match = o.choice.source, o.choice.min_match or 0
-            if source not in self.MATCH_TABLES and not self._timed(source):
+            if source not in self.MATCH_TABLES and not self.costs.drafting_timed(mtp=source == Source.MTP):
                 return o.choice.k <= 2  # its cost a default guess: the shortest try that times it all
             if o.mean_speed * step < SURE_MARGIN:
                 return False
@@ -405,7 +405,7 @@ class AutoPolicy:
             if match < SURE_MATCH:
                 right, tried = self._short
                 return tried >= SHORT_SURE_AFTER and right >= 0.75 * tried
-            seen = self.match_rates[source][bucket_of(match, self.MATCH_TABLES[source][0])][0].evidence
+            seen = self._match_table(source, match)[0].evidence
             # Unseen, a one-token probe: else an answer whose budget an early miss used up never
             # starts copying (code editing once ran at 0.95x plain).
             return seen >= SURE_EVIDENCE or o.choice.k == 1
@@ -418,12 +418,9 @@ class AutoPolicy:
         """A drafting model's acceptance per position."""
         return self.mtp_rates if source == Source.MTP else self.model_rates
 
-    def _timed(self, source: Source) -> bool:
-        """Whether a drafting model's costs (its first token, each next) have been measured, by a
-        draft or by calibration."""
-        c = self.costs
-        first, step = (c.mtp_first_s, c.mtp_step_s) if source == Source.MTP else (c.draft_first_s, c.draft_step_s)
-        return first is not None and step is not None
+    def _match_table(self, source: Source, length: int) -> list[Rate]:
+        """A copying source's acceptance per position for a match of ``length`` tokens."""
+        return self.match_rates[source][bucket_of(length, self.MATCH_TABLES[source][0])]
 
     def _tables(self) -> list[list[Rate]]:
         return [self.model_rates, self.mtp_rates, *(t for tables in self.match_rates.values() for t in tables)]
@@ -461,8 +458,7 @@ class AutoPolicy:
         elif draft.source in self.match_rates:
             if draft.source == Source.LOOKUP:
                 self.costs.lookup_s = 0.8 * self.costs.lookup_s + 0.2 * draft_s
-            bounds = self.MATCH_TABLES[draft.source][0]
-            rates = self.match_rates[draft.source][bucket_of(max(1, draft.match_length), bounds)]
+            rates = self._match_table(draft.source, max(1, draft.match_length))
             if draft.source not in self.PER_REQUEST and draft.match_length < SURE_MATCH:
                 self._short[0] += n_accepted > 0
                 self._short[1] += 1

@@ -135,17 +135,22 @@ class CostModel:
             self.draft_step_s = _ema(self.draft_step_s, (seconds - first_s) / steps)
         if first:
             self.draft_first_s = _ema(self.draft_first_s, first_s)
-            self._plausible_steps()
-            return
-        if self.draft_first_s is None and self.draft_step_s is not None:
-            # The first draft of all read a prompt with its first token: what that token costs
-            # alone, as two tokens read at once, on the target's curve. (Taken whole, a catch-up
-            # of 6 tokens read as the cost of every first token, and a draft model that doubled
-            # the speed was never tried again.)
-            self.draft_first_s = self.draft_step_s * self.verify(2, drawn=False) / self.verify(1, drawn=False)
-        if caught_up > 2 and self.draft_first_s is not None:  # a long catch-up: its cost per token
-            self.catch_up_s = _ema(self.catch_up_s, max(first_s - self.draft_first_s, 0.0) / (caught_up - 2))
+        else:
+            if self.draft_first_s is None and self.draft_step_s is not None:
+                # The first draft of all read a prompt with its first token: what that token costs
+                # alone, as two tokens read at once, on the target's curve. (Taken whole, a catch-up
+                # of 6 tokens read as the cost of every first token, and a draft model that doubled
+                # the speed was never tried again.)
+                self.draft_first_s = self.draft_step_s * self.verify(2, drawn=False) / self.verify(1, drawn=False)
+            if caught_up > 2 and self.draft_first_s is not None:  # a long catch-up: its cost per token
+                self.catch_up_s = _ema(self.catch_up_s, max(first_s - self.draft_first_s, 0.0) / (caught_up - 2))
         self._plausible_steps()
+
+    def drafting_timed(self, mtp: bool = False) -> bool:
+        """Whether the draft model's (or MTP head's) costs, its first token and each next, have
+        been measured, by a draft or by calibration."""
+        first, step = (self.mtp_first_s, self.mtp_step_s) if mtp else (self.draft_first_s, self.draft_step_s)
+        return first is not None and step is not None
 
     def catch_up(self, behind: int) -> float:
         """Seconds for the draft model to read ``behind`` tokens it missed (while plain steps
