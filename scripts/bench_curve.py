@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
-"""The verify curve with ggml's tiled matmul on and off, side by side.
+"""The verify curve with one of llama.cpp's CPU settings on and off, side by side.
 
 A verification pass of n tokens costs some number of single decoding steps; that curve
 caps what any drafter can gain (a copy of n - 1 accepted tokens gives n tokens for the
-price of the pass). ggml's tiled K-quant matmul changes the curve from 8 tokens on, so
-each setting runs in a process of its own (ggml reads it once), alternated round by
-round so machine noise hits both alike. Also times a 128-token prompt chunk, which the
-tiled path speeds up. See engine/cpu_settings.py.
+price of the pass). Two settings change it (engine/cpu_settings.py): ggml's tiled K-quant
+matmul (``--setting tiled``, from 8 tokens on; it also speeds up prompt chunks) and flash
+attention (``--setting attention``; its CPU kernel walks the cache once per row of a small
+batch, so it matters more the more is cached: ``--context``). Each setting runs in a
+process of its own (ggml reads the tiled one once), alternated round by round so machine
+noise hits both alike. Also times a 128-token prompt chunk.
 
-    python scripts/bench_curve.py --target MODEL.gguf [--rounds 3] [--repeat 5]
+    python scripts/bench_curve.py --target MODEL.gguf [--setting tiled|attention]
+        [--context 300] [--rounds 3] [--repeat 5]
 """
 
 from __future__ import annotations
@@ -26,12 +29,13 @@ CHUNK = 128
 TEXT = "def scale(values, factor):\n    return [v * factor for v in values]\n\n"
 
 
-def measure(target: str, threads: int | None, repeat: int) -> dict:
+def measure(target: str, threads: int | None, repeat: int, cached: int, flash_attn: bool | None) -> dict:
     from speculum.engine.llama import LlamaModel, default_threads
 
-    model = LlamaModel(target, n_ctx=2048, n_threads=threads or default_threads())
-    tokens = model.tokenize(TEXT * 60)
-    context, extra = tokens[:300], tokens[300:300 + CHUNK]
+    model = LlamaModel(target, n_ctx=cached + CHUNK + 64, n_threads=threads or default_threads(),
+                       flash_attn=flash_attn, verifies=True)
+    tokens = model.tokenize(TEXT * (cached // 20 + 20))
+    context, extra = tokens[:cached], tokens[cached:cached + CHUNK]
     model.prefill(context)
     times: dict[int, list[float]] = {n: [] for n in (*SIZES, CHUNK)}
     for _ in range(repeat):
@@ -50,37 +54,46 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="processes per setting, alternated")
     ap.add_argument("--repeat", type=int, default=5, help="passes of each size per process (median)")
     ap.add_argument("--threads", type=int)
+    ap.add_argument("--setting", choices=("tiled", "attention"), default="tiled",
+                    help="the tiled matmul (GGML_CPU_TILED_MM) or flash attention")
+    ap.add_argument("--context", type=int, default=300, help="tokens cached before each pass")
     ap.add_argument("--child", choices=("0", "1"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(measure(args.target, args.threads, args.repeat)))
+        # the tiled matmul from the environment, as the engine sets it; flash attention per context
+        flash_attn = args.child == "1" if args.setting == "attention" else None
+        print(json.dumps(measure(args.target, args.threads, args.repeat, args.context, flash_attn)))
         return
 
     runs: dict[str, list[dict]] = {"1": [], "0": []}
+    label = {"1": f"{args.setting} on", "0": f"{args.setting} off"}
     for r in range(args.rounds):
         for setting in ("1", "0"):
-            env = {**os.environ, "GGML_CPU_TILED_MM": setting}
-            cmd = [sys.executable, __file__, "--target", args.target, "--repeat", str(args.repeat), "--child", setting]
+            env = {**os.environ, "GGML_CPU_TILED_MM": setting} if args.setting == "tiled" else None
+            cmd = [sys.executable, __file__, "--target", args.target, "--repeat", str(args.repeat),
+                   "--setting", args.setting, "--context", str(args.context), "--child", setting]
             if args.threads:
                 cmd += ["--threads", str(args.threads)]
             out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
             runs[setting].append(json.loads(out.strip().splitlines()[-1]))
-            print(f"round {r + 1}, tiled {'on' if setting == '1' else 'off'}: "
-                  f"single step {runs[setting][-1]['1'] * 1000:.1f} ms", file=sys.stderr)
+            print(f"round {r + 1}, {label[setting]}: single step {runs[setting][-1]['1'] * 1000:.1f} ms", file=sys.stderr)
 
     def steps(setting: str, n: int) -> float:  # median over rounds of (pass time / single step)
         return statistics.median(run[str(n)] / run["1"] for run in runs[setting])
 
-    print(f"{'tokens in pass':>14} {'tiled on':>9} {'tiled off':>9}   (cost in single steps; median of {args.rounds})")
+    def ms(setting: str, n: int) -> float:
+        return statistics.median(run[str(n)] for run in runs[setting]) * 1000
+
+    print(f"{args.context} tokens cached; cost in single steps (and ms), median of {args.rounds} processes")
+    print(f"{'tokens in pass':>14} {label['1']:>18} {label['0']:>18}")
     for n in SIZES:
-        print(f"{n:>14} {steps('1', n):>9.2f} {steps('0', n):>9.2f}")
-    for label, setting in (("tiled on", "1"), ("tiled off", "0")):
+        print(f"{n:>14} {steps('1', n):>8.2f} ({ms('1', n):>6.1f}) {steps('0', n):>8.2f} ({ms('0', n):>6.1f})")
+    for setting in ("1", "0"):
         best = max(SIZES, key=lambda n: n / steps(setting, n))
-        print(f"copy ceiling, {label:<9}: {best / steps(setting, best):.2f}x plain decoding "
+        print(f"copy ceiling, {label[setting]:<14}: {best / steps(setting, best):.2f}x plain decoding "
               f"(passes of {best}, every draft accepted)")
-    on_chunk = statistics.median(run[str(CHUNK)] for run in runs["1"])
-    off_chunk = statistics.median(run[str(CHUNK)] for run in runs["0"])
-    print(f"{CHUNK}-token prompt chunk: tiled on {on_chunk * 1000:.0f} ms, off {off_chunk * 1000:.0f} ms "
+    on_chunk, off_chunk = ms("1", CHUNK), ms("0", CHUNK)
+    print(f"{CHUNK}-token prompt chunk: {label['1']} {on_chunk:.0f} ms, {label['0']} {off_chunk:.0f} ms "
           f"(off / on {off_chunk / on_chunk:.2f})")
 
 

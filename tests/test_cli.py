@@ -14,8 +14,9 @@ def speculum(*args, stdin=None, timeout=300):
 
 
 def test_generate_json_streams_cycles_and_a_summary(smollm_path):
+    # One attention kernel for both (by default the target, on the CPU, runs without flash attention)
     proc = speculum("generate", "--target", smollm_path, "--draft", smollm_path, "--mode", "draft", "-k", "3",
-                    "--fixed-k", "--max-tokens", "24", "--json", "Name three fruits.")
+                    "--fixed-k", "--max-tokens", "24", "--flash-attn", "off", "--json", "Name three fruits.")
     assert proc.returncode == 0, proc.stderr
     lines = [json.loads(line) for line in proc.stdout.splitlines()]
     cycles, summary = lines[:-1], lines[-1]
@@ -82,6 +83,9 @@ def test_bench_json_contract(smollm_path, tmp_path):
             assert "same_as_off" not in r  # plain itself, and a sampled answer (same distribution, not text)
     # plain decoding priced is plain decoding, less what choosing each step took (a fraction of a ms)
     assert all(0.9 < r["priced_speedup"] <= 1.0 for r in results if r["mode"] == "off")
+    # the target verifies: without flash attention on the CPU (cpu_settings.flash_attention)
+    from speculum.engine.llama import gpu_backend
+    assert json.loads(proc.stdout)["flash_attn"] == ("off" if gpu_backend() is None else "auto")
     ttft = json.loads(proc.stdout)["ttft"]  # the first token's wait, fresh policy vs taught
     assert all(ttft[key] > 0 for key in ("fresh_s", "calibrated_s", "plain_s", "plain_after_s",
                                          "fresh_vs_calibrated", "fresh_vs_calibrated_vs_plain"))
@@ -99,8 +103,9 @@ def test_bench_repeats(smollm_path, tmp_path):
     suite = tmp_path / "suite.jsonl"
     suite.write_text(json.dumps({"name": "copy", "user": "Repeat: red green blue red green", "max_tokens": 12}) + "\n")
     proc = speculum("bench", "--target", smollm_path, "--prompts", suite, "--modes", "off,lookup", "--repeat", "3",
-                    "--json")
+                    "--flash-attn", "on", "--json")
     assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["flash_attn"] == "on"  # the user's choice over Speculum's
     assert proc.stderr.count("[3/3]") == 3  # every repeat ran, each mode (off before and after lookup)
     results = json.loads(proc.stdout)["results"]
     assert sorted(r["mode"] for r in results) == ["lookup", "off"]
@@ -127,6 +132,9 @@ def test_doctor_reports_versions_backend_and_folders(tmp_path):
     # ggml's tiled path where it makes verification passes cheaper: CPUs with AVX-512
     pays = cpu_settings.tiled_matmul_pays(cpu_settings.cpu_flags())
     assert proc.stdout.split("Tiled matmul")[1].split()[0] == ("on" if pays else "off")
+    from speculum.engine.llama import gpu_backend
+    attention = proc.stdout.split("Flash attention")[1].splitlines()[0]
+    assert ("off for the target" in attention) is (gpu_backend() is None)
 
 
 def test_install_demo_reuses_assembled_files(qwen_target_path, qwen_draft_path):

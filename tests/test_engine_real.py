@@ -111,6 +111,22 @@ def test_stop_from_another_thread_within_one_pass(smollm_path):
     assert again == expected
 
 
+def test_the_target_verifies_without_flash_attention_on_the_cpu(smollm_path):
+    # The CPU's flash attention walks the whole cache once per row of a verification pass
+    # (cpu_settings): off for the target there; the draft model, one row at a time, keeps it.
+    from speculum.engine.llama import gpu_backend
+
+    decoder = load_decoder(smollm_path, smollm_path, LoadOptions(n_ctx=256))
+    assert decoder.target.flash_attn is (False if gpu_backend() is None else None)
+    assert decoder.draft.flash_attn is None
+    decoder.target.close()
+    decoder.draft.close()
+    # (its answers are plain decoding's: test_lookup_copies_from_the_prompt, the Qwen tests)
+    chosen = load_decoder(smollm_path, None, LoadOptions(n_ctx=256, flash_attn=True))  # the user's choice stands
+    assert chosen.target.flash_attn is True
+    chosen.target.close()
+
+
 def test_context_full_keeps_what_was_generated(smollm_path):
     decoder = load_decoder(smollm_path, None, LoadOptions(n_ctx=128))
     prompt = tokens_of(decoder, "List the numbers from one to two hundred, one per line.")
@@ -123,13 +139,13 @@ def test_context_full_keeps_what_was_generated(smollm_path):
 
 
 def test_lookup_copies_from_the_prompt(smollm_path):
-    decoder = load_decoder(smollm_path, None, LoadOptions(n_ctx=2048))
+    decoder = load_decoder(smollm_path, None, LoadOptions(n_ctx=2048, flash_attn=True))
     text = ("alpha bravo charlie delta echo foxtrot golf hotel india juliett kilo lima mike "
             "november oscar papa quebec romeo sierra tango uniform victor whiskey xray yankee zulu")
     prompt = tokens_of(decoder, f"Repeat exactly, word for word: {text}")
     plain, _ = generate(decoder, prompt, max_tokens=60, policy="off")
     spec, cycles = generate(decoder, prompt, max_tokens=60, policy="lookup")
-    assert spec == plain  # SmolLM2 Q4_1 logits do not depend on batch shape
+    assert spec == plain  # with flash attention SmolLM2 Q4_1 logits do not depend on batch shape
     s = decoder.stats
     assert s.acceptance_rate > 0.5 and s.tokens_per_pass > 1.5, s.summary()
     assert any(c.n_accepted < len(c.drafted) for c in cycles)  # some drafts were rejected too

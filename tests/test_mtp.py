@@ -92,7 +92,8 @@ def test_header_reports_nextn_layers(mtp_models, smollm_path):
 
 
 def test_loads_with_its_mtp_head(mtp_models):
-    with LlamaModel(mtp_models["aligned"], n_ctx=256, n_threads=1) as model:
+    with LlamaModel(mtp_models["aligned"], n_ctx=256, n_threads=1, verifies=True) as model:
+        assert model.flash_attn is None  # a target with MTP heads keeps llama.cpp's attention (cpu_settings)
         assert model.facts.architecture == "glm4moe"
         assert model.n_nextn == 1 and model.facts.nextn_layers == 1  # the window names the head from facts
         assert Source.MTP in Decoder(model).drafters

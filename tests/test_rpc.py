@@ -171,7 +171,9 @@ COPY_TEXT = ("alpha bravo charlie delta echo foxtrot golf hotel india juliett ki
 
 
 def test_smollm_across_two_workers_gives_the_local_tokens(smollm_path, workers):
-    local = load_decoder(smollm_path, smollm_path, LoadOptions(n_ctx=1024, n_threads=1))  # 1: a shared machine
+    # One attention kernel on both sides: with flash attention SmolLM2 Q4_1's logits do not
+    # depend on batch shape (without it, the CPU default for a local target, they may).
+    local = load_decoder(smollm_path, smollm_path, LoadOptions(n_ctx=1024, n_threads=1, flash_attn=True))  # 1: a shared machine
     prompt = tokens_of(local, f"Repeat exactly, word for word: {COPY_TEXT}")
     expected = {mode: generate(local, prompt, max_tokens=40, policy=mode, k=4)[0]
                 for mode in ("off", "lookup", "draft")}
@@ -179,7 +181,7 @@ def test_smollm_across_two_workers_gives_the_local_tokens(smollm_path, workers):
     local.draft.close()
 
     remote = load_decoder(smollm_path, smollm_path,
-                          LoadOptions(n_ctx=1024, n_threads=1, rpc=tuple(w.endpoint for w in workers)))
+                          LoadOptions(n_ctx=1024, n_threads=1, flash_attn=True, rpc=tuple(w.endpoint for w in workers)))
     try:
         assert remote.target.facts.backend == f"RPC {workers[0].endpoint},{workers[1].endpoint}"
         assert remote.draft.facts.backend == "CPU"  # the draft stays on this machine
@@ -230,7 +232,7 @@ def test_qwen_target_across_two_workers_draft_local_gives_the_local_tokens(
     user = "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring."
     prompt = tokens_of(qwen_pair, user)
     remote = load_decoder(qwen_target_path, qwen_draft_path,
-                          LoadOptions(n_ctx=1024, n_threads=1, rpc=tuple(w.endpoint for w in workers)))
+                          LoadOptions(n_ctx=1024, n_threads=1, flash_attn=True, rpc=tuple(w.endpoint for w in workers)))
     try:
         assert remote.target.facts.backend.startswith("RPC ") and remote.draft.facts.backend == "CPU"
         for mode in ("off", "draft"):

@@ -25,6 +25,9 @@ def _add_model_options(p: argparse.ArgumentParser, draft: bool = True) -> None:
     p.add_argument("--threads", type=int, help="CPU threads (default: all cores)")
     p.add_argument("--gpu-layers", type=int, help="target layers on the GPU (default: all when there is one)")
     p.add_argument("--draft-gpu-layers", type=int, help="draft layers on the GPU (default: all when there is one)")
+    p.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto",
+                   help="flash attention (default auto: off for a target on the CPU, where verification "
+                        "passes run faster without it; llama.cpp's choice elsewhere)")
     p.add_argument("--rpc", metavar="HOST:PORT[,HOST:PORT...]",
                    help="put the target's layers on these `speculum rpc-worker`s; the draft stays here")
     p.add_argument("--tensor-split", metavar="P1,P2,...",
@@ -58,7 +61,9 @@ def _load(args):
         print(f"speculum: engine profile {profiles.describe(profile, why)}", file=sys.stderr)
     args.profile = profile.name
     options = LoadOptions(n_ctx=args.ctx, n_threads=args.threads, target_gpu_layers=args.gpu_layers,
-                          draft_gpu_layers=getattr(args, "draft_gpu_layers", None), **_rpc_options(args))
+                          draft_gpu_layers=getattr(args, "draft_gpu_layers", None),
+                          flash_attn={"on": True, "off": False}.get(getattr(args, "flash_attn", "auto")),
+                          **_rpc_options(args))
     return load_decoder(args.target, getattr(args, "draft", None), profile.apply(options))
 
 
@@ -154,7 +159,9 @@ def cmd_bench(args) -> int:
     results = run_bench(decoder, prompts, modes, max_tokens=args.max_tokens, repeat=args.repeat,
                         k=_fixed_k(args), progress=sys.stderr, info=info)
     if args.json:
-        print(json.dumps({"results": results, "profile": args.profile, **info}, indent=1))
+        print(json.dumps({"results": results, "profile": args.profile,
+                          "flash_attn": {True: "on", False: "off"}.get(decoder.target.flash_attn, "auto"),
+                          **info}, indent=1))
     else:
         print_table(results, sys.stdout, info)
     return 0
@@ -179,6 +186,9 @@ def cmd_doctor(args) -> int:
         ("Threads", str(llama.default_threads())),
         ("Thread wait", _thread_wait(cpu_settings.in_effect())),
         ("Tiled matmul", _tiled_matmul(cpu_settings.in_effect())),
+        ("Flash attention", "llama.cpp's choice (on the GPU)" if gpu else
+         "off for the target (verification passes run faster without it on the CPU), "
+         "llama.cpp's choice for draft models and MTP heads; --flash-attn on|off chooses"),
         ("System", f"{platform.system()} {platform.machine()}"),
         ("Models folder", str(paths.models_dir())),
         ("Data folder", str(paths.data_dir())),

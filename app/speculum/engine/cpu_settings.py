@@ -1,7 +1,8 @@
-"""llama.cpp's CPU settings that it reads from the environment, set before it loads.
+"""llama.cpp's CPU settings: two it reads from the environment, set before it loads, and one
+it takes per context.
 
-Two of them matter to Speculum: how its threads wait for each other, and which kernel
-multiplies the small batches that verification sends.
+They matter to Speculum because verification sends small batches: how llama.cpp's threads
+wait for each other, which kernel multiplies those batches, and which computes their attention.
 
 How threads wait
 
@@ -51,6 +52,22 @@ verbatim extraction at 2.25-2.28x plain instead of 1.81-2.11x, and the first tok
 on where the CPU has AVX-512 and off elsewhere (most laptops' CPUs: AVX2), also where the CPU's
 flags cannot be read, unless the user set GGML_CPU_TILED_MM themselves.
 ggml reads it once, at the first matmul.
+
+Flash attention for the small batches
+
+ggml's CPU flash attention has three paths (ggml-cpu/ops.cpp): one for a single query row,
+split across threads along the cache; a tiled one for batches of 64 rows or more (prompt
+chunks); and, between them, a loop that walks the whole cache once per query row and head.
+Every verification pass (2-16 rows) takes that loop, so its cost grows with the context far
+faster than a single step's. Without flash attention llama.cpp multiplies the cache as matrices,
+shared by the batch's rows. Measured on a 2-core Zen 5 CPU, Qwen2.5-Coder 1.5B Q4_K_M
+(``scripts/bench_curve.py --setting attention``; ms with / without, three processes each): a
+16-token pass at 1,000 cached tokens 196-213 / 162-176, at 3,000 300-312 / 196-223; a single
+step at 64 cached tokens 29-31 / 28-31, at 2,000 36-39 / 34-35; 1,024 prompt tokens read in
+6.8-7.2 / 6.3-6.9 s. Small models lose a little in single steps without it (SmolLM2 135M:
+7.1 against 8.0 ms at 64 tokens), where they draft; so it is off for a target on the CPU,
+which verifies, and llama.cpp's choice (on) for draft models, GPUs and models with MTP
+heads (whose contexts share the target's cache layout), unless the user chose.
 """
 
 from __future__ import annotations
@@ -148,6 +165,14 @@ def _windows_flags(present=None) -> set[str] | None:
 def tiled_matmul_pays(flags: set[str] | None) -> bool:
     """Whether ggml's tiled K-quant matmul makes verification passes cheaper on this CPU (see above)."""
     return flags is not None and "avx512f" in flags
+
+
+def flash_attention(chosen: bool | None, verifies: bool, on_cpu: bool, mtp: bool) -> bool | None:
+    """A context's flash attention: the user's choice; off for a model that verifies on the CPU
+    (see above); otherwise None, llama.cpp's own choice."""
+    if chosen is not None:
+        return chosen
+    return False if verifies and on_cpu and not mtp else None
 
 
 def apply(environ=os.environ) -> dict:

@@ -174,7 +174,8 @@ class LlamaModel(TokenPieces):
         n_threads: int | None = None,
         n_threads_batch: int | None = None,
         n_batch: int = 512,
-        flash_attn: bool | None = None,
+        flash_attn: bool | None = None,  # None: cpu_settings.flash_attention chooses
+        verifies: bool = False,  # the target: its passes are verification's small batches
         progress: LoadProgress | None = None,
         header: GGUFHeader | None = None,  # already read and checked by the caller
         extra_buffer_types: bool = True,  # repacked weights: faster batches, but the code that crashes most
@@ -248,6 +249,9 @@ class LlamaModel(TokenPieces):
         recurrent = bool(lc.llama_model_is_recurrent(self._model) or lc.llama_model_is_hybrid(self._model))
         if recurrent:
             cparams.n_rs_seq = RECURRENT_ROLLBACK  # llama.cpp makes it 0 where the architecture cannot
+        flash_attn = cpu_settings.flash_attention(flash_attn, verifies, on_cpu=mparams.n_gpu_layers == 0,
+                                                  mtp=want_mtp or header.nextn_layers > 0)
+        self.flash_attn = flash_attn  # None: llama.cpp's choice (on, where the backend has it)
         cparams.flash_attn_type = (
             lc.LLAMA_FLASH_ATTN_TYPE_AUTO if flash_attn is None
             else lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED

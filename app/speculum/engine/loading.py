@@ -18,7 +18,7 @@ class LoadOptions:
     n_threads: int | None = None
     target_gpu_layers: int | None = None  # None: all layers on the GPU when there is one
     draft_gpu_layers: int | None = None
-    flash_attn: bool | None = None
+    flash_attn: bool | None = None  # None: Speculum's choice (cpu_settings.flash_attention)
     extra_buffer_types: bool = True  # off in the safe engine profile
     rpc: tuple[str, ...] = ()  # RPC workers (HOST:PORT) for the target's layers; the draft stays local
     tensor_split: tuple[float, ...] | None = None  # the target's proportions per device: workers, then local GPUs
@@ -46,12 +46,16 @@ def load_decoder(target: str | os.PathLike, draft: str | os.PathLike | None = No
     def stage(name: str):
         return (lambda f: progress(name, f)) if progress else None
 
+    # A Gemma 4 assistant reads the target's cache as llama.cpp lays it out by default: the
+    # target is then left to llama.cpp's flash-attention choice.
+    assistant = draft_header is not None and bool(draft_header.assistant_for)
     t = LlamaModel(target, header=target_header, n_ctx=options.n_ctx, n_gpu_layers=options.target_gpu_layers,
-                   n_threads=options.n_threads, flash_attn=options.flash_attn, progress=stage("target"),
+                   n_threads=options.n_threads, flash_attn=options.flash_attn, verifies=not assistant,
+                   progress=stage("target"),
                    extra_buffer_types=options.extra_buffer_types, rpc=options.rpc,
                    tensor_split=options.tensor_split)
     d = None
-    if draft_header is not None and draft_header.assistant_for:
+    if assistant:
         # A Gemma 4 assistant is no draft model: it runs on the target's KV cache, as its MTP head.
         try:
             t.attach_assistant(draft, draft_header)
