@@ -83,7 +83,7 @@ def test_bench_json_contract(smollm_path, tmp_path):
             assert "same_as_off" not in r  # plain itself, and a sampled answer (same distribution, not text)
     # plain decoding priced is plain decoding, less what choosing each step took (a fraction of a ms)
     assert all(0.9 < r["priced_speedup"] <= 1.0 for r in results if r["mode"] == "off")
-    # the target verifies: without flash attention on the CPU (cpu_settings.flash_attention)
+    # the target verifies: without flash attention on the CPU (cpu_settings.attention)
     from speculum.engine.llama import gpu_backend
     assert json.loads(proc.stdout)["flash_attn"] == ("off" if gpu_backend() is None else "auto")
     ttft = json.loads(proc.stdout)["ttft"]  # the first token's wait, fresh policy vs taught

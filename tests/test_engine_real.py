@@ -127,6 +127,27 @@ def test_the_target_verifies_without_flash_attention_on_the_cpu(smollm_path):
     chosen.target.close()
 
 
+@pytest.mark.qwen
+def test_without_flash_attention_a_long_context_reads_in_smaller_micro_batches(qwen_target_path):
+    # Its attention scores, n_ctx x micro-batch x heads, are reserved with the context: at 32k
+    # tokens a 512-token micro-batch would hold 0.8 GB of them (cpu_settings.attention).
+    from speculum.engine import cpu_settings, llama
+
+    with LlamaModel(qwen_target_path, n_ctx=32768, verifies=True) as model:
+        if llama.gpu_backend() is None:
+            assert model.flash_attn is False and model.n_ubatch == 128  # 32768 x 128 x 12 heads x 4 bytes
+            buffer = next(line for line in llama._log_lines if "compute buffer size" in line)
+            assert float(buffer.split("=")[1].split()[0]) < 400  # MiB (1,000 and more at 512)
+        prompt = model.tokenize("def f(x):\n    return x * 2\n" * 40)
+        assert model.prefill(prompt).shape == (model.n_vocab,)  # a prompt of several micro-batches
+    assert model.n_batch == 512  # a decode may still send 512 tokens at once
+    # Where even 128 tokens would not fit (a 7B's 32 heads at 32k), flash attention stays
+    assert cpu_settings.attention(None, True, True, False, n_ctx=32768, n_head=32, n_ubatch=512) == (None, 512)
+    assert cpu_settings.attention(None, True, True, False, n_ctx=8192, n_head=32, n_ubatch=512) == (False, 256)
+    assert cpu_settings.attention(False, True, True, False, n_ctx=32768, n_head=32, n_ubatch=512) == (False, 128)
+    assert cpu_settings.attention(None, False, True, False, n_ctx=4096, n_head=12, n_ubatch=512) == (None, 512)
+
+
 def test_context_full_keeps_what_was_generated(smollm_path):
     decoder = load_decoder(smollm_path, None, LoadOptions(n_ctx=128))
     prompt = tokens_of(decoder, "List the numbers from one to two hundred, one per line.")

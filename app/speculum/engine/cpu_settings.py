@@ -67,7 +67,8 @@ step at 64 cached tokens 29-31 / 28-31, at 2,000 36-39 / 34-35; 1,024 prompt tok
 6.8-7.2 / 6.3-6.9 s. Small models lose a little in single steps without it (SmolLM2 135M:
 7.1 against 8.0 ms at 64 tokens), where they draft; so it is off for a target on the CPU,
 which verifies, and llama.cpp's choice (on) for draft models, GPUs and models with MTP
-heads (whose contexts share the target's cache layout), unless the user chose.
+heads (whose contexts share the target's cache layout), unless the user chose; also where
+its attention scores would take too much memory (``attention``).
 """
 
 from __future__ import annotations
@@ -81,6 +82,8 @@ from pathlib import Path
 SPIN_COUNT = 1_000  # libgomp spin iterations before a waiting thread sleeps (see scripts/bench_load.py)
 USER_SETTINGS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 TILED_MATMUL = "GGML_CPU_TILED_MM"  # ggml's switch for its tiled K-quant matmul (see above)
+KQ_BUDGET = 256 * 2**20  # bytes of attention scores a context without flash attention may reserve
+UBATCHES = (512, 256, 128)  # micro-batch sizes it may take to stay within that
 
 _in_effect: dict = {}
 
@@ -167,12 +170,22 @@ def tiled_matmul_pays(flags: set[str] | None) -> bool:
     return flags is not None and "avx512f" in flags
 
 
-def flash_attention(chosen: bool | None, verifies: bool, on_cpu: bool, mtp: bool) -> bool | None:
-    """A context's flash attention: the user's choice; off for a model that verifies on the CPU
-    (see above); otherwise None, llama.cpp's own choice."""
-    if chosen is not None:
-        return chosen
-    return False if verifies and on_cpu and not mtp else None
+def attention(chosen: bool | None, verifies: bool, on_cpu: bool, mtp: bool,
+              n_ctx: int, n_head: int, n_ubatch: int) -> tuple[bool | None, int]:
+    """A context's flash attention (None: llama.cpp's own choice) and micro-batch: the user's
+    choice; off for a model that verifies on the CPU (see above); otherwise llama.cpp's.
+
+    Without flash attention a micro-batch's attention scores are a matrix, n_ctx x n_ubatch x
+    n_head floats, reserved with the context and filled as the context fills (a 512-token chunk
+    of Qwen2.5 1.5B at 32k tokens: 0.8 GB; a 7B's: 2 GB). Micro-batches shrink to keep it
+    within KQ_BUDGET, down to 128 tokens (prompts read as fast: 15.1 s for 2,048 tokens against
+    14.9 s at 512); where even that does not fit, flash attention stays, unless chosen off."""
+    if chosen is True or (chosen is None and not (verifies and on_cpu and not mtp)):
+        return chosen, n_ubatch
+    fitting = next((u for u in UBATCHES if u <= n_ubatch and n_ctx * u * n_head * 4 <= KQ_BUDGET), None)
+    if chosen is False:
+        return False, fitting or min(n_ubatch, UBATCHES[-1])
+    return (False, fitting) if fitting else (None, n_ubatch)
 
 
 def apply(environ=os.environ) -> dict:

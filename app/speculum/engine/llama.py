@@ -174,7 +174,7 @@ class LlamaModel(TokenPieces):
         n_threads: int | None = None,
         n_threads_batch: int | None = None,
         n_batch: int = 512,
-        flash_attn: bool | None = None,  # None: cpu_settings.flash_attention chooses
+        flash_attn: bool | None = None,  # None: cpu_settings.attention chooses
         verifies: bool = False,  # the target: its passes are verification's small batches
         progress: LoadProgress | None = None,
         header: GGUFHeader | None = None,  # already read and checked by the caller
@@ -249,8 +249,9 @@ class LlamaModel(TokenPieces):
         recurrent = bool(lc.llama_model_is_recurrent(self._model) or lc.llama_model_is_hybrid(self._model))
         if recurrent:
             cparams.n_rs_seq = RECURRENT_ROLLBACK  # llama.cpp makes it 0 where the architecture cannot
-        flash_attn = cpu_settings.flash_attention(flash_attn, verifies, on_cpu=mparams.n_gpu_layers == 0,
-                                                  mtp=want_mtp or header.nextn_layers > 0)
+        flash_attn, cparams.n_ubatch = cpu_settings.attention(
+            flash_attn, verifies, on_cpu=mparams.n_gpu_layers == 0, mtp=want_mtp or header.nextn_layers > 0,
+            n_ctx=cparams.n_ctx, n_head=lc.llama_model_n_head(self._model), n_ubatch=cparams.n_ubatch)
         self.flash_attn = flash_attn  # None: llama.cpp's choice (on, where the backend has it)
         cparams.flash_attn_type = (
             lc.LLAMA_FLASH_ATTN_TYPE_AUTO if flash_attn is None
@@ -273,6 +274,7 @@ class LlamaModel(TokenPieces):
         self._undoable = 0
         self.n_ctx = lc.llama_n_ctx(self._ctx)
         self.n_batch = lc.llama_n_batch(self._ctx)  # llama.cpp caps it at the requested n_ctx
+        self.n_ubatch = lc.llama_n_ubatch(self._ctx)  # what llama.cpp computes at once (cpu_settings.attention)
         self.n_threads = threads
         self.n_past = 0
         self._batch = lc.llama_batch_init(self.n_batch, 0, 1)

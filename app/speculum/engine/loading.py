@@ -18,7 +18,7 @@ class LoadOptions:
     n_threads: int | None = None
     target_gpu_layers: int | None = None  # None: all layers on the GPU when there is one
     draft_gpu_layers: int | None = None
-    flash_attn: bool | None = None  # None: Speculum's choice (cpu_settings.flash_attention)
+    flash_attn: bool | None = None  # None: Speculum's choice (cpu_settings.attention)
     extra_buffer_types: bool = True  # off in the safe engine profile
     rpc: tuple[str, ...] = ()  # RPC workers (HOST:PORT) for the target's layers; the draft stays local
     tensor_split: tuple[float, ...] | None = None  # the target's proportions per device: workers, then local GPUs
