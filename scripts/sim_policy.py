@@ -29,7 +29,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 # Pass cost in single steps by tokens in it, as measured on a 2-core Zen 5 CPU: FLAT by
-# scripts/bench_curve.py (short context), STEEP as bench runs' passes read at long contexts.
+# scripts/bench_curve.py (short context), STEEP as bench runs' passes read at long contexts
+# while the target had flash attention (its CPU kernel's cost grows with the cache per row).
 CURVES = {"flat": {2: 1.51, 3: 2.07, 4: 2.41, 6: 3.47, 8: 3.92, 12: 4.76, 16: 4.84},
           "steep": {2: 1.8, 3: 2.3, 4: 2.9, 6: 3.7, 8: 4.6, 12: 6.2, 16: 7.4}}
 STEP_S = 0.035  # a single step's seconds, as the policy is told them
