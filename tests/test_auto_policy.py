@@ -564,3 +564,23 @@ def test_short_copies_are_sure_again_once_this_answer_has_shown_them_right():
     assert longest() >= 8  # sure now
     policy.finish()
     assert 0.030 * 0.35 * longest() <= room + 1e-9
+
+
+def test_the_curve_in_one_sweep_is_verify_size_by_size():
+    # The policy reads the whole curve each cycle in one sweep (CostModel.curve); it must be
+    # what verify(n) says for every size, timed or not, drawn or estimated.
+    from speculum.engine.costs import MAX_BATCH
+
+    states = [{}, {1: 0.03}, {4: 0.08}, {1: 0.03, 4: 0.07}, {1: 0.03, 2: 0.05, 8: 0.13, 16: 0.16},
+              {2: 0.05, 3: 0.06}, {1: 0.03, 16: 0.15}]
+    for verify_s in states:
+        for gpu in (False, True):
+            c = CostModel(dict(verify_s), gpu=gpu, prefill=(128, 0.9))
+            c.slope_guess, c.extrapolation_scale = 0.3, 0.6
+            for drawn in (True, False):
+                sweep = c.curve(drawn)
+                assert len(sweep) == MAX_BATCH + 1 and sweep[0] == 0.0
+                assert sweep[1:] == [c.verify(n, drawn) for n in range(1, MAX_BATCH + 1)], (verify_s, gpu, drawn)
+            # and a drawn guess is not the estimate where something is untimed beyond the timed sizes
+            if len(verify_s) >= 2 and max(verify_s) < MAX_BATCH:
+                assert c.curve(True)[MAX_BATCH] < c.curve(False)[MAX_BATCH]

@@ -299,7 +299,7 @@ class AutoPolicy:
         c = self.costs
         # Each size once per cycle, not per option: on this cycle's draws of the untimed sizes'
         # costs, and on the cost model's own estimate (the means, and an option's worst case).
-        verify = tuple([0.0] + [c.verify(n, drawn) for n in range(1, MAX_BATCH + 1)] for drawn in (True, False))
+        verify = (c.curve(drawn=True), c.curve(drawn=False))
         options = []
         if self.min_k == 0:
             step = verify[1][1]

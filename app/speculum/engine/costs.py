@@ -9,6 +9,7 @@ what is known, or from defaults: the first generation never waits for a calibrat
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -184,12 +185,22 @@ class CostModel:
         (``slope_guess``, ``extrapolation_scale``); with ``drawn`` False, the model's own estimate."""
         if n in self.verify_s:
             return self.verify_s[n]
+        return self._estimate(n, sorted(self.verify_s.items()), drawn)
+
+    def curve(self, drawn: bool = True) -> list[float]:
+        """``verify(n, drawn)`` for n = 0 (0.0) .. MAX_BATCH, in one sweep: the policy reads the
+        whole curve every cycle, and sorting the timed sizes per size was most of its cost."""
         known = sorted(self.verify_s.items())
+        return [0.0] + [self.verify_s[n] if n in self.verify_s else self._estimate(n, known, drawn)
+                        for n in range(1, MAX_BATCH + 1)]
+
+    def _estimate(self, n: int, known: list[tuple[int, float]], drawn: bool) -> float:
+        """An untimed size's cost from the timed ones (``known``, sorted by size)."""
         if not known:
             return 0.05 * (1 + (0.05 if self.gpu else 0.5) * (n - 1))
         # Linear in the batch size between / beyond the measured sizes; never cheaper than one fewer.
-        lower = [(k, v) for k, v in known if k < n]
-        upper = [(k, v) for k, v in known if k > n]
+        i = bisect.bisect_left(known, (n,))
+        lower, upper = known[:i], known[i:]
         if lower and upper:
             (k0, v0), (k1, v1) = lower[-1], upper[0]
             return v0 + (v1 - v0) * (n - k0) / (k1 - k0)
