@@ -97,6 +97,8 @@ def test_bench_table(smollm_path, tmp_path):
     proc = speculum("bench", "--target", smollm_path, "--prompts", suite, "--modes", "off,lookup")
     assert proc.returncode == 0, proc.stderr
     assert "vs off" in proc.stdout and "hello" in proc.stdout and "lookup" in proc.stdout
+    from speculum.engine.llama import gpu_backend
+    assert f"flash attention: {'off' if gpu_backend() is None else 'auto'}" in proc.stdout
 
 
 def test_bench_repeats(smollm_path, tmp_path):

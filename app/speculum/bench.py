@@ -309,6 +309,9 @@ def print_table(results: list[dict], out: TextIO, info: dict | None = None) -> N
                   f"{r['tokens_per_pass']:>8.2f} {r['overhead_ms_per_cycle']:>7.3f} {sp:>7} {priced:>7} {oracle:>7} {share:>6} "
                   f"{same:>7}  "
                   + " ".join(f"{src} {100 * share:.0f}%" for src, share in r["choices"].items()) + "\n")
+    if (info or {}).get("flash_attn"):
+        value = info["flash_attn"]
+        out.write(f"\nThe target's flash attention: {value}{' (llama.cpp chose)' if value == 'auto' else ''}\n")
     ttft = (info or {}).get("ttft")
     if ttft:
         out.write(f"\nFirst token, prompt read from scratch: fresh policy {ttft['fresh_s']:.2f} s "

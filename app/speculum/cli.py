@@ -158,10 +158,9 @@ def cmd_bench(args) -> int:
     info: dict = {}
     results = run_bench(decoder, prompts, modes, max_tokens=args.max_tokens, repeat=args.repeat,
                         k=_fixed_k(args), progress=sys.stderr, info=info)
+    info["flash_attn"] = {True: "on", False: "off"}.get(decoder.target.flash_attn, "auto")  # the target's
     if args.json:
-        print(json.dumps({"results": results, "profile": args.profile,
-                          "flash_attn": {True: "on", False: "off"}.get(decoder.target.flash_attn, "auto"),
-                          **info}, indent=1))
+        print(json.dumps({"results": results, "profile": args.profile, **info}, indent=1))
     else:
         print_table(results, sys.stdout, info)
     return 0
