@@ -494,11 +494,12 @@ class AutoPolicy:
         expected = self.last_estimate.get("expected_tokens_per_s")
         mtp = Source.MTP in (c.source, c.fallback) or self.mode == Mode.MTP  # its costs and rates shown
         drafting, rates = (self.costs.mtp, self.mtp_rates) if mtp else (self.costs.draft, self.model_rates)
+        curve = self.costs.curve()  # every cycle: one sweep, not a sort per size
         return PolicyReport(
             source=c.source if c.k else Source.NONE, k=c.k, mode=self.mode,
             plain_tokens_per_s=round(plain, 2),
-            verify_cost={n: round(self.costs.verify(n) / self.costs.verify(1), 3) for n in (2, 3, 5, 9, 16)},
-            draft_cost={k: round(drafting(k) / self.costs.verify(1), 3) for k in (1, 3)},
+            verify_cost={n: round(curve[n] / curve[1], 3) for n in (2, 3, 5, 9, 16)},
+            draft_cost={k: round(drafting(k) / curve[1], 3) for k in (1, 3)},
             model_acceptance=[round(r.value, 3) for r in rates[:4]],
             min_confidence=round(c.min_confidence if c.source == Source.MODEL else self.min_confidence, 2),
             expected_tokens_per_s=expected,
