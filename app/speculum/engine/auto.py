@@ -440,8 +440,9 @@ class AutoPolicy:
         # uncertain again after a while and gets tried again (never locked out for good).
         for table in self._tables():
             if table is not observed:
-                for rate in table:
-                    rate.forget(IDLE_DECAY)
+                for rate in table:  # rate.forget(IDLE_DECAY), inline: ~200 rates every cycle
+                    rate.accepted *= IDLE_DECAY
+                    rate.rejected *= IDLE_DECAY
 
     def _observe_draft(self, draft: Draft, n_accepted: int, draft_s: float) -> list[Rate] | None:
         """Learn from a draft's fate; the table of rates it taught (None: no draft)."""
