@@ -121,7 +121,7 @@ def test_the_target_verifies_without_flash_attention_on_the_cpu(smollm_path):
     assert decoder.draft.flash_attn is None
     decoder.target.close()
     decoder.draft.close()
-    # (its answers are plain decoding's: test_lookup_copies_from_the_prompt, the Qwen tests)
+    # (its answers are plain decoding's up to ties: the Qwen tests above, the self-test's)
     chosen = load_decoder(smollm_path, None, LoadOptions(n_ctx=256, flash_attn=True))  # the user's choice stands
     assert chosen.target.flash_attn is True
     chosen.target.close()
