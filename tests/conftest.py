@@ -7,6 +7,9 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+# No engine process started by a test measures the tiled matmul in child processes when it is
+# idle (engine/tuning.py): it would run beside the tests. The tests of that measurement lift it.
+os.environ["SPECULUM_NO_TUNING"] = "1"
 sys.path.insert(0, str(Path(__file__).parent))
 
 from speculum.models import bundled  # noqa: E402

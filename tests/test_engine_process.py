@@ -388,3 +388,62 @@ if __name__ == "__main__":
            "QT_QPA_PLATFORM": "offscreen"}
     out = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=300, env=env)
     assert out.stdout.split() == ["True", "False"], out.stderr
+
+
+def test_tuning_decides_by_the_passes_the_tiled_path_changes():
+    from speculum.engine import tuning
+
+    def passes(on8, on16, off8, off16):
+        return {"1": {"1": 0.03, "8": on8, "16": on16}, "0": {"1": 0.03, "8": off8, "16": off16}}
+
+    assert tuning.decide(passes(0.13, 0.15, 0.13, 0.19)) == "1"  # 16 tokens far cheaper with it
+    assert tuning.decide(passes(0.20, 0.22, 0.14, 0.16)) == "0"  # an AVX2 machine's story
+    assert tuning.decide(passes(0.13, 0.16, 0.13, 0.165)) is None  # within 5%: no difference
+
+
+def test_idle_after_a_load_the_engine_measures_the_tiled_matmul_and_the_next_engine_uses_it(
+        smollm_path, data_dirs, monkeypatch):
+    from speculum.engine import cpu_settings, tuning
+
+    monkeypatch.delenv(tuning.OFF_SWITCH, raising=False)
+    # (this process may have loaded llama.cpp, which set it here: not the user's setting)
+    monkeypatch.delenv(cpu_settings.TILED_MATMUL, raising=False)
+    engine = EngineProcess(lambda *event: None, lambda code: None)
+    file = paths.data_dir() / tuning.FILE
+    try:
+        engine.send("load", LoadRequest(str(smollm_path), n_ctx=512), "", "")
+        for _ in range(900):  # children time both settings, twice each, after the idle calibration
+            if file.is_file():
+                break
+            threading.Event().wait(0.2)
+    finally:
+        engine.end()
+    entry = tuning.remembered()
+    assert entry is not None and entry["model"] == smollm_path.name, file.read_text() if file.is_file() else None
+    assert entry["tiled"] in ("1", "0") and set(entry["passes"]) == {"1", "0"}
+    assert all(0 < entry["passes"][s]["1"] < entry["passes"][s]["16"] for s in ("1", "0"))
+    # The next engine starts with what was measured, and says so
+    setting = _engine_settings()
+    assert setting[cpu_settings.TILED_MATMUL] == entry["tiled"]
+    assert setting["tiled_source"] == "a measurement on this machine"
+    # ... unless the user set it
+    other = "0" if entry["tiled"] == "1" else "1"
+    monkeypatch.setenv(cpu_settings.TILED_MATMUL, other)
+    setting = _engine_settings()
+    assert setting[cpu_settings.TILED_MATMUL] == other and setting["tiled_source"] == "the user's environment"
+    # A damaged file is set aside: the CPU's rule again, and measured anew next time
+    monkeypatch.delenv(cpu_settings.TILED_MATMUL)
+    file.write_text("{ not json")
+    setting = _engine_settings()
+    assert setting["tiled_source"] == "Speculum" and not file.exists()
+
+
+def test_a_request_stops_the_tuning_children_at_once(smollm_path, data_dirs):
+    import time
+
+    from speculum.engine import tuning
+
+    start = time.monotonic()
+    assert tuning.measure(smollm_path, 2, lambda: time.monotonic() - start > 0.5) is None
+    assert time.monotonic() - start < 5  # the child was killed, not waited for
+    assert tuning.remembered() is None

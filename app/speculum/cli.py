@@ -269,6 +269,12 @@ def _tiled_matmul(setting: dict) -> str:
     if setting.get("tiled_source") == "Speculum":
         why = (": this CPU has AVX-512, where verification passes run faster with it" if on
                else ": without AVX-512 verification passes of 8+ tokens run faster without it")
+        why += "; until measured here (the window does, after a model loads, while it waits for you)"
+    elif setting.get("tiled_source") == "a measurement on this machine":
+        measured = setting.get("tiled_measured") or {}
+        why = (f" ({measured.get('model')}, {measured.get('at')}): " +
+               (f"verification passes ran faster {'with' if on else 'without'} it here"
+                if measured.get("decided_by") == "measurement" else "no difference measured, so by the CPU's flags"))
     value = setting.get(cpu_settings.TILED_MATMUL)
     return f"{'on' if on else 'off'} ({cpu_settings.TILED_MATMUL}={value}, set by {setting.get('tiled_source')}){why}"
 

@@ -156,6 +156,7 @@ def _engine_main(conn, stop, cancel_load) -> None:
                 fresh = runner.load(request, options)
                 if fresh:  # while the user types: stops at the next pass once a command arrives
                     runner.calibrate_while_idle(lambda: conn.poll() or stop.is_set())
+                    runner.tune_while_idle(lambda: conn.poll() or stop.is_set())
             elif command == "generate":
                 runner.generate(args[0], on_cycle)
             elif command == "plain_rate":

@@ -280,6 +280,18 @@ class EngineRunner:
         with self.turn:
             self.decoder.calibrate(interrupted)
 
+    def tune_while_idle(self, interrupted) -> None:
+        """Once per machine: time the tiled matmul both ways in child processes, for the next
+        engine start (engine/tuning.py), where the target runs on the CPU and the user did not
+        choose the setting; stopped as soon as ``interrupted()``."""
+        from .engine import cpu_settings, tuning
+
+        target = self.decoder.target if self.decoder is not None else None
+        if (target is None or target.facts.backend != "CPU"
+                or cpu_settings.in_effect().get("tiled_source") == "the user's environment"):
+            return
+        tuning.measure_and_remember(target.path, target.n_threads, interrupted)
+
     def _follow(self, request: GenerationRequest, steps, on_cycle) -> GenerationResult:
         """Report each (stage, cycle) as it comes; the result of the whole run."""
         text, cycles, last, snap, stage_now = [], [], None, StatsSnapshot(), ""

@@ -50,7 +50,9 @@ model, 16 tokens cost 4.6 / 4.8 single steps with it and 5.5 / 6.5 without, the 
 verbatim extraction at 2.25-2.28x plain instead of 1.81-2.11x, and the first token came sooner
 (0.42-0.52 s against 0.51-0.73 s). Speculation lives on verification passes, so it is
 on where the CPU has AVX-512 and off elsewhere (most laptops' CPUs: AVX2), also where the CPU's
-flags cannot be read, unless the user set GGML_CPU_TILED_MM themselves.
+flags cannot be read, unless the user set GGML_CPU_TILED_MM themselves. That is the rule until
+it has been measured on this machine (``tuning``: child processes time both settings while the
+engine is idle after a load); from then on the measurement decides.
 ggml reads it once, at the first matmul.
 
 Flash attention for the small batches
@@ -115,6 +117,18 @@ def llama_cpp_uses_libgomp() -> bool:
         except OSError:
             continue
     return False
+
+
+def cpu_name() -> str:
+    """The CPU's model name where Linux tells it, else what Python's platform module does."""
+    import platform
+
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), name)
+    except OSError:
+        return name
 
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str] | None:
@@ -198,16 +212,30 @@ def apply(environ=os.environ) -> dict:
             if llama_cpp_uses_libgomp():  # see above: the throttled count follows the spin count
                 environ["OMP_WAIT_POLICY"] = "active"
         tiled_chosen = TILED_MATMUL in environ
-        environ.setdefault(TILED_MATMUL, "1" if tiled_matmul_pays(cpu_flags()) else "0")
+        measured = None if tiled_chosen else _measured_tiled()
+        environ.setdefault(TILED_MATMUL, measured["tiled"] if measured else
+                           "1" if tiled_matmul_pays(cpu_flags()) else "0")
         _in_effect.update({
             "GOMP_SPINCOUNT": environ.get("GOMP_SPINCOUNT", ""),
             "OMP_WAIT_POLICY": environ.get("OMP_WAIT_POLICY", ""),
             "source": "the user's environment" if chosen else "Speculum",
             "set_before_libgomp_loaded": _libgomp_loaded() is not True,
             TILED_MATMUL: environ[TILED_MATMUL],
-            "tiled_source": "the user's environment" if tiled_chosen else "Speculum",
+            "tiled_source": "the user's environment" if tiled_chosen else
+                            "a measurement on this machine" if measured else "Speculum",
+            "tiled_measured": {k: measured.get(k) for k in ("decided_by", "model", "at")} if measured else None,
         })
     return dict(_in_effect)
+
+
+def _measured_tiled() -> dict | None:
+    """The setting measured on this machine (engine/tuning.py), if any."""
+    from . import tuning
+
+    try:
+        return tuning.remembered()
+    except OSError:  # a data folder that cannot be read: the CPU's rule
+        return None
 
 
 def tiled_matmul_on(setting: dict) -> bool:

@@ -63,16 +63,11 @@ def safer_than(profile: Profile, gpu: bool) -> Profile | None:
 
 def machine_key() -> str:
     """This machine and this llama.cpp build: a profile that worked is remembered for both."""
-    from . import llama
+    from . import cpu_settings, llama
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
     build = hashlib.sha256(llama.system_info().encode()).hexdigest()[:12]
-    return f"{platform.system()} {platform.machine()} · {cpu} · llama-cpp-python {llama.llama_cpp_version()} · {build}"
+    return (f"{platform.system()} {platform.machine()} · {cpu_settings.cpu_name()} · "
+            f"llama-cpp-python {llama.llama_cpp_version()} · {build}")
 
 
 def _memory() -> dict:

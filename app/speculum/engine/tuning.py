@@ -1,0 +1,203 @@
+"""Measured on this machine: whether ggml's tiled matmul makes verification passes cheaper.
+
+``cpu_settings`` chooses GGML_CPU_TILED_MM by the CPU's flags (on with AVX-512), a rule that
+rests on three machines. ggml reads the setting once per process, so the engine cannot try
+both itself: after a load, while the engine waits for the user, child processes (one per
+setting, alternated, twice) time the target's verification passes of 8 and 16 tokens, and
+the faster setting is kept in the data folder for this CPU and llama.cpp version. The next
+engine start uses it (``cpu_settings.apply``); the user's own setting still wins.
+
+A child loads the target again, and its repacked weights are copies, not the shared mapping
+of the file: it runs only where the free memory holds the file twice over. It is stopped as
+soon as a request comes, and measuring starts again at the next idle moment.
+
+    python -m speculum.engine.tuning --target MODEL.gguf   (measure now, remember, print)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from .. import paths
+
+FILE = "cpu-tuning.json"
+OFF_SWITCH = "SPECULUM_NO_TUNING"  # set: never measure (the test suite; a machine that must stay quiet)
+TILED = "GGML_CPU_TILED_MM"
+SIZES = (1, 8, 16)  # a single step, and the passes the tiled path changes (8 rows and more)
+MARGIN = 0.05  # a setting is chosen only when its passes are this much faster
+ROUNDS = 2
+CACHED = 256  # tokens in the cache while passes are timed
+TEXT = "def scale(values, factor):\n    return [v * factor for v in values]\n\n"
+
+
+def key() -> str:
+    """This CPU and llama.cpp version, read without loading llama.cpp (it must not be loaded
+    before cpu_settings has set the environment)."""
+    from importlib import metadata
+
+    from .cpu_settings import cpu_name
+
+    try:
+        version = metadata.version("llama_cpp_python")
+    except metadata.PackageNotFoundError:
+        version = "unknown"
+    return f"{platform.system()} {platform.machine()} · {cpu_name()} · llama-cpp-python {version}"
+
+
+def _memory() -> dict:
+    return paths.read_json_object(paths.data_dir() / FILE) or {}
+
+
+def remembered() -> dict | None:
+    """What was measured here: {"tiled": "1"/"0", "model": ..., "passes": ...}, or None."""
+    entry = _memory().get(key())
+    if isinstance(entry, dict) and entry.get("tiled") in ("1", "0"):
+        return entry
+    return None
+
+
+def remember(entry: dict) -> None:
+    memory = _memory()
+    memory[key()] = entry
+    paths.write_json_atomic(paths.data_dir() / FILE, memory, indent=1)
+
+
+def free_memory() -> int | None:
+    """Bytes of memory available now, where the system tells (Linux); None elsewhere."""
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def decide(passes: dict[str, dict[str, float]]) -> str | None:
+    """The setting whose 8- and 16-token passes took less time, by MARGIN; None: no difference."""
+    cost = {s: sum(p[str(n)] for n in SIZES if n > 1) for s, p in passes.items()}
+    if cost["1"] < (1 - MARGIN) * cost["0"]:
+        return "1"
+    if cost["0"] < (1 - MARGIN) * cost["1"]:
+        return "0"
+    return None
+
+
+def measure(target: str | os.PathLike, threads: int, interrupted: Callable[[], bool],
+            poll_s: float = 0.05) -> dict | None:
+    """Both settings timed in child processes, alternated; the medians per setting and size,
+    or None when ``interrupted()`` came first (the child is killed) or a child failed."""
+    runs: dict[str, list[dict]] = {"1": [], "0": []}
+    for _ in range(ROUNDS):
+        for setting in ("1", "0"):
+            out = _child(target, threads, setting, interrupted, poll_s)
+            if out is None:
+                return None
+            runs[setting].append(out)
+    return {s: {str(n): statistics.median(r[str(n)] for r in rs) for n in SIZES} for s, rs in runs.items()}
+
+
+def _child(target, threads: int, setting: str, interrupted: Callable[[], bool], poll_s: float) -> dict | None:
+    env = {**os.environ, TILED: setting}
+    cmd = [sys.executable, "-m", "speculum.engine.tuning", "--child", "--target", str(target),
+           "--threads", str(threads)]
+    niced = (lambda: os.nice(10)) if hasattr(os, "nice") else None  # the user's programs go first
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            preexec_fn=niced)
+    try:
+        while proc.poll() is None:
+            if interrupted():
+                return None
+            time.sleep(poll_s)
+        out = proc.stdout.read() if proc.stdout else ""
+        if proc.returncode != 0:
+            return None
+        result = json.loads(out.strip().splitlines()[-1])
+        return result if all(isinstance(result.get(str(n)), (int, float)) for n in SIZES) else None
+    except (ValueError, IndexError, AttributeError):
+        return None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stdout:
+            proc.stdout.close()
+
+
+def measure_and_remember(target: str | os.PathLike, threads: int, interrupted: Callable[[], bool]) -> dict | None:
+    """Measure where it may (nothing remembered yet, memory for a second copy), and remember
+    the outcome; what was remembered, or None."""
+    if os.environ.get(OFF_SWITCH):
+        return None
+    free = free_memory()
+    if remembered() is not None or free is None or free < 2 * Path(target).stat().st_size + (512 << 20):
+        return None
+    passes = measure(target, threads, interrupted)
+    return _remember_passes(target, passes) if passes is not None else None
+
+
+def _remember_passes(target: str | os.PathLike, passes: dict) -> dict:
+    from . import cpu_settings
+
+    choice = decide(passes)
+    entry = {"tiled": choice or ("1" if cpu_settings.tiled_matmul_pays(cpu_settings.cpu_flags()) else "0"),
+             "decided_by": "measurement" if choice else "the CPU's flags (no difference measured)",
+             "model": Path(target).name, "passes": passes, "at": time.strftime("%Y-%m-%d %H:%M")}
+    remember(entry)
+    return entry
+
+
+def _time_passes(target: str, threads: int) -> dict:
+    """In a child: seconds per pass by size (median of 5), the target as the engine loads it."""
+    from .llama import LlamaModel
+
+    model = LlamaModel(target, n_ctx=CACHED + 64, n_threads=threads, verifies=True)
+    tokens = model.tokenize(TEXT * (CACHED // 16 + 4))
+    context, extra = tokens[:CACHED], tokens[CACHED:CACHED + max(SIZES)]
+    model.prefill(context)
+    model.decode(extra[:1])  # warm-up: the first pass after loading pages weights in
+    model.trim(len(context))
+    times: dict[int, list[float]] = {n: [] for n in SIZES}
+    for _ in range(5):
+        for n in SIZES:
+            start = time.perf_counter()
+            model.decode(extra[:n], rows=range(n))
+            times[n].append(time.perf_counter() - start)
+            model.trim(len(context))
+    model.close()
+    return {str(n): statistics.median(t) for n, t in times.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m speculum.engine.tuning", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target", required=True)
+    ap.add_argument("--threads", type=int)
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    from .llama import default_threads
+
+    threads = args.threads or default_threads()
+    if args.child:
+        print(json.dumps(_time_passes(args.target, threads)))
+        return 0
+    passes = measure(args.target, threads, lambda: False)
+    if passes is None:
+        print("speculum: the measurement failed", file=sys.stderr)
+        return 1
+    print(json.dumps(_remember_passes(args.target, passes), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
