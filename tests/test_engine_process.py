@@ -412,6 +412,9 @@ def test_idle_after_a_load_the_engine_measures_the_tiled_matmul_and_the_next_eng
     file = paths.data_dir() / tuning.FILE
     try:
         engine.send("load", LoadRequest(str(smollm_path), n_ctx=512), "", "")
+        # The window's next command (its plain rate) comes at once: idle work stops for it, then
+        # goes on (it once ran only right after a load, so this command ended it for good).
+        engine.send("plain_rate", 30.0)
         for _ in range(900):  # children time both settings, twice each, after the idle calibration
             if file.is_file():
                 break

@@ -154,9 +154,6 @@ def _engine_main(conn, stop, cancel_load) -> None:
                 options = profile.apply(LoadOptions(n_ctx=request.n_ctx, target_gpu_layers=request.target_gpu_layers,
                                                     draft_gpu_layers=request.draft_gpu_layers, rpc=request.rpc))
                 fresh = runner.load(request, options)
-                if fresh:  # while the user types: stops at the next pass once a command arrives
-                    runner.calibrate_while_idle(lambda: conn.poll() or stop.is_set())
-                    runner.tune_while_idle(lambda: conn.poll() or stop.is_set())
             elif command == "generate":
                 runner.generate(args[0], on_cycle)
             elif command == "plain_rate":
@@ -167,6 +164,11 @@ def _engine_main(conn, stop, cancel_load) -> None:
                 runner.stop_serving()
             elif command == "quit":
                 break
+            # Between commands, while the user types: what is still unmeasured, stopped at the
+            # next pass (or child process) once a command arrives, and taken up again after it.
+            # (Only after a load, the window's next command, its plain rate, stopped it at once.)
+            runner.calibrate_while_idle(lambda: conn.poll() or stop.is_set())
+            runner.tune_while_idle(lambda: conn.poll() or stop.is_set())
         except Exception as exc:  # a Python error still reaches the window as words
             import traceback
 

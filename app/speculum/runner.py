@@ -274,8 +274,9 @@ class EngineRunner:
     def calibrate_while_idle(self, interrupted) -> None:
         """Measure this machine's costs for auto mode between requests, one pass at a time,
         giving way as soon as ``interrupted()`` (a request is waiting). The first answer
-        then starts on measured costs without ever waiting for them."""
-        if self.decoder is None:
+        then starts on measured costs without ever waiting for them. Not while serving the API:
+        its clients would wait for the turn (the policy learns from their passes anyway)."""
+        if self.decoder is None or self.serving is not None:
             return
         with self.turn:
             self.decoder.calibrate(interrupted)
@@ -287,8 +288,8 @@ class EngineRunner:
         from .engine import cpu_settings, tuning
 
         target = self.decoder.target if self.decoder is not None else None
-        if (target is None or target.facts.backend != "CPU"
-                or cpu_settings.in_effect().get("tiled_source") == "the user's environment"):
+        if (target is None or target.facts.backend != "CPU" or self.serving is not None  # API clients come first
+                or cpu_settings.in_effect().get("tiled_source") != "Speculum"):  # the user's, or measured
             return
         tuning.measure_and_remember(target.path, target.n_threads, interrupted)
 
