@@ -450,3 +450,27 @@ def test_a_request_stops_the_tuning_children_at_once(smollm_path, data_dirs):
     assert tuning.measure(smollm_path, 2, lambda: time.monotonic() - start > 0.5) is None
     assert time.monotonic() - start < 5  # the child was killed, not waited for
     assert tuning.remembered() is None
+
+
+def test_speculum_tune_measures_now_and_the_doctor_names_the_measurement(smollm_path, data_dirs, monkeypatch):
+    import subprocess
+    import sys
+
+    from speculum.engine import cpu_settings, tuning
+
+    monkeypatch.delenv(cpu_settings.TILED_MATMUL, raising=False)
+    proc = subprocess.run([sys.executable, "-m", "speculum.cli", "tune", "--target", str(smollm_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    entry = json.loads(proc.stdout)
+    assert entry == tuning.remembered() and entry["tiled"] in ("1", "0")
+    assert f"GGML_CPU_TILED_MM={entry['tiled']} from the next start" in proc.stderr
+    doctor = subprocess.run([sys.executable, "-m", "speculum.cli", "doctor"], capture_output=True, text=True, timeout=120)
+    row = doctor.stdout.split("Tiled matmul")[1].splitlines()[0]
+    assert "set by a measurement on this machine" in row and smollm_path.name in row, row
+    # a model that cannot be timed: one sentence, exit 2
+    bad = data_dirs / "broken.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 64)
+    proc = subprocess.run([sys.executable, "-m", "speculum.cli", "tune", "--target", str(bad)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith("speculum: The measurement failed")

@@ -166,6 +166,27 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_tune(args) -> int:
+    """Time the target's verification passes with ggml's tiled matmul on and off, in child
+    processes; the faster setting is remembered for this machine (engine/tuning.py)."""
+    from .engine import tuning
+    from .engine.llama import default_threads
+
+    threads = args.threads or default_threads()
+    if args.child:  # one setting, from the environment: the passes' seconds as JSON
+        print(json.dumps(tuning.time_passes(args.target, threads)))
+        return 0
+    print("speculum: timing verification passes with the tiled matmul on and off (about a minute)…",
+          file=sys.stderr)
+    passes = tuning.measure(args.target, threads, lambda: False)
+    if passes is None:
+        raise SpeculumError(f"The measurement failed: the model could not be timed ({args.target}).")
+    entry = tuning.remember_passes(args.target, passes)
+    print(json.dumps(entry, indent=1))
+    print(f"speculum: GGML_CPU_TILED_MM={entry['tiled']} from the next start ({entry['decided_by']})", file=sys.stderr)
+    return 0
+
+
 def cmd_doctor(args) -> int:
     from . import qtcheck
     from .engine import llama, cpu_settings, profiles
@@ -318,6 +339,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--fixed-k", action="store_true", help="draft and lookup modes draft exactly k tokens every cycle")
     b.add_argument("--json", action="store_true")
     b.set_defaults(func=cmd_bench)
+
+    t = sub.add_parser("tune", help="measure whether ggml's tiled matmul speeds up verification on this machine")
+    t.add_argument("--target", required=True, help="target GGUF file")
+    t.add_argument("--threads", type=int, help="CPU threads (default: all cores)")
+    t.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    t.set_defaults(func=cmd_tune)
 
     s = sub.add_parser("serve", help="an OpenAI-compatible API (chat, completions, Predicted Outputs)")
     _add_model_options(s)

@@ -11,7 +11,7 @@ A child loads the target again, and its repacked weights are copies, not the sha
 of the file: it runs only where the free memory holds the file twice over. It is stopped as
 soon as a request comes, and measuring starts again at the next idle moment.
 
-    python -m speculum.engine.tuning --target MODEL.gguf   (measure now, remember, print)
+    speculum tune --target MODEL.gguf   (measure now, remember, print)
 """
 
 from __future__ import annotations
@@ -106,10 +106,16 @@ def measure(target: str | os.PathLike, threads: int, interrupted: Callable[[], b
     return {s: {str(n): statistics.median(r[str(n)] for r in rs) for n in SIZES} for s, rs in runs.items()}
 
 
+def child_command(target, threads: int) -> list[str]:
+    """``speculum tune --child``: a bundled app is its own executable, an installed one runs
+    the CLI module with this Python."""
+    program = [sys.executable] if getattr(sys, "frozen", False) else [sys.executable, "-m", "speculum.cli"]
+    return program + ["tune", "--child", "--target", str(target), "--threads", str(threads)]
+
+
 def _child(target, threads: int, setting: str, interrupted: Callable[[], bool], poll_s: float) -> dict | None:
     env = {**os.environ, TILED: setting}
-    cmd = [sys.executable, "-m", "speculum.engine.tuning", "--child", "--target", str(target),
-           "--threads", str(threads)]
+    cmd = child_command(target, threads)
     niced = (lambda: os.nice(10)) if hasattr(os, "nice") else None  # the user's programs go first
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             preexec_fn=niced)
@@ -142,10 +148,10 @@ def measure_and_remember(target: str | os.PathLike, threads: int, interrupted: C
     if remembered() is not None or free is None or free < 2 * Path(target).stat().st_size + (512 << 20):
         return None
     passes = measure(target, threads, interrupted)
-    return _remember_passes(target, passes) if passes is not None else None
+    return remember_passes(target, passes) if passes is not None else None
 
 
-def _remember_passes(target: str | os.PathLike, passes: dict) -> dict:
+def remember_passes(target: str | os.PathLike, passes: dict) -> dict:
     from . import cpu_settings
 
     choice = decide(passes)
@@ -156,7 +162,7 @@ def _remember_passes(target: str | os.PathLike, passes: dict) -> dict:
     return entry
 
 
-def _time_passes(target: str, threads: int) -> dict:
+def time_passes(target: str, threads: int) -> dict:
     """In a child: seconds per pass by size (median of 5), the target as the engine loads it."""
     from .llama import LlamaModel
 
@@ -175,29 +181,3 @@ def _time_passes(target: str, threads: int) -> dict:
             model.trim(len(context))
     model.close()
     return {str(n): statistics.median(t) for n, t in times.items()}
-
-
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="python -m speculum.engine.tuning", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--target", required=True)
-    ap.add_argument("--threads", type=int)
-    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    from .llama import default_threads
-
-    threads = args.threads or default_threads()
-    if args.child:
-        print(json.dumps(_time_passes(args.target, threads)))
-        return 0
-    passes = measure(args.target, threads, lambda: False)
-    if passes is None:
-        print("speculum: the measurement failed", file=sys.stderr)
-        return 1
-    print(json.dumps(_remember_passes(args.target, passes), indent=1))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
