@@ -474,3 +474,17 @@ def test_speculum_tune_measures_now_and_the_doctor_names_the_measurement(smollm_
     proc = subprocess.run([sys.executable, "-m", "speculum.cli", "tune", "--target", str(bad)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith("speculum: The measurement failed")
+
+
+def test_a_model_whose_timing_fails_is_not_measured_again_at_every_idle_moment(data_dirs, monkeypatch):
+    import time
+
+    from speculum.engine import tuning
+
+    monkeypatch.delenv(tuning.OFF_SWITCH, raising=False)
+    bad = data_dirs / "broken.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 64)
+    assert tuning.measure_and_remember(bad, 2, lambda: False) is None and tuning.remembered() is None
+    start = time.monotonic()
+    assert tuning.measure_and_remember(bad, 2, lambda: False) is None
+    assert time.monotonic() - start < 0.2  # no child started this time

@@ -35,6 +35,7 @@ SIZES = (1, 8, 16)  # a single step, and the passes the tiled path changes (8 ro
 MARGIN = 0.05  # a setting is chosen only when its passes are this much faster
 ROUNDS = 2
 CACHED = 256  # tokens in the cache while passes are timed
+_failed: list[str] = []  # targets whose child failed in this process
 TEXT = "def scale(values, factor):\n    return [v * factor for v in values]\n\n"
 
 
@@ -125,24 +126,25 @@ def _child(target, threads: int, setting: str, interrupted: Callable[[], bool], 
                 return None
             time.sleep(poll_s)
         out = proc.stdout.read() if proc.stdout else ""
-        if proc.returncode != 0:
-            return None
-        result = json.loads(out.strip().splitlines()[-1])
-        return result if all(isinstance(result.get(str(n)), (int, float)) for n in SIZES) else None
+        result = json.loads(out.strip().splitlines()[-1]) if proc.returncode == 0 else {}
+        if all(isinstance(result.get(str(n)), (int, float)) for n in SIZES):
+            return result
     except (ValueError, IndexError, AttributeError):
-        return None
+        pass
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
         if proc.stdout:
             proc.stdout.close()
+    _failed.append(str(target))  # not tried again in this process: it would fail at every idle moment
+    return None
 
 
 def measure_and_remember(target: str | os.PathLike, threads: int, interrupted: Callable[[], bool]) -> dict | None:
     """Measure where it may (nothing remembered yet, memory for a second copy), and remember
     the outcome; what was remembered, or None."""
-    if os.environ.get(OFF_SWITCH):
+    if os.environ.get(OFF_SWITCH) or str(target) in _failed:
         return None
     free = free_memory()
     if remembered() is not None or free is None or free < 2 * Path(target).stat().st_size + (512 << 20):
