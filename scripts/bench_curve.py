@@ -22,30 +22,17 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 
 SIZES = (1, 2, 3, 4, 6, 7, 8, 10, 12, 16)
 CHUNK = 128
-TEXT = "def scale(values, factor):\n    return [v * factor for v in values]\n\n"
 
 
 def measure(target: str, threads: int | None, repeat: int, cached: int, flash_attn: bool | None) -> dict:
-    from speculum.engine.llama import LlamaModel, default_threads
+    from speculum.engine.llama import default_threads
+    from speculum.engine.tuning import time_passes
 
-    model = LlamaModel(target, n_ctx=cached + CHUNK + 64, n_threads=threads or default_threads(),
-                       flash_attn=flash_attn, verifies=True)
-    tokens = model.tokenize(TEXT * (cached // 20 + 20))
-    context, extra = tokens[:cached], tokens[cached:cached + CHUNK]
-    model.prefill(context)
-    times: dict[int, list[float]] = {n: [] for n in (*SIZES, CHUNK)}
-    for _ in range(repeat):
-        for n in times:
-            rows = [n - 1] if n == CHUNK else list(range(n))  # a prompt chunk asks for one row
-            start = time.perf_counter()
-            model.decode(extra[:n], rows=rows)
-            times[n].append(time.perf_counter() - start)
-            model.trim(len(context))
-    return {str(n): statistics.median(t) for n, t in times.items()}
+    return time_passes(target, threads or default_threads(), sizes=(*SIZES, CHUNK), cached=cached, repeat=repeat,
+                       flash_attn=flash_attn, one_row=(CHUNK,))  # a prompt chunk asks for one row
 
 
 def main() -> None:

@@ -289,7 +289,7 @@ class EngineRunner:
 
         target = self.decoder.target if self.decoder is not None else None
         if (target is None or target.facts.backend != "CPU" or self.serving is not None  # API clients come first
-                or cpu_settings.in_effect().get("tiled_source") != "Speculum"):  # the user's, or measured
+                or cpu_settings.apply().get("tiled_source") != "Speculum"):  # the user's, or measured
             return
         tuning.measure_and_remember(target.path, target.n_threads, interrupted)
 

@@ -184,6 +184,11 @@ def tiled_matmul_pays(flags: set[str] | None) -> bool:
     return flags is not None and "avx512f" in flags
 
 
+def tiled_by_flags() -> str:
+    """GGML_CPU_TILED_MM as the CPU's flags say it should be, "1" or "0" (see above)."""
+    return "1" if tiled_matmul_pays(cpu_flags()) else "0"
+
+
 def attention(chosen: bool | None, verifies: bool, on_cpu: bool, mtp: bool,
               n_ctx: int, n_head: int, n_ubatch: int) -> tuple[bool | None, int]:
     """A context's flash attention (None: llama.cpp's own choice) and micro-batch: the user's
@@ -213,8 +218,7 @@ def apply(environ=os.environ) -> dict:
                 environ["OMP_WAIT_POLICY"] = "active"
         tiled_chosen = TILED_MATMUL in environ
         measured = None if tiled_chosen else _measured_tiled()
-        environ.setdefault(TILED_MATMUL, measured["tiled"] if measured else
-                           "1" if tiled_matmul_pays(cpu_flags()) else "0")
+        environ.setdefault(TILED_MATMUL, measured["tiled"] if measured else tiled_by_flags())
         _in_effect.update({
             "GOMP_SPINCOUNT": environ.get("GOMP_SPINCOUNT", ""),
             "OMP_WAIT_POLICY": environ.get("OMP_WAIT_POLICY", ""),

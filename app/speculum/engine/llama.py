@@ -250,7 +250,7 @@ class LlamaModel(TokenPieces):
         if recurrent:
             cparams.n_rs_seq = RECURRENT_ROLLBACK  # llama.cpp makes it 0 where the architecture cannot
         flash_attn, cparams.n_ubatch = cpu_settings.attention(
-            flash_attn, verifies, on_cpu=mparams.n_gpu_layers == 0, mtp=want_mtp or header.nextn_layers > 0,
+            flash_attn, verifies, on_cpu=mparams.n_gpu_layers == 0, mtp=header.nextn_layers > 0,
             n_ctx=cparams.n_ctx, n_head=lc.llama_model_n_head(self._model), n_ubatch=cparams.n_ubatch)
         self.flash_attn = flash_attn  # None: llama.cpp's choice (on, where the backend has it)
         cparams.flash_attn_type = (

@@ -16,6 +16,7 @@ soon as a request comes, and measuring starts again at the next idle moment.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -27,10 +28,10 @@ from pathlib import Path
 from typing import Callable
 
 from .. import paths
+from .cpu_settings import TILED_MATMUL, cpu_name, tiled_by_flags
 
 FILE = "cpu-tuning.json"
 OFF_SWITCH = "SPECULUM_NO_TUNING"  # set: never measure (the test suite; a machine that must stay quiet)
-TILED = "GGML_CPU_TILED_MM"
 SIZES = (1, 8, 16)  # a single step, and the passes the tiled path changes (8 rows and more)
 MARGIN = 0.05  # a setting is chosen only when its passes are this much faster
 ROUNDS = 2
@@ -39,12 +40,12 @@ _failed: list[str] = []  # targets whose child failed in this process
 TEXT = "def scale(values, factor):\n    return [v * factor for v in values]\n\n"
 
 
+@functools.lru_cache(maxsize=1)
 def key() -> str:
     """This CPU and llama.cpp version, read without loading llama.cpp (it must not be loaded
-    before cpu_settings has set the environment)."""
+    before cpu_settings has set the environment). Once per process: ~15 ms, and the idle
+    engine asks after every command."""
     from importlib import metadata
-
-    from .cpu_settings import cpu_name
 
     try:
         version = metadata.version("llama_cpp_python")
@@ -115,7 +116,7 @@ def child_command(target, threads: int) -> list[str]:
 
 
 def _child(target, threads: int, setting: str, interrupted: Callable[[], bool], poll_s: float) -> dict | None:
-    env = {**os.environ, TILED: setting}
+    env = {**os.environ, TILED_MATMUL: setting}
     cmd = child_command(target, threads)
     niced = (lambda: os.nice(10)) if hasattr(os, "nice") else None  # the user's programs go first
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
@@ -154,31 +155,33 @@ def measure_and_remember(target: str | os.PathLike, threads: int, interrupted: C
 
 
 def remember_passes(target: str | os.PathLike, passes: dict) -> dict:
-    from . import cpu_settings
-
     choice = decide(passes)
-    entry = {"tiled": choice or ("1" if cpu_settings.tiled_matmul_pays(cpu_settings.cpu_flags()) else "0"),
+    entry = {"tiled": choice or tiled_by_flags(),
              "decided_by": "measurement" if choice else "the CPU's flags (no difference measured)",
              "model": Path(target).name, "passes": passes, "at": time.strftime("%Y-%m-%d %H:%M")}
     remember(entry)
     return entry
 
 
-def time_passes(target: str, threads: int) -> dict:
-    """In a child: seconds per pass by size (median of 5), the target as the engine loads it."""
+def time_passes(target: str, threads: int, sizes=SIZES, cached: int = CACHED, repeat: int = 5,
+                flash_attn: bool | None = None, one_row=()) -> dict:
+    """Seconds per pass by size (median of ``repeat``) after ``cached`` tokens, the target as the
+    engine loads it (``flash_attn`` None: as Speculum chooses); sizes in ``one_row`` ask for one
+    row of logits, as a prompt chunk does. The tuning child's work; scripts/bench_curve.py's too."""
     from .llama import LlamaModel
 
-    model = LlamaModel(target, n_ctx=CACHED + 64, n_threads=threads, verifies=True)
-    tokens = model.tokenize(TEXT * (CACHED // 16 + 4))
-    context, extra = tokens[:CACHED], tokens[CACHED:CACHED + max(SIZES)]
+    longest = max(sizes)
+    model = LlamaModel(target, n_ctx=cached + longest + 64, n_threads=threads, flash_attn=flash_attn, verifies=True)
+    tokens = model.tokenize(TEXT * ((cached + longest) // 10 + 4))
+    context, extra = tokens[:cached], tokens[cached:cached + longest]
     model.prefill(context)
     model.decode(extra[:1])  # warm-up: the first pass after loading pages weights in
     model.trim(len(context))
-    times: dict[int, list[float]] = {n: [] for n in SIZES}
-    for _ in range(5):
-        for n in SIZES:
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    for _ in range(repeat):
+        for n in sizes:
             start = time.perf_counter()
-            model.decode(extra[:n], rows=range(n))
+            model.decode(extra[:n], rows=[n - 1] if n in one_row else range(n))
             times[n].append(time.perf_counter() - start)
             model.trim(len(context))
     model.close()
