@@ -131,3 +131,70 @@ def test_the_draft_model_counts_a_new_prompt_as_unread_after_a_longer_one():
     assert drafter.behind(earlier[:50]) == 0  # a prefix of what it read: nothing to read
     assert drafter.behind(earlier[:30] + [9, 9]) == 2  # diverged late: only the new tail
     assert drafter.sequence.common(new) == 3 and drafter.sequence.tokens == earlier  # counting trims nothing
+
+
+# -- an edit that repeats itself: lookup learns it at its first occurrence --
+
+OLD, NEW = 199, (113, 7)  # a rename: 199 became two tokens, the first of them also a token of the text
+CODE = [OLD if i in (10, 30, 50) else t for i, t in enumerate(range(100, 160))]
+PROMPT = [1, 2, *CODE, 3]
+
+
+def renamed(upto):
+    """The answer: CODE up to (not including) index ``upto``, with the name changed."""
+    return [t for c in CODE[:upto] for t in (NEW if c == OLD else (c,))]
+
+
+def answered(lookup, upto):
+    """The lookup after the answer so far was written token by token, as the decoder's cycles would."""
+    lookup.begin(PROMPT)
+    context = list(PROMPT)
+    for t in renamed(upto):
+        lookup.match(context)
+        context.append(t)
+    return lookup.match(context), context
+
+
+def test_lookup_learns_a_rename_and_copies_its_next_occurrence_with_the_new_name():
+    lookup = drafters.PromptLookup()
+    answered(lookup, 12)
+    assert lookup.substitutions == {}  # one token followed after the change: not sure yet
+    answered(lookup, 14)
+    assert lookup.substitutions == {OLD: {(OLD,): NEW}}
+    m, context = answered(lookup, 30)  # just before the name's second occurrence
+    draft = lookup.propose(context, 6, Choice(Source.LOOKUP, 6, min_match=m.length), None, None)
+    assert draft.tokens == [*NEW, *CODE[31:35]]  # the new name, then the code after it
+    # Written so, the copy goes on from the code (not from the new name's first place in the answer)
+    # and is trusted as one long copy.
+    m, context = answered(lookup, 31)
+    assert lookup.copy(3) == CODE[31:34] and m.length > 16
+
+
+def test_lookup_without_a_repeated_edit_copies_as_the_longest_match_says():
+    lookup = drafters.PromptLookup()
+    lookup.begin(PROMPT)
+    context = PROMPT + CODE[:20]  # no edit: the longest match is the copy
+    m = lookup.match(context)
+    assert m.length == 20 and lookup.copy(4) == CODE[20:24] and lookup.substitutions == {}
+
+
+def test_the_oracle_counts_a_renamed_copy_as_right():
+    from speculum.bench import copy_fates
+
+    output = renamed(len(CODE))
+    fates = copy_fates(PROMPT, output)
+    second = len(renamed(30))  # where the second occurrence's new name starts
+    assert fates[second][1] == 15  # the whole copy right, the new name in it
+
+
+def test_lookup_forgets_a_change_the_answer_does_not_repeat():
+    lookup = drafters.PromptLookup()
+    lookup.begin(PROMPT)
+    context = list(PROMPT)
+    answer = renamed(14) + CODE[14:45]  # changed once, then the old name kept at its second place
+    for t in answer:
+        lookup.match(context)
+        context.append(t)
+    assert lookup.substitutions == {}
+    lookup.match(context)
+    assert lookup.copy(8) == CODE[45:53]  # the third place copied as the text has it

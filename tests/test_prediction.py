@@ -152,3 +152,16 @@ def test_a_learnt_change_the_output_does_not_repeat_is_left():
 def test_an_insertion_teaches_nothing():
     d, context = following([list(range(100, 110)), [7, 8], list(range(110, 116))])
     assert d.substitutions == {}
+
+
+def test_a_rename_whose_new_name_starts_with_a_token_of_the_text_is_still_learnt():
+    # The new name's first token also stands a little further on in the prediction: the cursor
+    # is found there and lost at once; the edit still began at the old name.
+    d = PredictionDrafter()
+    d.expect(WITH_OLD)
+    d.begin(PROMPT)
+    context = list(PROMPT)
+    new = (113, 7)
+    for t in [t for p in WITH_OLD[:15] for t in (new if p == OLD else (p,))]:
+        d.accept(context := context + [t])
+    assert d.substitutions == {OLD: {(OLD,): new}}

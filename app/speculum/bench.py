@@ -17,7 +17,7 @@ from . import paths
 from .documents import read_document
 from .engine.costs import MAX_BATCH
 from .engine.decoder import Decoder
-from .engine.drafters import SuffixIndex
+from .engine.drafters import PromptLookup
 from .engine.prompts import build_messages
 from .engine.sampling import SamplingParams
 from .engine.stats import Stats
@@ -108,19 +108,20 @@ def time_to_first_token(stats: Stats) -> float:
 
 
 def copy_fates(prompt: Sequence[int], output: Sequence[int], max_batch: int = MAX_BATCH) -> list[tuple[int, int]]:
-    """Per position of ``output``: the lookup drafter's match length there (its longest earlier
-    match), and how many of the up to ``max_batch - 1`` tokens it would copy are right."""
-    index = SuffixIndex()
-    index.extend(prompt)
+    """Per position of ``output``: the lookup drafter's match length there, and how many of
+    the up to ``max_batch - 1`` tokens it would copy are right."""
+    lookup = PromptLookup()
+    context = list(prompt)
+    lookup.begin(context)
     fates = []
     for t, token in enumerate(output):
-        m, right = index.match, 0
-        if m.length:
-            copy = index.tokens[m.end + 1:m.end + max_batch]
+        length, right = lookup.match(context).length, 0
+        if length:
+            copy = lookup.copy(max_batch - 1)
             while right < len(copy) and t + right < len(output) and copy[right] == output[t + right]:
                 right += 1
-        fates.append((m.length, right))
-        index.extend([token])
+        fates.append((length, right))
+        context.append(token)
     return fates
 
 

@@ -174,217 +174,118 @@ class SuffixIndex:
             self.match = NO_MATCH
 
 
-class PromptLookup:
-    """Copies what followed the longest earlier occurrence of the context's suffix.
-
-    Prompt + generated tokens sit in a ``SuffixIndex`` updated as tokens arrive; a match
-    of any length is found (a verbatim passage matches dozens of tokens deep), and the
-    policy learns acceptance by match length.
-    """
-
-    source = Source.LOOKUP
-
-    def __init__(self, max_ngram: int | None = None, min_ngram: int = 1):
-        self.max_ngram = max_ngram  # None: no cap on the match length reported
-        self.min_ngram = min_ngram
-        self._index = SuffixIndex()
-
-    @classmethod
-    def build(cls, inputs: DrafterInputs) -> "PromptLookup":
-        return cls(max_ngram=inputs.max_ngram)
-
-    @property
-    def tokens(self) -> list[int]:
-        return self._index.tokens
-
-    def reset(self) -> None:
-        self._index = SuffixIndex()
-
-    def extend(self, new_tokens: Sequence[int]) -> None:
-        self._index.extend(new_tokens)
-
-    def begin(self, context: Sequence[int]) -> None:
-        """Start a generation: keep the index when ``context`` extends what it holds, else
-        rebuild it (a conversation edited or truncated between generations)."""
-        n = len(self.tokens)
-        if len(context) >= n and list(context[:n]) == self.tokens:
-            self.extend(context[n:])
-        else:
-            self.reset()
-            self.extend(context)
-
-    def match(self, context: Sequence[int]) -> Match:
-        """The longest suffix of ``context`` seen before, at its latest occurrence."""
-        n = len(self.tokens)
-        if len(context) < n or (n and context[n - 1] != self.tokens[n - 1]):
-            self.begin(context)  # not an extension of what the index holds
-        else:
-            self.extend(context[n:])
-        m = self._index.match
-        if m.length < self.min_ngram:
-            return NO_MATCH
-        if self.max_ngram is not None and m.length > self.max_ngram:
-            m = Match(m.end, self.max_ngram, m.available)
-        return m
-
-    def propose(self, context: Sequence[int], k: int, choice: Choice, sampling: SamplingParams,
-                rng: np.random.Generator) -> Draft:
-        """Copies up to k tokens after the match; none when it is shorter than ``choice.min_match``."""
-        if k <= 0:
-            return Draft(source=self.source)
-        end, n, _ = self.match(context)
-        if end < 0 or n < choice.min_match:
-            return Draft(source=self.source)
-        cont = self.tokens[end + 1:end + 1 + k]
-        return Draft(list(cont), self.source, None, [1.0] * len(cont), n)
-
-    def accept(self, context: Sequence[int]) -> None:
-        self.extend(context[len(self.tokens):])
-
-
-# Predicted Outputs as drafts: the client says what it expects back, we propose it.
+# Copying with edits: a cursor into the text being copied, kept aligned with the output.
 #
-# OpenAI's ``prediction`` (the file being edited, the document being reformatted) is a draft
-# that is mostly right. The drafter keeps a cursor into the predicted tokens, aligned with
-# the output: while the output follows the prediction the cursor advances with it; when the
-# output leaves it (an edit inserts, deletes or changes text), the cursor is lost and found
-# again at the next place where the output's latest tokens occur in the prediction, searching
-# forward from where it was first, so a rename resumes copying right after the new name.
+# While the output follows the text, the cursor advances with it; when the output leaves it (an
+# edit inserts, deletes or changes text), the place it left is kept until the cursor is found
+# again (lookup: at the longest match; a prediction: where the output's latest tokens occur,
+# searching forward from where it was). A guess that fails at once (a new name's first token
+# found elsewhere) does not move that place: the edit still began where the output left the text.
 #
-# An edit usually repeats itself (a rename changes every occurrence), so the drafter learns
-# it: where the output left the prediction and where it rejoined it, the predicted tokens it
-# skipped and the ones it wrote instead are one substitution, kept once the output has
-# followed the prediction for CONFIRM tokens after it. Drafts then apply it wherever the
-# skipped tokens come again, and the cursor follows the output through it: the second
-# occurrence of a renamed variable is drafted with its new name instead of failing a pass.
-#
-# ``Match.length`` tells the policy how much to trust a draft: the number of output tokens
-# in a row that followed the prediction (a fresh re-alignment on one common token is weak).
+# An edit usually repeats itself (a rename changes every occurrence), so the cursor learns it:
+# the tokens it skipped and the ones the output wrote instead are one substitution, kept once the
+# output has followed the text for CONFIRM tokens after it. Copies then apply it wherever the
+# skipped tokens come again, and the cursor follows the output through it: the second occurrence
+# of a renamed variable is drafted with its new name instead of failing a pass.
 MAX_ALIGN = 8  # longest output suffix looked up when re-aligning
-START_RUN = 2  # trust at the very start: the answer usually opens with the predicted text
-MAX_SKIPPED = 8  # longest predicted span a learned substitution replaces...
+START_RUN = 2  # a prediction's trust at the very start: the answer usually opens with it
+MAX_SKIPPED = 8  # longest span of the text a learned substitution replaces...
 MAX_WRITTEN = 16  # ... and longest text it writes instead
-CONFIRM = 2  # tokens the output follows the prediction after a change before it is learned
+CONFIRM = 2  # tokens the output follows the text after a change before it is learned
 
 
-class PredictionDrafter:
-    source = Source.PREDICTION
+class CopyCursor:
+    """Where the output stands in a text it copies from, followed token by token, and the
+    substitutions learned on the way. ``text`` may grow (lookup copies from the output too)."""
 
-    def __init__(self) -> None:
-        self.predicted: list[int] = []
-        self._index: dict[tuple[int, ...], list[int]] = {}  # n-gram -> sorted positions after it
-        self._origin = 0  # where the output starts in the context
-        self._seen = 0  # context length already followed
-        self._cursor: int | None = None  # index of the next expected predicted token; None: lost
-        self._pending: tuple[int, ...] = ()  # a substitution's tokens still expected before the cursor
-        self._anchor = 0  # where the output last followed the prediction
-        self._run = 0  # output tokens in a row that followed the prediction
-        self._left: tuple[int, int] | None = None  # where the output left: (predicted index, context position)
+    def __init__(self, text: list[int]) -> None:
+        self.text = text
+        self.at: int | None = None  # index of the next expected token; None: lost
+        self.run = 0  # output tokens in a row that followed the text
+        self.anchor = 0  # where the output last followed the text
+        self.substitutions: dict[int, dict[tuple[int, ...], tuple[int, ...]]] = {}  # first skipped token -> ...
+        self.left: tuple[int, int] | None = None  # where the output left: (text index, context position)
+        self._pending: tuple[int, ...] = ()  # a substitution's tokens still expected before ``at``
+        self._followed = 0  # tokens followed since the cursor was last found
         self._candidate: tuple[tuple[int, ...], tuple[int, ...]] | None = None  # (skipped, written), unconfirmed
         self._confirming = 0  # tokens followed since the candidate's re-alignment
-        self.substitutions: dict[int, dict[tuple[int, ...], tuple[int, ...]]] = {}  # first skipped token -> ...
 
-    @classmethod
-    def build(cls, inputs: DrafterInputs) -> "PredictionDrafter":
-        return cls()
+    def start(self, at: int | None, run: int) -> None:
+        """A new answer begins: expected at ``at`` (None: nowhere yet), trusted as ``run`` tokens."""
+        self.at, self.run, self._followed, self.anchor = at, run, run, at or 0
+        self._pending, self.left, self._candidate = (), None, None
 
-    def expect(self, tokens: Sequence[int]) -> None:
-        """The next generation's prediction (empty: none)."""
-        self.predicted = list(tokens)
-        index: dict[tuple[int, ...], list[int]] = {}
-        for end in range(1, len(self.predicted) + 1):
-            for n in range(1, min(MAX_ALIGN, end) + 1):
-                index.setdefault(tuple(self.predicted[end - n:end]), []).append(end)
-        self._index = index
-        self.substitutions = {}  # an edit learnt on one file says nothing of the next
+    @property
+    def remaining(self) -> int:
+        """Tokens a copy could still take from here (0 when lost or at the text's end)."""
+        return 0 if self.at is None else len(self._pending) + len(self.text) - self.at
 
-    def begin(self, context: Sequence[int]) -> None:
-        self._origin = self._seen = len(context)
-        self._cursor = 0 if self.predicted else None
-        self._pending = ()
-        self._anchor = 0
-        self._run = START_RUN
-        self._left, self._candidate = None, None
+    def follow(self, token: int, pos: int) -> bool:
+        """Advance over the output's token at context position ``pos``; False when it left the text."""
+        if self.at is None:
+            return False
+        at = self.at
+        if self._step(token):
+            self.run += 1
+            self._followed += 1
+            self.anchor = self.at
+            self._learn_when_confirmed()
+            return True
+        if self._followed >= CONFIRM or self.left is None:
+            self.left = (at, pos) if not self._pending else None
+        self.at, self._pending, self.run, self._candidate = None, (), 0, None
+        return False
 
-    def match(self, context: Sequence[int]) -> Match:
-        """Where the output stands in the prediction; ``available`` predicted tokens follow."""
-        if not self.predicted:
-            return NO_MATCH
-        self._follow(context)
-        if self._cursor is None or (self._cursor >= len(self.predicted) and not self._pending):
-            return NO_MATCH
-        return Match(self._cursor - 1, self._run, len(self._pending) + len(self.predicted) - self._cursor)
+    def found(self, end: int, n: int, context: Sequence[int]) -> None:
+        """The output's last ``n`` tokens (the end of ``context``) found in the text before index ``end``."""
+        self.at, self.run, self._followed, self._pending = end, n, 0, ()
+        self._candidate, self._confirming = self._change(context, n, end), 0
 
-    def propose(self, context: Sequence[int], k: int, choice: Choice, sampling: SamplingParams,
-                rng: np.random.Generator) -> Draft:
-        _, run, _ = self.match(context) if k > 0 else NO_MATCH
-        if run <= 0 or run < choice.min_match:
-            return Draft(source=self.source)
-        tokens = self._expected(k)
-        return Draft(tokens, self.source, None, [1.0] * len(tokens), run)
-
-    def accept(self, context: Sequence[int]) -> None:
-        if self.predicted:
-            self._follow(context)
-
-    def _substitution_at(self, at: int) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-        """A learned substitution whose skipped tokens start at predicted index ``at``."""
-        for skipped, written in self.substitutions.get(self.predicted[at], {}).items():
-            if tuple(self.predicted[at:at + len(skipped)]) == skipped:
-                return skipped, written
-        return None
-
-    def _expected(self, k: int) -> list[int]:
-        """The next k tokens the output should write: the prediction, with the learned edits applied."""
+    def expected(self, k: int) -> list[int]:
+        """The next k tokens the output should write: the text, with the learned edits applied."""
+        if self.at is None:
+            return []
         out = list(self._pending[:k])
-        at = self._cursor
-        while len(out) < k and at < len(self.predicted):
+        at = self.at
+        while len(out) < k and at < len(self.text):
             sub = self._substitution_at(at)
             if sub is not None:
                 out.extend(sub[1])
                 at += len(sub[0])
             else:
-                out.append(self.predicted[at])
+                out.append(self.text[at])
                 at += 1
         return out[:k]
 
+    def _substitution_at(self, at: int) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+        """A learned substitution whose skipped tokens start at text index ``at``."""
+        for skipped, written in self.substitutions.get(self.text[at], {}).items():
+            if tuple(self.text[at:at + len(skipped)]) == skipped:
+                return skipped, written
+        return None
+
     def _step(self, token: int) -> bool:
-        """Advance the cursor over one output token; False when the output left the prediction."""
         if self._pending:
             if self._pending[0] != token:
                 return False
             self._pending = self._pending[1:]
             return True
-        if self._cursor >= len(self.predicted):
+        if self.at >= len(self.text):
             return False
-        sub = self._substitution_at(self._cursor)
+        sub = self._substitution_at(self.at)
         if sub is not None and sub[1][0] == token:
-            self._cursor += len(sub[0])
+            self.at += len(sub[0])
             self._pending = sub[1][1:]
-        elif self.predicted[self._cursor] == token:
-            self._cursor += 1
+        elif self.text[self.at] == token:
+            if sub is not None:  # the output kept the text here: that change was not one that repeats
+                same_start = self.substitutions[sub[0][0]]
+                del same_start[sub[0]]
+                if not same_start:
+                    del self.substitutions[sub[0][0]]
+            self.at += 1
         else:
             return False
         return True
-
-    def _follow(self, context: Sequence[int]) -> None:
-        """Advance the cursor over output tokens not yet seen; re-align when they leave the prediction."""
-        if len(context) < self._seen:  # the context went back (should not happen within a generation)
-            self.begin(context)
-            return
-        for pos in range(self._seen, len(context)):
-            if self._cursor is not None:
-                at = self._cursor
-                if self._step(context[pos]):
-                    self._run += 1
-                    self._anchor = self._cursor
-                    self._learn_when_confirmed()
-                    continue
-                self._left = (at, pos) if not self._pending else None
-                self._cursor, self._pending, self._run, self._candidate = None, (), 0, None
-        self._seen = len(context)
-        if self._cursor is None:
-            self._realign(context)
 
     def _learn_when_confirmed(self) -> None:
         if self._candidate is None:
@@ -395,6 +296,182 @@ class PredictionDrafter:
             self.substitutions.setdefault(skipped[0], {})[skipped] = written
             self._candidate = None
 
+    def _change(self, context: Sequence[int], n: int, end: int) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+        """What the output wrote instead of which text, from where it left the text to where its
+        last ``n`` tokens rejoined it (ending before ``end``); None unless a short change."""
+        if self.left is None:
+            return None
+        left_at, left_pos = self.left
+        skipped = tuple(self.text[left_at:end - n])
+        written = tuple(context[left_pos:len(context) - n])
+        if not 0 < len(skipped) <= MAX_SKIPPED or not 0 < len(written) <= MAX_WRITTEN:
+            return None  # an insertion or a deletion, or a change too long to come again
+        return skipped, written
+
+
+class PromptLookup:
+    """Copies what followed the longest earlier occurrence of the context's suffix, and goes
+    on copying from there through the output's edits.
+
+    Prompt + generated tokens sit in a ``SuffixIndex`` updated as tokens arrive; a match
+    of any length is found (a verbatim passage matches dozens of tokens deep), and the
+    policy learns acceptance by match length. A ``CopyCursor`` follows the copy the output
+    is making: while it has followed as long as the longest match says, the copy goes on from
+    it, through the edits it learnt: a rename seen at its first occurrence is copied with its
+    new name at the next (the longest match there is the new name's first place in the answer,
+    followed by what followed it there). The match length reported is the cursor's run.
+    """
+
+    source = Source.LOOKUP
+
+    def __init__(self, max_ngram: int | None = None, min_ngram: int = 1):
+        self.max_ngram = max_ngram  # None: no cap on the match length reported
+        self.min_ngram = min_ngram
+        self.reset()
+
+    @classmethod
+    def build(cls, inputs: DrafterInputs) -> "PromptLookup":
+        return cls(max_ngram=inputs.max_ngram)
+
+    @property
+    def tokens(self) -> list[int]:
+        return self._index.tokens
+
+    @property
+    def substitutions(self) -> dict[int, dict[tuple[int, ...], tuple[int, ...]]]:
+        return self._cursor.substitutions
+
+    def reset(self) -> None:
+        self._index = SuffixIndex()
+        self._cursor = CopyCursor(self._index.tokens)
+
+    def extend(self, new_tokens: Sequence[int]) -> None:
+        for t in new_tokens:
+            # Followed before the token joins the text: the cursor never points at the token it reads.
+            self._cursor.follow(int(t), len(self._index))
+            self._index.extend((t,))
+
+    def begin(self, context: Sequence[int]) -> None:
+        """Start a generation: keep the index when ``context`` extends what it holds, else
+        rebuild it (a conversation edited or truncated between generations). Edits learnt in
+        one answer are not carried into the next."""
+        n = len(self.tokens)
+        if len(context) >= n and list(context[:n]) == self.tokens:
+            self._cursor = CopyCursor(self._index.tokens)
+            self.extend(context[n:])
+        else:
+            self.reset()
+            self.extend(context)
+
+    def match(self, context: Sequence[int]) -> Match:
+        """The copy the output is making: the cursor where it has followed as long as the
+        longest suffix match, else that match (at its latest occurrence)."""
+        n = len(self.tokens)
+        if len(context) < n or (n and context[n - 1] != self.tokens[n - 1]):
+            self.begin(context)  # not an extension of what the index holds
+        else:
+            self.extend(context[n:])
+        m, cursor = self._index.match, self._cursor
+        if m.length and (cursor.at is None or cursor.run < m.length):
+            cursor.found(m.end + 1, m.length, self.tokens)  # the output left its copy, or a longer one is found
+        if cursor.at is None or cursor.run < self.min_ngram or not cursor.remaining:
+            return NO_MATCH
+        length = cursor.run if self.max_ngram is None else min(cursor.run, self.max_ngram)
+        return Match(cursor.at - 1, length, cursor.remaining)
+
+    def propose(self, context: Sequence[int], k: int, choice: Choice, sampling: SamplingParams,
+                rng: np.random.Generator) -> Draft:
+        """Copies up to k tokens after the match; none when it is shorter than ``choice.min_match``."""
+        if k <= 0:
+            return Draft(source=self.source)
+        end, n, _ = self.match(context)
+        if end < 0 or n < choice.min_match:
+            return Draft(source=self.source)
+        cont = self.copy(k)
+        return Draft(cont, self.source, None, [1.0] * len(cont), n)
+
+    def copy(self, k: int) -> list[int]:
+        """The k tokens the copy goes on with, after the last ``match``."""
+        return self._cursor.expected(k)
+
+    def accept(self, context: Sequence[int]) -> None:
+        self.extend(context[len(self.tokens):])
+
+class PredictionDrafter:
+    """Predicted Outputs as drafts: the client says what it expects back, we propose it.
+
+    OpenAI's ``prediction`` (the file being edited, the document being reformatted) is a
+    draft that is mostly right. A ``CopyCursor`` into the predicted tokens keeps it aligned
+    with the output; when the cursor is lost it is found again at the next place where the
+    output's latest tokens occur in the prediction, searching forward from where it was
+    first. ``Match.length`` tells the policy how much to trust a draft: the number of output
+    tokens in a row that followed the prediction (a fresh re-alignment on one common token is weak).
+    """
+
+    source = Source.PREDICTION
+
+    def __init__(self) -> None:
+        self.predicted: list[int] = []
+        self._index: dict[tuple[int, ...], list[int]] = {}  # n-gram -> sorted positions after it
+        self._origin = 0  # where the output starts in the context
+        self._seen = 0  # context length already followed
+        self._cursor = CopyCursor(self.predicted)
+
+    @classmethod
+    def build(cls, inputs: DrafterInputs) -> "PredictionDrafter":
+        return cls()
+
+    @property
+    def substitutions(self) -> dict[int, dict[tuple[int, ...], tuple[int, ...]]]:
+        return self._cursor.substitutions
+
+    def expect(self, tokens: Sequence[int]) -> None:
+        """The next generation's prediction (empty: none)."""
+        self.predicted = list(tokens)
+        index: dict[tuple[int, ...], list[int]] = {}
+        for end in range(1, len(self.predicted) + 1):
+            for n in range(1, min(MAX_ALIGN, end) + 1):
+                index.setdefault(tuple(self.predicted[end - n:end]), []).append(end)
+        self._index = index
+        self._cursor = CopyCursor(self.predicted)  # an edit learnt on one file says nothing of the next
+
+    def begin(self, context: Sequence[int]) -> None:
+        self._origin = self._seen = len(context)
+        self._cursor.start(0 if self.predicted else None, START_RUN)
+
+    def match(self, context: Sequence[int]) -> Match:
+        """Where the output stands in the prediction; ``available`` predicted tokens follow."""
+        if not self.predicted:
+            return NO_MATCH
+        self._follow(context)
+        cursor = self._cursor
+        if not cursor.remaining:
+            return NO_MATCH
+        return Match(cursor.at - 1, cursor.run, cursor.remaining)
+
+    def propose(self, context: Sequence[int], k: int, choice: Choice, sampling: SamplingParams,
+                rng: np.random.Generator) -> Draft:
+        _, run, _ = self.match(context) if k > 0 else NO_MATCH
+        if run <= 0 or run < choice.min_match:
+            return Draft(source=self.source)
+        tokens = self._cursor.expected(k)
+        return Draft(tokens, self.source, None, [1.0] * len(tokens), run)
+
+    def accept(self, context: Sequence[int]) -> None:
+        if self.predicted:
+            self._follow(context)
+
+    def _follow(self, context: Sequence[int]) -> None:
+        """Advance the cursor over output tokens not yet seen; re-align when they leave the prediction."""
+        if len(context) < self._seen:  # the context went back (should not happen within a generation)
+            self.begin(context)
+            return
+        for pos in range(self._seen, len(context)):
+            self._cursor.follow(context[pos], pos)
+        self._seen = len(context)
+        if self._cursor.at is None:
+            self._realign(context)
+
     def _realign(self, context: Sequence[int]) -> None:
         """The longest suffix of the output found in the prediction, nearest at or after the anchor."""
         output = context[self._origin:]
@@ -402,24 +479,11 @@ class PredictionDrafter:
             ends = self._index.get(tuple(output[len(output) - n:]))
             if not ends:
                 continue
-            at = bisect_left(ends, self._anchor)
+            at = bisect_left(ends, self._cursor.anchor)
             end = ends[at] if at < len(ends) else ends[-1]  # else: the output went back in the text
             if end < len(self.predicted):
-                self._cursor, self._run = end, n
-                self._candidate, self._confirming = self._change(context, n, end), 0
+                self._cursor.found(end, n, context)
                 return
-
-    def _change(self, context: Sequence[int], n: int, end: int) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-        """What the output wrote instead of which predicted tokens, from where it left the prediction
-        to where its last ``n`` tokens rejoined it (ending at ``end``); None unless a short change."""
-        if self._left is None:
-            return None
-        left_at, left_pos = self._left
-        skipped = tuple(self.predicted[left_at:end - n])
-        written = tuple(context[left_pos:len(context) - n])
-        if not 0 < len(skipped) <= MAX_SKIPPED or not 0 < len(written) <= MAX_WRITTEN:
-            return None  # an insertion or a deletion, or a change too long to come again
-        return skipped, written
 
 
 # Source -> drafter class. Order is the order drafters begin and accept in.
