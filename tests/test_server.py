@@ -15,6 +15,7 @@ import pytest
 import uvicorn
 
 from speculum import cli
+from speculum.engine.costs import MAX_BATCH
 from speculum.engine.loading import LoadOptions, load_decoder
 from speculum.server.api import create_app
 from speculum.server.service import ServedModel, StopSequences
@@ -289,8 +290,10 @@ def test_a_prediction_drafts_the_answer_and_never_changes_it(server, mode):
     assert predicted.choices[0].message.content == answer
     accepted, rejected = prediction_usage(predicted.usage)
     # Much of the answer was copied from it (how much the policy drafts at once follows this
-    # machine's measured verify curve), and nearly every predicted token it tried was right.
-    assert accepted > 0.3 * predicted.usage.completion_tokens and rejected < accepted / 4
+    # machine's measured verify curve), and the one line it lacks failed at most two drafts, where
+    # the answer left it and where it came back (refused tokens count by the draft: 12-14 of 60
+    # on a busy machine, where the policy drafts long).
+    assert accepted > 0.3 * predicted.usage.completion_tokens and rejected <= 2 * (MAX_BATCH - 1)
     # The usage is what the cycles say: prediction drafts the target verified, kept or refused.
     by_drafter = predicted.model_extra["speculum"]["drafted_by_drafter"]["prediction"]
     assert (accepted, rejected) == (by_drafter["accepted"], by_drafter["drafted"] - by_drafter["accepted"])
