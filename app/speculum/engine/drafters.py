@@ -134,9 +134,9 @@ class SuffixIndex:
 
     def extend(self, new_tokens: Sequence[int]) -> None:
         for t in new_tokens:
-            self._add(int(t))
+            self.add(int(t))
 
-    def _add(self, t: int) -> None:
+    def add(self, t: int) -> None:
         nxt, link, length, end = self._next, self._link, self._len, self._end
         i = len(self.tokens)
         self.tokens.append(t)
@@ -346,10 +346,12 @@ class PromptLookup:
         self._cursor = CopyCursor(self._index.tokens)
 
     def extend(self, new_tokens: Sequence[int]) -> None:
+        cursor, index = self._cursor, self._index
         for t in new_tokens:
-            # Followed before the token joins the text: the cursor never points at the token it reads.
-            self._cursor.follow(int(t), len(self._index))
-            self._index.extend((t,))
+            t = int(t)
+            if cursor.at is not None:  # followed before the token joins the text: never at the token it reads
+                cursor.follow(t, len(index))
+            index.add(t)
 
     def begin(self, context: Sequence[int]) -> None:
         """Start a generation: keep the index when ``context`` extends what it holds, else
