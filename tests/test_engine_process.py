@@ -401,6 +401,26 @@ def test_tuning_decides_by_the_passes_the_tiled_path_changes():
     assert tuning.decide(passes(0.13, 0.16, 0.13, 0.165)) is None  # within 5%: no difference
 
 
+def test_a_target_more_than_twice_the_size_measures_the_tiled_matmul_again(data_dirs, monkeypatch):
+    import time
+
+    from speculum.engine import tuning
+
+    assert tuning.needs_measuring(None, 10)
+    small = {"tiled": "0", "model": "small.gguf", "model_bytes": 100}
+    assert not tuning.needs_measuring(small, 150) and not tuning.needs_measuring(small, 200)
+    assert tuning.needs_measuring(small, 201)
+    assert tuning.needs_measuring({"tiled": "1", "model": "old.gguf"}, 1)  # kept before sizes were
+    # One as large measured already: no child started (one takes seconds to start).
+    monkeypatch.delenv(tuning.OFF_SWITCH, raising=False)
+    model = data_dirs / "same-size.gguf"
+    model.write_bytes(b"GGUF" + b"\0" * 64)
+    tuning.remember({**small, "model_bytes": model.stat().st_size})
+    start = time.monotonic()
+    assert tuning.measure_and_remember(model, 2, lambda: False) is None
+    assert time.monotonic() - start < 0.2 and tuning.remembered()["model"] == "small.gguf"
+
+
 def test_idle_after_a_load_the_engine_measures_the_tiled_matmul_and_the_next_engine_uses_it(
         smollm_path, data_dirs, monkeypatch):
     from speculum.engine import cpu_settings, tuning
@@ -423,6 +443,7 @@ def test_idle_after_a_load_the_engine_measures_the_tiled_matmul_and_the_next_eng
         engine.end()
     entry = tuning.remembered()
     assert entry is not None and entry["model"] == smollm_path.name, file.read_text() if file.is_file() else None
+    assert entry["model_bytes"] == smollm_path.stat().st_size
     assert entry["tiled"] in ("1", "0") and set(entry["passes"]) == {"1", "0"}
     assert all(0 < entry["passes"][s]["1"] < entry["passes"][s]["16"] for s in ("1", "0"))
     # The next engine starts with what was measured, and says so

@@ -282,14 +282,14 @@ class EngineRunner:
             self.decoder.calibrate(interrupted)
 
     def tune_while_idle(self, interrupted) -> None:
-        """Once per machine: time the tiled matmul both ways in child processes, for the next
-        engine start (engine/tuning.py), where the target runs on the CPU and the user did not
-        choose the setting; stopped as soon as ``interrupted()``."""
+        """Once per machine (again for a much larger target): time the tiled matmul both ways in
+        child processes, for the next engine start (engine/tuning.py), where the target runs on
+        the CPU and the user did not choose the setting; stopped as soon as ``interrupted()``."""
         from .engine import cpu_settings, tuning
 
         target = self.decoder.target if self.decoder is not None else None
         if (target is None or target.facts.backend != "CPU" or self.serving is not None  # API clients come first
-                or cpu_settings.apply().get("tiled_source") != "Speculum"):  # the user's, or measured
+                or cpu_settings.apply().get("tiled_source") == cpu_settings.FROM_USER):
             return
         tuning.measure_and_remember(target.path, target.n_threads, interrupted)
 

@@ -207,6 +207,9 @@ def attention(chosen: bool | None, verifies: bool, on_cpu: bool, mtp: bool,
     return (False, fitting) if fitting else (None, n_ubatch)
 
 
+FROM_USER = "the user's environment"  # a setting's source when the user chose it
+
+
 def apply(environ=os.environ) -> dict:
     """Set the wait policy and the tiled matmul for this process unless the user chose them;
     what is in effect."""
@@ -222,10 +225,10 @@ def apply(environ=os.environ) -> dict:
         _in_effect.update({
             "GOMP_SPINCOUNT": environ.get("GOMP_SPINCOUNT", ""),
             "OMP_WAIT_POLICY": environ.get("OMP_WAIT_POLICY", ""),
-            "source": "the user's environment" if chosen else "Speculum",
+            "source": FROM_USER if chosen else "Speculum",
             "set_before_libgomp_loaded": _libgomp_loaded() is not True,
             TILED_MATMUL: environ[TILED_MATMUL],
-            "tiled_source": "the user's environment" if tiled_chosen else
+            "tiled_source": FROM_USER if tiled_chosen else
                             "a measurement on this machine" if measured else "Speculum",
             "tiled_measured": {k: measured.get(k) for k in ("decided_by", "model", "at")} if measured else None,
         })

@@ -5,7 +5,8 @@ rests on three machines. ggml reads the setting once per process, so the engine 
 both itself: after a load, while the engine waits for the user, child processes (one per
 setting, alternated, twice) time the target's verification passes of 8 and 16 tokens, and
 the faster setting is kept in the data folder for this CPU and llama.cpp version. The next
-engine start uses it (``cpu_settings.apply``); the user's own setting still wins.
+engine start uses it (``cpu_settings.apply``); the user's own setting still wins. A target
+more than twice the size of the one it was measured with measures it again.
 
 A child loads the target again, and its repacked weights are copies, not the shared mapping
 of the file: it runs only where the free memory holds the file twice over. It is stopped as
@@ -35,6 +36,7 @@ OFF_SWITCH = "SPECULUM_NO_TUNING"  # set: never measure (the test suite; a machi
 SIZES = (1, 8, 16)  # a single step, and the passes the tiled path changes (8 rows and more)
 MARGIN = 0.05  # a setting is chosen only when its passes are this much faster
 ROUNDS = 2
+OUTGROWN = 2  # a measurement is made again with a target more than this many times the size it was made with
 CACHED = 256  # tokens in the cache while passes are timed
 _failed: list[str] = []  # targets whose child failed in this process
 TEXT = "def scale(values, factor):\n    return [v * factor for v in values]\n\n"
@@ -142,13 +144,23 @@ def _child(target, threads: int, setting: str, interrupted: Callable[[], bool], 
     return None
 
 
+def needs_measuring(entry: dict | None, target_bytes: int) -> bool:
+    """Whether to measure with a target of this size: nothing measured yet, or measured with a
+    model less than half its size (a small model's passes are short and read noisy, and the
+    setting matters most where the target is large). Entries from before sizes were kept count as 0."""
+    if entry is None:
+        return True
+    measured = entry.get("model_bytes")
+    return not isinstance(measured, int) or target_bytes > OUTGROWN * measured
+
+
 def measure_and_remember(target: str | os.PathLike, threads: int, interrupted: Callable[[], bool]) -> dict | None:
-    """Measure where it may (nothing remembered yet, memory for a second copy), and remember
+    """Measure where it may (see ``needs_measuring``; memory for a second copy), and remember
     the outcome; what was remembered, or None."""
     if os.environ.get(OFF_SWITCH) or str(target) in _failed:
         return None
-    free = free_memory()
-    if remembered() is not None or free is None or free < 2 * Path(target).stat().st_size + (512 << 20):
+    free, size = free_memory(), Path(target).stat().st_size
+    if not needs_measuring(remembered(), size) or free is None or free < 2 * size + (512 << 20):
         return None
     passes = measure(target, threads, interrupted)
     return remember_passes(target, passes) if passes is not None else None
@@ -158,7 +170,8 @@ def remember_passes(target: str | os.PathLike, passes: dict) -> dict:
     choice = decide(passes)
     entry = {"tiled": choice or tiled_by_flags(),
              "decided_by": "measurement" if choice else "the CPU's flags (no difference measured)",
-             "model": Path(target).name, "passes": passes, "at": time.strftime("%Y-%m-%d %H:%M")}
+             "model": Path(target).name, "model_bytes": Path(target).stat().st_size, "passes": passes,
+             "at": time.strftime("%Y-%m-%d %H:%M")}
     remember(entry)
     return entry
 
