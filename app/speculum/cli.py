@@ -287,11 +287,11 @@ def _tiled_matmul(setting: dict) -> str:
 
     on = cpu_settings.tiled_matmul_on(setting)
     why = ""
-    if setting.get("tiled_source") == "Speculum":
+    if setting.get("tiled_source") == cpu_settings.FROM_SPECULUM:
         why = (": this CPU has AVX-512, where verification passes run faster with it" if on
                else ": without AVX-512 verification passes of 8+ tokens run faster without it")
         why += "; until measured here (the window does, after a model loads, while it waits for you)"
-    elif setting.get("tiled_source") == "a measurement on this machine":
+    elif setting.get("tiled_source") == cpu_settings.FROM_MEASUREMENT:
         measured = setting.get("tiled_measured") or {}
         why = (f" ({measured.get('model')}, {measured.get('at')}): " +
                (f"verification passes ran faster {'with' if on else 'without'} it here"

@@ -207,7 +207,10 @@ def attention(chosen: bool | None, verifies: bool, on_cpu: bool, mtp: bool,
     return (False, fitting) if fitting else (None, n_ubatch)
 
 
-FROM_USER = "the user's environment"  # a setting's source when the user chose it
+# Where a setting in effect came from (``apply``; the doctor names it).
+FROM_USER = "the user's environment"
+FROM_MEASUREMENT = "a measurement on this machine"  # the tiled matmul only (engine/tuning.py)
+FROM_SPECULUM = "Speculum"
 
 
 def apply(environ=os.environ) -> dict:
@@ -225,11 +228,11 @@ def apply(environ=os.environ) -> dict:
         _in_effect.update({
             "GOMP_SPINCOUNT": environ.get("GOMP_SPINCOUNT", ""),
             "OMP_WAIT_POLICY": environ.get("OMP_WAIT_POLICY", ""),
-            "source": FROM_USER if chosen else "Speculum",
+            "source": FROM_USER if chosen else FROM_SPECULUM,
             "set_before_libgomp_loaded": _libgomp_loaded() is not True,
             TILED_MATMUL: environ[TILED_MATMUL],
             "tiled_source": FROM_USER if tiled_chosen else
-                            "a measurement on this machine" if measured else "Speculum",
+                            FROM_MEASUREMENT if measured else FROM_SPECULUM,
             "tiled_measured": {k: measured.get(k) for k in ("decided_by", "model", "at")} if measured else None,
         })
     return dict(_in_effect)
