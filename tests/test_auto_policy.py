@@ -584,3 +584,32 @@ def test_the_curve_in_one_sweep_is_verify_size_by_size():
             # and a drawn guess is not the estimate where something is untimed beyond the timed sizes
             if len(verify_s) >= 2 and max(verify_s) < MAX_BATCH:
                 assert c.curve(True)[MAX_BATCH] < c.curve(False)[MAX_BATCH]
+
+
+def test_tables_not_drafted_from_age_by_the_cycles_they_sat_idle_and_the_one_drafted_from_does_not():
+    # Idle aging is applied when a table is next read, not to every table every cycle: what
+    # it reads must be what aging each cycle would have left (IDLE_DECAY per idle cycle).
+    from speculum.engine import auto
+    from speculum.engine.draft import Draft
+    from speculum.engine.drafters import PromptLookup
+    from speculum.engine.vocabulary import Source
+
+    policy = AutoPolicy({Source.LOOKUP: PromptLookup()}, "auto", "CPU")
+    for rate in policy.model_rates:
+        rate.accepted, rate.rejected = 4.0, 2.0
+    for rate in policy.lookup_rates[3]:
+        rate.accepted, rate.rejected = 3.0, 1.0
+    copy = Draft(tokens=[7, 8], source=Source.LOOKUP, match_length=4)  # bucket 3: matches of 4-5
+    for _ in range(5):
+        policy.observe(Draft(), 0, 0.0, 0.03)  # plain steps: every table idle
+    policy.observe(copy, 2, 0.0, 0.05)  # drafted from bucket 3: it learns, it does not idle
+    for _ in range(2):
+        policy.observe(Draft(), 0, 0.0, 0.03)
+    idle = auto.IDLE_DECAY ** 8
+    assert all(math.isclose(r.accepted, 4.0 * idle) and math.isclose(r.rejected, 2.0 * idle) for r in policy.model_rates)
+    assert all(r.accepted == 0.0 for r in policy.lookup_rates[2])  # nothing to age
+    first = policy.lookup_rates[3][0]
+    assert math.isclose(first.accepted, (3.0 * auto.IDLE_DECAY ** 5 * auto.DECAY + 1) * auto.IDLE_DECAY ** 2)
+    assert math.isclose(first.rejected, 1.0 * auto.IDLE_DECAY ** 5 * auto.DECAY * auto.IDLE_DECAY ** 2)
+    # read twice, aged once
+    assert math.isclose(policy.model_rates[0].accepted, 4.0 * idle)
