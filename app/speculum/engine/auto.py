@@ -380,10 +380,14 @@ class AutoPolicy:
 
     def choose(self, context: Sequence[int] = ()) -> Choice:
         self._guess_costs()
+        # The plain rate the choice is weighed against, kept for its report: the pass it leads to
+        # is timed before the report is made, and against that newer rate a plain step read
+        # 0.86x plain on a fresh machine's first cycle (its cost a default until then).
+        plain = 1.0 / self.costs.verify(1, drawn=False)
         options = self._options(context)
         if not options:  # forced lookup with no match: a plain step
             self.last = Choice(Source.NONE, 0)
-            self.last_estimate = {"expected_tokens_per_s": round(self.plain_tokens_per_s(), 2)}
+            self.last_estimate = {"expected_tokens_per_s": round(plain, 2), "plain_tokens_per_s": plain}
             return self.last
         if self.min_k == 0:
             options = self._affordable(options)
@@ -401,7 +405,8 @@ class AutoPolicy:
             self.min_confidence = self._threshold(speed, self.rng)
             choice = replace(choice, min_confidence=self.min_confidence)
         self.last = choice
-        self.last_estimate = {"expected_tokens_per_s": round(speed, 2), "expected_tokens_per_pass": round(e, 3)}
+        self.last_estimate = {"expected_tokens_per_s": round(speed, 2), "expected_tokens_per_pass": round(e, 3),
+                              "plain_tokens_per_s": plain}
         return choice
 
     def _affordable(self, options: list[Option]) -> list[Option]:
@@ -520,7 +525,7 @@ class AutoPolicy:
 
     def report(self) -> PolicyReport:
         c = self.last
-        plain = self.plain_tokens_per_s()
+        plain = self.last_estimate.get("plain_tokens_per_s") or self.plain_tokens_per_s()
         expected = self.last_estimate.get("expected_tokens_per_s")
         mtp = Source.MTP in (c.source, c.fallback) or self.mode == Mode.MTP  # its costs and rates shown
         drafting, rates = (self.costs.mtp, self.mtp_rates) if mtp else (self.costs.draft, self.model_rates)
