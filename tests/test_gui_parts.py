@@ -283,13 +283,27 @@ def test_live_widgets_repaint_without_the_window_behind_them(qtbot):
 
 
 def test_stats_say_when_the_policy_is_still_learning(qtbot):
+    from PySide6.QtCore import QRect, Qt
+
     from speculum.runner import StatsSnapshot
 
     panel = StatsPanel()
     qtbot.addWidget(panel)
-    policy = PolicyReport("none", 0, mode="auto", plain_tokens_per_s=10.0, learning=True).to_json()
+    panel.resize(460, panel.sizeHint().height())  # the stats panel's width in a 1400-pixel window
+    panel.show()
+    policy = PolicyReport("none", 0, mode="auto", plain_tokens_per_s=23.2, learning=True, expected_tokens_per_s=23.2,
+                          expected_tokens_per_pass=1.0, expected_speedup=1.0).to_json()
     panel.show_snapshot(StatsSnapshot(policy=policy))
-    assert "still learning" in panel.value(panel.POLICY)
+    value = panel.value(panel.POLICY)
+    assert "still learning" in value
+    # ... where the row paints it: within its lines, wrapped as the row wraps (estimates after
+    # it once wrapped onto the row's last line and pushed it out of sight)
+    readout = panel.readout
+    lines = dict(readout.rows)[panel.POLICY]
+    shown = value[:value.index("still learning") + len("still learning this machine's costs")]
+    width = readout.width() - readout._name_width()
+    needed = readout.fontMetrics().boundingRect(QRect(0, 0, width, 10_000), Qt.TextWordWrap, shown).height()
+    assert needed <= lines * readout._line(), (width, needed, value)
     panel.show_snapshot(StatsSnapshot(policy={**policy, "learning": False}))
     assert "learning" not in panel.value(panel.POLICY)
     # A stored cycle from before the field existed: nothing claimed either way.

@@ -228,13 +228,15 @@ class StatsPanel(QGroupBox):
         self.readout.set_values({
             self.ACCEPTANCE: (f"{snap.acceptance_rate:.0%} of {snap.drafted} drafted" if snap.drafted
                               else "nothing drafted"),
-            self.RATE: f"{snap.tokens_per_s:.1f}  ({snap.tokens} tokens in {snap.seconds:.1f} s)",
+            self.RATE: f"{snap.tokens_per_s:.1f}  ({snap.tokens} token{'' if snap.tokens == 1 else 's'} in {snap.seconds:.1f} s)",
             self.PER_PASS: f"{snap.tokens_per_pass:.2f}",
             self.SPEEDUP: (f"{snap.speedup:.2f}×  ({snap.speedup_source})" if snap.speedup is not None
                            else "— (no plain step measured yet)"),
-            self.POLICY: ((f"{drafter}, k = {policy.get('k', 0)}" if policy else "—")
-                          + ("\n" + " · ".join(estimates) if estimates else "")
-                          + ("\nstill learning this machine's costs" if policy.get("learning") else "")),
+            # The row holds three lines and the estimates often wrap onto two: the notice goes
+            # before them (after them it was cut off at the window's usual width).
+            self.POLICY: "\n".join([f"{drafter}, k = {policy.get('k', 0)}" if policy else "—"]
+                                   + (["still learning this machine's costs"] if policy.get("learning") else [])
+                                   + ([" · ".join(estimates)] if estimates else [])),
             self.PROMPT: prompt,
         })
         self.bars.set_rates(snap.acceptance_by_position)
