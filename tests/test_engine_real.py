@@ -233,3 +233,16 @@ def test_prompt_progress_is_reported_chunk_by_chunk_and_stop_cancels_it(smollm_p
     assert progress[-1][0] == PROMPT_CHUNK < total  # one chunk read, then it stopped
     assert events[-1][0] == "finished" and events[-1][1].finish == "stopped"
     assert len(runner.decoder.sequence.tokens) == PROMPT_CHUNK
+    # What the stats and the answer's note say of it: the chunk read, not the whole prompt.
+    from speculum.ui.answer import stopped_note
+
+    stopped = events[-1][1]
+    assert (stopped.snapshot.prompt_tokens, stopped.snapshot.prompt_reused) == (PROMPT_CHUNK, 0)
+    assert stopped_note(stopped.text, stopped.snapshot) == (
+        f"Stopped while reading the prompt ({PROMPT_CHUNK:,} of {total:,} tokens read); nothing was written.")  # as the bar counts
+    # Asked again, the chunk read is reused and the rest is read.
+    events.clear()
+    runner.report = lambda kind, *payload: events.append((kind, *payload))
+    runner.generate(request)
+    again = events[-1][1].snapshot
+    assert (again.prompt_reused, again.prompt_tokens) == (PROMPT_CHUNK, total - PROMPT_CHUNK)

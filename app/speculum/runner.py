@@ -101,15 +101,18 @@ def snapshot_of(stats, cycle, plain_tokens_per_s: float | None, prompt_total: in
         policy=policy.to_json() if policy is not None else {},
         prompt_tokens=stats.prompt_tokens,
         prompt_total=prompt_total,
-        # The prompt's last token is decoded with the first cycle, so it is neither.
-        prompt_reused=max(prompt_total - 1 - stats.prompt_tokens, 0) if prompt_total else 0,
+        # The prompt's last token is decoded with the first cycle, so it is neither. (Where what
+        # was reused is not known, as in answers saved before it was kept, the rest of the prompt
+        # was: unless the answer was stopped while it was read.)
+        prompt_reused=(stats.prompt_cached if stats.prompt_cached is not None
+                       else max(prompt_total - 1 - stats.prompt_tokens, 0) if prompt_total else 0),
     )
 
 
-def replay_snapshots(cycles: list, plain_tokens_per_s: float | None = None,
-                     prompt_tokens: int = 0, prompt_total: int = 0) -> list[StatsSnapshot]:
+def replay_snapshots(cycles: list, plain_tokens_per_s: float | None = None, prompt_tokens: int = 0,
+                     prompt_total: int = 0, prompt_reused: int | None = None) -> list[StatsSnapshot]:
     """The stats as they stood after each stored cycle, for replay (the prompt's counts as stored)."""
-    stats = Stats(prompt_tokens=prompt_tokens)
+    stats = Stats(prompt_tokens=prompt_tokens, prompt_cached=prompt_reused)
     out = []
     for cycle in cycles:
         stats.add(cycle)

@@ -160,7 +160,8 @@ class Decoder:
         t0 = self.clock()
         known = context[:-1]  # the last token is decoded by the first cycle, for its logits
         have = self.sequence.sync(known)
-        stats.prompt_tokens = len(known) - have
+        stats.prompt_cached = have
+        to_read = len(known) - have
         last = [t0]
         # Where the draft model drafts every cycle (draft mode), it reads the prompt here too,
         # after the target: progress counts both reads.
@@ -179,10 +180,11 @@ class Decoder:
         def draft_read(n_read: int, n_chunk: int) -> None:
             on_prompt(len(known) + n_read, total)
 
-        if on_prompt is not None and (stats.prompt_tokens or draft_behind):
+        if on_prompt is not None and (to_read or draft_behind):
             on_prompt(have, total)
         chunk = PROMPT_CHUNK if on_prompt else None
         self.sequence.feed(known[have:], stop, chunk_read, chunk=chunk)
+        stats.prompt_tokens = len(self.sequence.tokens) - have  # less than to_read when stopped
         if draft_behind and not (stop is not None and stop.is_set()):
             model.read(known, stop, draft_read if on_prompt else None, chunk=chunk)
         stats.prompt_s = self.clock() - t0

@@ -19,6 +19,7 @@ class Stats:
     verify_s: float = 0.0
     overhead_s: float = 0.0
     prompt_tokens: int = 0  # prompt tokens actually decoded (not reused from the cache)
+    prompt_cached: int | None = None  # prompt tokens reused from the cache (None: not known)
     prompt_s: float = 0.0
     by_source: dict[str, list[int]] = field(default_factory=dict)  # source -> [drafted, accepted]
     passes_by_source: dict[str, int] = field(default_factory=dict)  # what the policy chose, per pass
@@ -62,6 +63,8 @@ class Stats:
         self.verify_s += other.verify_s
         self.overhead_s += other.overhead_s
         self.prompt_tokens += other.prompt_tokens
+        if other.prompt_cached is not None:
+            self.prompt_cached = (self.prompt_cached or 0) + other.prompt_cached
         self.prompt_s += other.prompt_s
         for source, (d, a) in other.by_source.items():
             s = self.by_source.setdefault(source, [0, 0])
@@ -121,6 +124,7 @@ class Stats:
             "overhead_s": round(self.overhead_s, 4),
             "overhead_ms_per_cycle": round(self.overhead_ms_per_cycle, 4),
             "prompt_tokens": self.prompt_tokens,
+            "prompt_cached": self.prompt_cached,
             "prompt_s": round(self.prompt_s, 4),
             "passes_by_source": dict(self.passes_by_source),
         }

@@ -97,6 +97,7 @@ def answer_stats(snap) -> dict:
     return {"tokens_per_s": round(snap.tokens_per_s, 3), "tokens": snap.tokens,
             "acceptance_rate": round(snap.acceptance_rate, 4), "tokens_per_pass": round(snap.tokens_per_pass, 4),
             "prompt_tokens": snap.prompt_tokens, "prompt_total": snap.prompt_total,
+            "prompt_reused": snap.prompt_reused,
             "seconds": round(snap.seconds, 4)}
 
 
@@ -105,12 +106,23 @@ def document_question(text: str, name: str) -> Message:
     return Message("user", document_message(text), display=f"Summarise {name} ({len(text.split()):,} words)")
 
 
+def stopped_note(text: str, snap) -> str:
+    """How a stopped answer ended, in words: with what it wrote, or before it wrote anything."""
+    if text.strip():
+        return "Stopped; the answer so far is kept."
+    # as the progress bar counted: the last token is read with the answer's first pass
+    read, total = snap.prompt_tokens + snap.prompt_reused, snap.prompt_total - 1
+    if 0 <= read < total:
+        return f"Stopped while reading the prompt ({read:,} of {total:,} tokens read); nothing was written."
+    return "Stopped before the answer began; nothing was written."
+
+
 def finished_answer(conv: Conversation, result, records: list[dict]) -> Message:
     """The stored answer of a finished generation, with a note on how it ended. After a long
     document summarised in parts, the question no longer carries the whole document."""
     note = result.note
     if result.finish == Finish.STOPPED and not note:
-        note = "Stopped; the answer so far is kept."
+        note = stopped_note(result.text, result.snapshot)
     text = result.text
     display = ""
     if result.part_summaries:

@@ -79,10 +79,12 @@ class ReplayController(QObject):
         already read); step 0 starts before the first cycle."""
         message = conv.messages[index]
         cycles = staged if staged is not None else staged_cycles(message.cycles)
+        reused = message.stats.get("prompt_reused")  # a number (conversations.py); absent before it was kept
         self.state = ReplayState(conv, index, cycles,
                                  replay_snapshots([s.cycle for s in cycles], plain_tokens_per_s,
                                                   message.stats.get("prompt_tokens", 0),
-                                                  message.stats.get("prompt_total", 0)))
+                                                  message.stats.get("prompt_total", 0),
+                                                  max(int(reused), 0) if reused is not None else None))
         self.bar.setEnabled(bool(cycles))
         self.bar.start(len(cycles), step)
 
