@@ -96,8 +96,12 @@ SHORT_SURE_AFTER = 2
 # (scripts/sim_policy.py, 64 seeds, three curves) against exploring every match: open chat
 # 0.985 -> 0.998x plain, code editing 2.486 -> 2.528x, verbatim 2.799 -> 2.833x, code writing
 # and document summary within +-0.5%; at 4 or 6 tokens copies were found later (document
-# summary -2 to -4%).
+# summary -2 to -4%). Where a failed probe costs next to nothing (a GPU's nearly flat verify
+# curve: under CHEAP_PROBE of a plain step beyond it), every match is explored still (on the
+# simulator with 16 tokens at 1.4 steps, the floor alone cost code editing 16% and document
+# summary 12%).
 EXPLORE_MATCH = 3
+CHEAP_PROBE = 0.25
 # A client's prediction: acceptance by how many output tokens in a row followed it
 # (bucket lower bounds: 1, 2-3, 4-7, 8-15, 16+). One token in common with it means little
 # (unrelated text shares newlines and brackets); a long run is an edit copying the file,
@@ -426,7 +430,8 @@ class AutoPolicy:
         do is cost its pass minus one plain step, priced on the cost model's estimate: on this
         cycle's draw, a fresh policy's guess that batches were nearly free let long copies through
         that cost 2-3 steps each (code writing at 0.90x plain on its first answer).
-        Lookup's copies of matches shorter than EXPLORE_MATCH are not explored, only drafted when sure.
+        Lookup's copies of matches shorter than EXPLORE_MATCH are not explored, only drafted when sure,
+        unless their pass costs little more than a plain step (CHEAP_PROBE).
         Sure means the means pay by SURE_MARGIN, and: on a match of SURE_MATCH tokens or more,
         its bucket has been seen (SURE_EVIDENCE); on a shorter one, this answer's short copies were
         right (SHORT_SURE_AFTER); a client's prediction, whose match is this request's own output
@@ -459,7 +464,8 @@ class AutoPolicy:
             return seen >= SURE_EVIDENCE or o.choice.k == 1
 
         def explored(o: Option) -> bool:  # may be tried on this cycle's draws, within the budget
-            return o.choice.source != Source.LOOKUP or (o.choice.min_match or 0) >= EXPLORE_MATCH
+            return (o.choice.source != Source.LOOKUP or (o.choice.min_match or 0) >= EXPLORE_MATCH
+                    or o.seconds - step <= CHEAP_PROBE * step)
 
         return [o for o in options
                 if o.choice.source == Source.NONE or sure(o) or (explored(o) and o.seconds - step <= slack)]
