@@ -246,3 +246,24 @@ def test_prompt_progress_is_reported_chunk_by_chunk_and_stop_cancels_it(smollm_p
     runner.generate(request)
     again = events[-1][1].snapshot
     assert (again.prompt_reused, again.prompt_tokens) == (PROMPT_CHUNK, total - PROMPT_CHUNK)
+
+
+def test_cancel_pressed_as_the_load_ends_still_cancels_it(smollm_path, monkeypatch):
+    # The window's Cancel can reach the engine after llama.cpp's last progress call; a load
+    # that finished then is dropped, not reported as loaded.
+    from speculum import runner as runner_module
+    from speculum.runner import EngineRunner, LoadRequest
+
+    events = []
+    runner = EngineRunner(lambda kind, *payload: events.append((kind, *payload)))
+    real = runner_module.load_decoder
+
+    def load_then_cancel(*args, **kwargs):
+        decoder = real(*args, **kwargs)
+        runner.cancel_load.set()
+        return decoder
+
+    monkeypatch.setattr(runner_module, "load_decoder", load_then_cancel)
+    assert not runner.load(LoadRequest(smollm_path, n_ctx=512), LoadOptions(n_ctx=512))
+    assert events[-1] == ("load_failed", "Loading was cancelled.")
+    assert runner.decoder is None and not any(e[0] == "loaded" for e in events)

@@ -170,6 +170,10 @@ class EngineRunner:
         except SpeculumError as exc:
             self.report("load_failed", "Loading was cancelled." if self.cancel_load.is_set() else str(exc))
             return False
+        if self.cancel_load.is_set():  # Cancel pressed as the last tensors were read: it still cancels
+            self.close_models()
+            self.report("load_failed", "Loading was cancelled.")
+            return False
         self.target_path = request.target
         self.plain = PlainRate()
         d = self.decoder
