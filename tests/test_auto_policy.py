@@ -608,7 +608,8 @@ def test_tables_not_drafted_from_age_by_the_cycles_they_sat_idle_and_the_one_dra
     for _ in range(2):
         policy.observe(Draft(), 0, 0.0, 0.03)
     idle = auto.IDLE_DECAY ** 8
-    assert all(math.isclose(r.accepted, 4.0 * idle) and math.isclose(r.rejected, 2.0 * idle) for r in policy.model_rates)
+    assert all(math.isclose(r.accepted, 4.0 * idle) and math.isclose(r.rejected, 2.0 * idle)
+               for r in policy.model_rates)
     assert all(r.accepted == 0.0 for r in policy.lookup_rates[2])  # nothing to age
     first = policy.lookup_rates[3][0]
     assert math.isclose(first.accepted, (3.0 * auto.IDLE_DECAY ** 5 * auto.DECAY + 1) * auto.IDLE_DECAY ** 2)

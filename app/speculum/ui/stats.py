@@ -228,7 +228,8 @@ class StatsPanel(QGroupBox):
         self.readout.set_values({
             self.ACCEPTANCE: (f"{snap.acceptance_rate:.0%} of {snap.drafted} drafted" if snap.drafted
                               else "nothing drafted"),
-            self.RATE: f"{snap.tokens_per_s:.1f}  ({snap.tokens} token{'' if snap.tokens == 1 else 's'} in {snap.seconds:.1f} s)",
+            self.RATE: (f"{snap.tokens_per_s:.1f}  ({snap.tokens} token{'' if snap.tokens == 1 else 's'} "
+                        f"in {snap.seconds:.1f} s)"),
             self.PER_PASS: f"{snap.tokens_per_pass:.2f}",
             self.SPEEDUP: (f"{snap.speedup:.2f}×  ({snap.speedup_source})" if snap.speedup is not None
                            else "— (no plain step measured yet)"),
