@@ -242,9 +242,11 @@ def test_reading_a_document_shows_tokens_read(qtbot, open_window, smollm_path):
     w.document.set_document(document, "lighthouse.md")
     seen = []
     # After the window's own slot: what the bar showed for each report.
+    headers = []  # the answer's header line as the transcript showed it at each report
     w.engine.worker.promptProgress.connect(
-        lambda read, total: seen.append((read, total, w.chat.prompt_progress.isVisible(),
-                                         w.chat.prompt_progress.text())))
+        lambda read, total: (seen.append((read, total, w.chat.prompt_progress.isVisible(),
+                                          w.chat.prompt_progress.text())),
+                             headers.append(w.transcript.toPlainText().splitlines()[-1])))
     with qtbot.waitSignal(w.generationFinished, timeout=GENERATE_MS):
         w.summarise()
     total = seen[-1][1]
@@ -252,6 +254,9 @@ def test_reading_a_document_shows_tokens_read(qtbot, open_window, smollm_path):
     shown = [text for read, _, visible, text in seen if visible]
     assert shown and shown[0] == f"Reading the prompt… 0 / {total:,} tokens"
     assert not w.chat.prompt_progress.isVisible()  # gone once the answer is written
+    # The answer's header says what is happening: reading, then writing (not "writing…" for both).
+    assert headers[0] == "Assistant · reading the prompt…" and headers[-1] == "Assistant · writing…", headers
+    assert "reading the prompt" not in w.transcript.toPlainText()
 
 
 def test_long_document_is_summarised_in_parts(qtbot, open_window, smollm_path):

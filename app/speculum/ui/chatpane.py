@@ -62,12 +62,18 @@ class ChatPane(QWidget):
     def show_prompt_progress(self, read: int, total: int) -> None:
         """Prompt tokens read so far while the prompt is read; hidden once it is (Stop cancels)."""
         if read >= total:
-            self.prompt_progress.hide()
+            self.prompt_read()
             return
+        self.transcript.set_answer_status("reading the prompt…")
         self.prompt_progress.setRange(0, total)
         self.prompt_progress.setValue(read)
         self.prompt_progress.setFormat(f"Reading the prompt… {read:,} / {total:,} tokens")
         self.prompt_progress.show()
+
+    def prompt_read(self) -> None:
+        """The prompt is read (or the first tokens came): the bar goes, the answer is being written."""
+        self.prompt_progress.hide()
+        self.transcript.set_answer_status("writing…")
 
     def begin_answer(self, messages) -> None:
         """The conversation so far, and a place for the answer about to be written."""

@@ -388,7 +388,7 @@ class MainWindow(QMainWindow):
         live = self._live
         if live is None:
             return
-        self.chat.prompt_progress.hide()
+        self.chat.prompt_read()
         live.events.extend(events)
         # The speculation view is the live one, every frame. The Markdown answer and the stats
         # panel are re-rendered less often: each costs the UI thread more than a frame of tokens.

@@ -71,6 +71,7 @@ class Transcript(OpaqueScrollArea, RefusingResources, QTextBrowser):
         self.anchorClicked.connect(self._anchor)
         self.setPlaceholderText("Write a message below, or open a document and press Summarise.")
         self._answer_from: int | None = None
+        self._status = ""
         self._settled_text = ""  # the live answer's head already rendered, ending at _settled_at
         self._settled_at = 0
 
@@ -182,7 +183,21 @@ class Transcript(OpaqueScrollArea, RefusingResources, QTextBrowser):
         self._header(cursor, "Assistant", header)
         self._answer_from = cursor.position()
         self._settled_text, self._settled_at = "", self._answer_from
+        self._status = header  # the header ends with it, right before the answer
         self._follow()
+
+    def set_answer_status(self, status: str) -> None:
+        """Change the live answer's header ("reading the prompt…", then "writing…") while
+        nothing of the answer is shown yet."""
+        if self._answer_from is None or self._settled_at != self._answer_from or status == self._status:
+            return
+        cursor = QTextCursor(self.document())
+        cursor.setPosition(self._answer_from - len(self._status))
+        cursor.setPosition(self._answer_from, QTextCursor.KeepAnchor)
+        fmt = cursor.charFormat()
+        cursor.insertText(status, fmt)
+        self._answer_from = self._settled_at = cursor.position()
+        self._status = status
 
     def update_answer(self, text: str) -> None:
         """Show the answer so far. Only what changed since the last call is rendered: the head up
