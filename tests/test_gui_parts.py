@@ -209,6 +209,32 @@ def test_live_answer_rendered_in_pieces_reads_as_rendered_whole(qtbot):
     assert pieces.answer_text() == "Something else."
 
 
+def test_the_live_answers_header_changes_without_touching_the_answer(qtbot):
+    view = Transcript()
+    qtbot.addWidget(view)
+    view.begin_answer()
+    view.set_answer_status("reading the prompt…")
+    assert view.toPlainText().splitlines()[-1] == "Assistant · reading the prompt…"
+    view.update_answer("Hello")
+    view.set_answer_status("writing…")
+    view.update_answer("Hello there.\n\nA second paragraph")
+    lines = [line for line in view.toPlainText().splitlines() if line.strip()]
+    assert lines == ["Assistant · writing…", "Hello there.", "A second paragraph"]
+    assert view.answer_text().split() == "Hello there. A second paragraph".split()
+
+
+def test_an_answer_stopped_before_its_first_token_offers_no_replay(qtbot):
+    view = Transcript()
+    qtbot.addWidget(view)
+    record = {"index": 0, "source": "none", "k": 0, "emitted": [], "finish": "stopped"}
+    stopped = Message("assistant", "", cycles=[record], stats={"tokens": 0}, finish="stopped",
+                      note="Stopped while reading the prompt (640 of 1,554 tokens read); nothing was written.")
+    written = Message("assistant", "Hi.", cycles=[record], stats={"tokens": 2})
+    view.show_messages([Message("user", "Hello"), stopped, Message("user", "Again"), written])
+    html = view.toHtml()
+    assert "replay:1" not in html and "replay:3" in html
+
+
 def test_batcher_wakes_the_ui_once_per_frame_and_stretches_costly_frames(qtbot):
     batcher = CycleBatcher(interval_ms=20, cpu_budget=0.02)
     batches = []

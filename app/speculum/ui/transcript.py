@@ -162,7 +162,8 @@ class Transcript(OpaqueScrollArea, RefusingResources, QTextBrowser):
                     details.append(f"{m.stats['tokens_per_s']:.1f} tok/s")
                 if m.finish in FINISH_NOTES:
                     details.append(FINISH_NOTES[m.finish])
-                link = f"<a href='replay:{i}'>Replay</a>" if m.cycles else ""
+                # An answer stopped before its first token has one empty cycle: nothing to replay.
+                link = f"<a href='replay:{i}'>Replay</a>" if m.cycles and m.stats.get("tokens", 1) else ""
                 self._header(cursor, "Assistant", " · ".join(details), link)
                 self._markdown(cursor, m.shown)
                 if m.note:
