@@ -278,8 +278,7 @@ class AutoPolicy:
         if idle > 0:
             factor = IDLE_DECAY ** idle
             for rate in table:
-                rate.accepted *= factor
-                rate.rejected *= factor
+                rate.forget(factor)
             table.aged = self._cycle
         return table
 
