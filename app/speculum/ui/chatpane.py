@@ -10,7 +10,7 @@ from ..engine.vocabulary import Source
 from .banner import Banner
 from .document import DocumentPane
 from .inputbox import InputBox
-from .transcript import Transcript
+from .transcript import WRITING, Transcript
 
 
 class ChatPane(QWidget):
@@ -73,13 +73,13 @@ class ChatPane(QWidget):
     def prompt_read(self) -> None:
         """The prompt is read (or the first tokens came): the bar goes, the answer is being written."""
         self.prompt_progress.hide()
-        self.transcript.set_answer_status("writing…")
+        self.transcript.set_answer_status(WRITING)
 
     def begin_answer(self, messages) -> None:
         """The conversation so far, and a place for the answer about to be written."""
         self.document.highlight([])
         self.transcript.show_messages(messages)
-        self.transcript.begin_answer("writing…")
+        self.transcript.begin_answer()
 
     def restore_question(self, text: str) -> None:
         """A question whose answer failed goes back to the input box, unless the user typed anew."""

@@ -60,6 +60,9 @@ def replay_index(url: QUrl) -> int | None:
     return int(number) if number.isascii() and number.isdigit() and len(number) < 10 else None
 
 
+WRITING = "writing…"  # the live answer's header while it is written
+
+
 class Transcript(OpaqueScrollArea, RefusingResources, QTextBrowser):
     replayRequested = Signal(int)  # index of an assistant message in the conversation
 
@@ -179,7 +182,7 @@ class Transcript(OpaqueScrollArea, RefusingResources, QTextBrowser):
 
     # -- the answer being written --
 
-    def begin_answer(self, header: str = "writing…") -> None:
+    def begin_answer(self, header: str = WRITING) -> None:
         cursor = self._cursor()
         self._header(cursor, "Assistant", header)
         self._answer_from = cursor.position()
@@ -188,8 +191,8 @@ class Transcript(OpaqueScrollArea, RefusingResources, QTextBrowser):
         self._follow()
 
     def set_answer_status(self, status: str) -> None:
-        """Change the live answer's header ("reading the prompt…", then "writing…") while
-        nothing of the answer is shown yet."""
+        """Change the live answer's header ("reading the prompt…", then "writing…") while none
+        of the answer is settled (what is shown after the header moves with it)."""
         if self._answer_from is None or self._settled_at != self._answer_from or status == self._status:
             return
         cursor = QTextCursor(self.document())
