@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from .oslock import try_lock
+
 LOCK_NAME = "speculum.lock"
 _PID_AT = 0  # the owner's process id is written here; the lock itself covers one byte further on
 _LOCK_AT = 64
@@ -29,25 +31,6 @@ class FolderInUse(Exception):
                          "overwrite the other's changes. Switch to that window, or close it and try again.")
 
 
-def _try_lock(fd: int) -> bool:
-    os.lseek(fd, _LOCK_AT, os.SEEK_SET)
-    if os.name == "nt":
-        import msvcrt
-
-        try:
-            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
-        except OSError:
-            return False
-        return True
-    import fcntl
-
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return False
-    return True
-
-
 def claim(folder: Path) -> None:
     """Own ``folder`` for the rest of this process, or raise FolderInUse naming the owner."""
     folder = Path(folder)
@@ -57,7 +40,7 @@ def claim(folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / LOCK_NAME
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    if not _try_lock(fd):
+    if not try_lock(fd, _LOCK_AT):
         try:
             os.lseek(fd, _PID_AT, os.SEEK_SET)
             owner = os.read(fd, 32).split(b"\n")[0].decode("ascii", "replace").strip()

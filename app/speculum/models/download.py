@@ -36,16 +36,10 @@ from huggingface_hub import constants
 from huggingface_hub.utils import hf_raise_for_status, http_stream_backoff
 
 from .. import paths
+from ..oslock import msvcrt, try_lock, unlock
 from ..errors import SpeculumError
 from .remote import HubRef, RemoteFile, hub_error, offline, request_headers, resolve
 from .stamps import read_stamp, stamp_path, valid_fields, write_stamp
-
-try:
-    import fcntl
-    msvcrt = None
-except ImportError:  # Windows
-    fcntl = None
-    import msvcrt
 
 MiB = 1 << 20
 DISK_MARGIN = 256 * MiB  # never fill the disk to the last byte
@@ -245,26 +239,6 @@ _thread_locks: dict[str, threading.Lock] = {}
 _thread_locks_guard = threading.Lock()
 
 
-def _os_lock(fd: int) -> bool:
-    os.lseek(fd, 0, os.SEEK_SET)
-    try:
-        if fcntl is not None:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        else:
-            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
-    except OSError:
-        return False
-    return True
-
-
-def _os_unlock(fd: int) -> None:
-    os.lseek(fd, 0, os.SEEK_SET)
-    if fcntl is not None:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-    else:
-        msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
-
-
 class FileLock:
     """One holder at a time, across threads and processes, of what ``path`` guards.
 
@@ -299,12 +273,12 @@ class FileLock:
                 try:
                     self.path.parent.mkdir(parents=True, exist_ok=True)
                     fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-                    if _os_lock(fd):
+                    if try_lock(fd):
                         # the holder before us deletes the file as it lets go: ours must still be the one there
                         if os.path.samestat(os.fstat(fd), os.stat(self.path)):
                             self._fd = fd
                             return True
-                        _os_unlock(fd)
+                        unlock(fd)
                 except (FileNotFoundError, PermissionError):
                     pass  # a folder pruned, or (Windows) a lock file being deleted: try again
                 if fd is not None:
@@ -324,7 +298,7 @@ class FileLock:
         try:
             with contextlib.suppress(OSError):  # Windows refuses while the file is open: see below
                 os.unlink(self.path)  # while still held, so no one locks a file that is going away
-            _os_unlock(fd)
+            unlock(fd)
             os.close(fd)
             if msvcrt is not None:
                 with contextlib.suppress(OSError):  # another process has it open: it stays, harmlessly
