@@ -7,6 +7,8 @@ import threading
 import time
 from types import SimpleNamespace
 
+import pytest
+
 from PySide6.QtCore import QObject, Signal
 
 from speculum import summarise
@@ -308,14 +310,16 @@ def test_live_widgets_repaint_without_the_window_behind_them(qtbot):
     assert view.verticalScrollBar().maximum() > 0 and Paints.count <= 1
 
 
-def test_stats_say_when_the_policy_is_still_learning(qtbot):
+@pytest.mark.parametrize("width", [420, 460])  # the stats panel in a 1280- and a 1400-pixel window
+def test_stats_say_when_the_policy_is_still_learning(qtbot, width):
     from PySide6.QtCore import QRect, Qt
+    from PySide6.QtGui import QTextLayout, QTextOption
 
     from speculum.runner import StatsSnapshot
 
     panel = StatsPanel()
     qtbot.addWidget(panel)
-    panel.resize(460, panel.sizeHint().height())  # the stats panel's width in a 1400-pixel window
+    panel.resize(width, panel.sizeHint().height())
     panel.show()
     policy = PolicyReport("none", 0, mode="auto", plain_tokens_per_s=23.2, learning=True, expected_tokens_per_s=23.2,
                           expected_tokens_per_pass=1.0, expected_speedup=1.0).to_json()
@@ -326,10 +330,28 @@ def test_stats_say_when_the_policy_is_still_learning(qtbot):
     # it once wrapped onto the row's last line and pushed it out of sight)
     readout = panel.readout
     lines = dict(readout.rows)[panel.POLICY]
-    shown = value[:value.index("still learning") + len("still learning this machine's costs")]
     width = readout.width() - readout._name_width()
-    needed = readout.fontMetrics().boundingRect(QRect(0, 0, width, 10_000), Qt.TextWordWrap, shown).height()
+    needed = readout.fontMetrics().boundingRect(QRect(0, 0, width, 10_000), Qt.TextWordWrap, value).height()
     assert needed <= lines * readout._line(), (width, needed, value)
+    # ... and no estimate broken across lines ("7.6 tok/s" / "expected · plain 7.6 tok/s" read
+    # as the plain rate expected)
+    layout = QTextLayout(value.replace("\n", "\u2028"), readout.font())  # the layout's own line break
+    option = QTextOption(Qt.AlignLeft)
+    option.setWrapMode(QTextOption.WrapAtWordBoundaryOrAnywhere)  # as the row paints
+    layout.setTextOption(option)
+    layout.beginLayout()
+    starts = []
+    while (line := layout.createLine()).isValid():
+        line.setLineWidth(width)
+        starts.append(line.textStart())
+    layout.endLayout()
+    phrases = value.split("\n")[-1].split(" · ")
+    assert len(phrases) == 3
+    at = value.rindex("\n") + 1
+    for phrase in phrases:
+        assert not any(at < s < at + len(phrase) for s in starts), (phrase, starts, value)
+        at += len(phrase) + 3
+    assert "tok/s expected" in readout.as_text()  # copied as ordinary text
     panel.show_snapshot(StatsSnapshot(policy={**policy, "learning": False}))
     assert "learning" not in panel.value(panel.POLICY)
     # A stored cycle from before the field existed: nothing claimed either way.

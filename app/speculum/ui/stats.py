@@ -21,6 +21,16 @@ ESTIMATES = (
 )
 
 
+# No line break inside a phrase: no-break spaces, and a word joiner after a slash ("tok/s"
+# breaks after its slash by Unicode's rules); copied text gets ordinary spaces back.
+_GLUE = {" ": "\u00a0", "/": "/\u2060"}
+_ORDINARY = {ord("\u00a0"): " ", ord("\u2060"): None}
+
+
+def _unbroken(phrase: str) -> str:
+    return "".join(_GLUE.get(c, c) for c in phrase)
+
+
 BACKGROUND = Qt.white  # the stats group box's, from the style sheet
 
 
@@ -53,7 +63,7 @@ class Readout(QWidget):
         return self.values[name]
 
     def as_text(self) -> str:
-        return "\n".join(f"{name}: {self.values[name]}" for name, _ in self.rows)
+        return "\n".join(f"{name}: {self.values[name]}" for name, _ in self.rows).translate(_ORDINARY)
 
     def _line(self) -> int:
         return self.fontMetrics().lineSpacing()
@@ -194,7 +204,7 @@ class StatsPanel(QGroupBox):
         super().__init__("Speculation stats", parent)
         self.setObjectName("statsPanel")
         self.readout = Readout([(self.ACCEPTANCE, 1), (self.RATE, 1), (self.PER_PASS, 1), (self.SPEEDUP, 1),
-                                (self.POLICY, 3), (self.PROMPT, 2)])
+                                (self.POLICY, 4), (self.PROMPT, 2)])
         self.bars = AcceptanceBars()
         self.chart = RateChart()
         layout = QVBoxLayout(self)
@@ -220,7 +230,10 @@ class StatsPanel(QGroupBox):
         """Display one StatsSnapshot (worker.py)."""
         policy = snap.policy or {}
         drafter = look.DRAFTERS.get(policy.get("source", ""), policy.get("source", "—"))
-        estimates = [label.format(policy[key]) for key, label in ESTIMATES if isinstance(policy.get(key), (int, float))]
+        # Each estimate one unbreakable phrase: wrapped inside one, "7.6 tok/s" ended a line and
+        # "expected · plain 7.6 tok/s" began the next, which read as the plain rate expected.
+        estimates = [_unbroken(label.format(policy[key])) for key, label in ESTIMATES
+                     if isinstance(policy.get(key), (int, float))]
         prompt = "—"
         if snap.prompt_total:
             prompt = (f"{snap.prompt_tokens:,} of {snap.prompt_total:,} tokens"
@@ -233,7 +246,7 @@ class StatsPanel(QGroupBox):
             self.PER_PASS: f"{snap.tokens_per_pass:.2f}",
             self.SPEEDUP: (f"{snap.speedup:.2f}×  ({snap.speedup_source})" if snap.speedup is not None
                            else "— (no plain step measured yet)"),
-            # The row holds three lines and the estimates often wrap onto two: the notice goes
+            # The row holds four lines and the estimates often wrap onto two: the notice goes
             # before them (after them it was cut off at the window's usual width).
             self.POLICY: "\n".join([f"{drafter}, k = {policy.get('k', 0)}" if policy else "—"]
                                    + (["still learning this machine's costs"] if policy.get("learning") else [])
