@@ -179,6 +179,35 @@ def test_replay_snapshots_follow_the_cycles():
     assert snaps[-1].speedup is not None and snaps[-1].speedup_source == "measured"
 
 
+def test_acceptance_bars_labels_fit_their_bars(qtbot):
+    # 15 draft positions in a 1280-pixel window: "100%" centred on a narrower bar spilled white
+    # onto the white gaps and read "00%".
+    from speculum.ui.stats import AcceptanceBars
+
+    from PySide6.QtGui import QFontMetricsF
+
+    bars = AcceptanceBars()
+    qtbot.addWidget(bars)
+    seen = set()
+    for width, rates in ((392, [1.0] * 10 + [0.6] * 3 + [0.2, 0.0]), (392, [1.0, 0.75, 0.5]),
+                         (300, [1.0] * 15), (120, [1.0] * 15)):  # 392: the panel in a 1280-pixel window
+        bars.resize(width, 90)
+        bars.set_rates(rates)
+        drawn, font = bars.bars()
+        fm = QFontMetricsF(font)
+        assert len(drawn) == len(rates)
+        for rate, (x, bar, label) in zip(rates, drawn):
+            inside = rate > 0.3
+            assert fm.horizontalAdvance(label) <= (bar if inside else bar + bars.GAP), (width, rate, bar, label)
+        forms = {"%" if label.endswith("%") else "number" if label else "none" for *_, label in drawn}
+        assert len(forms) == 1  # one form for every bar ("60" beside "0%" read oddly)
+        seen |= {(forms.pop(), font.pointSizeF() < bars.font().pointSizeF())}
+        assert all(label in (f"{r:.0%}", f"{100 * r:.0f}", "") for r, (*_, label) in zip(rates, drawn))
+        assert drawn[-1][0] + drawn[-1][1] <= width  # all within the widget
+    assert {("%", False), ("number", True), ("none", False)} <= seen, seen
+    assert "15: 100%" in bars.toolTip()  # every rate in words, where no label fits
+
+
 ANSWER = ("Here is the plan.\n\nFirst, read the file:\n\n```python\nwith open(path) as f:\n\n    data = f.read()\n```\n\n"
           "1. Parse it.\n2. Check it.\n\nDone, with `inline code` too.")
 

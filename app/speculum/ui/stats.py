@@ -6,7 +6,7 @@ Everything shown is computed by the worker (``StatsSnapshot``); these widgets on
 from __future__ import annotations
 
 from PySide6.QtCore import QPointF, QRectF, QSize, Qt
-from PySide6.QtGui import QAction, QGuiApplication, QPainter, QPainterPath, QPen, QTextOption
+from PySide6.QtGui import QAction, QFont, QFontMetricsF, QGuiApplication, QPainter, QPainterPath, QPen, QTextOption
 from PySide6.QtWidgets import QGroupBox, QLabel, QVBoxLayout, QWidget
 
 from . import look
@@ -109,30 +109,63 @@ class AcceptanceBars(QWidget):
     def set_rates(self, rates: list[float]) -> None:
         if rates != self.rates:
             self.rates = list(rates)
+            # Every rate in words too: narrow bars may have no room for their labels.
+            self.setToolTip("Acceptance per draft position: the share of drafts accepted at position 1, 2, …"
+                            + ("\n" + ", ".join(f"{i + 1}: {r:.0%}" for i, r in enumerate(self.rates))
+                               if self.rates else ""))
             self.update()
+
+    GAP = 6.0
+    SMALLEST = 6.5  # points: smaller labels are not read, the tooltip says the rates
+
+    def _area(self) -> QRectF:
+        return QRectF(self.rect()).adjusted(4, 4, -4, -18)
+
+    def bars(self) -> tuple[list[tuple[float, float, str]], QFont]:
+        """Each bar's left edge, width and label, and the labels' font. One form for all: "100%",
+        else "100", in a smaller font if need be, else none, whichever first fits every bar (a
+        label inside its bar, white on it, must fit the bar; one above a low bar may take the gaps
+        beside it). Centred on a bar narrower than it, "100%" spilled white onto the white gaps
+        and read "00%" with 15 positions in a 1280-pixel window."""
+        area, n = self._area(), len(self.rates)
+        font = self.font()
+        if not n:
+            return [], font
+        width = min(36.0, (area.width() - self.GAP * (n - 1)) / n)
+        lefts = [area.left() + i * (width + self.GAP) for i in range(n)]
+        size = font.pointSizeF()
+        tries = [(size, "{:.0%}")] + [(size - 0.5 * i, "{:.0f}") for i in range(int((size - self.SMALLEST) / 0.5) + 1)]
+        for points, form in tries:
+            f = QFont(font)
+            f.setPointSizeF(points)
+            fm = QFontMetricsF(f)
+            labels = [form.format(rate if "%" in form else 100 * rate) for rate in self.rates]
+            if all(fm.horizontalAdvance(label) <= (width if rate > 0.3 else width + self.GAP)
+                   for rate, label in zip(self.rates, labels)):
+                return list(zip(lefts, [width] * n, labels)), f
+        return list(zip(lefts, [width] * n, [""] * n)), font
 
     def paintEvent(self, event):
         p = QPainter(self)
         p.fillRect(self.rect(), BACKGROUND)
         p.setRenderHint(QPainter.Antialiasing)
-        area = QRectF(self.rect()).adjusted(4, 4, -4, -18)
+        area = self._area()
         if not self.rates:
             p.setPen(look.MUTED)
             p.drawText(self.rect(), Qt.AlignCenter, "no drafts yet")
             return
-        n = len(self.rates)
-        gap = 6.0
-        width = min(36.0, (area.width() - gap * (n - 1)) / n)
-        for i, rate in enumerate(self.rates):
-            x = area.left() + i * (width + gap)
+        bars, font = self.bars()
+        for i, (rate, (x, width, label)) in enumerate(zip(self.rates, bars)):
             p.fillRect(QRectF(x, area.top(), width, area.height()), look.BAR_BACK)
             h = area.height() * max(0.0, min(rate, 1.0))
             p.fillRect(QRectF(x, area.bottom() - h, width, h), look.BAR)
             p.setPen(look.MUTED)
+            p.setFont(self.font())
             p.drawText(QRectF(x - 4, area.bottom() + 2, width + 8, 14), Qt.AlignCenter, str(i + 1))
             p.setPen(Qt.white if rate > 0.3 else look.MUTED)
+            p.setFont(font)
             label_top = area.bottom() - 16 if rate > 0.3 else area.bottom() - h - 16
-            p.drawText(QRectF(x - 6, label_top, width + 12, 14), Qt.AlignCenter, f"{rate:.0%}")
+            p.drawText(QRectF(x - self.GAP / 2, label_top, width + self.GAP, 14), Qt.AlignCenter, label)
 
 
 class RateChart(QWidget):
