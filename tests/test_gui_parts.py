@@ -208,6 +208,35 @@ def test_acceptance_bars_labels_fit_their_bars(qtbot):
     assert "15: 100%" in bars.toolTip()  # every rate in words, where no label fits
 
 
+def test_the_speedup_is_the_answers_own_not_its_last_cycles_estimate():
+    # Auto mode: copies at twice plain speed, then a plain step whose estimate is 1.00x. The
+    # answer ran at 2x; "1.00x (policy estimate)" is what the row said once it ended.
+    from speculum.engine.stats import Stats
+    from speculum.runner import snapshot_of
+
+    def auto_cycle(i, drafted, accepted, emitted, expected, seconds):
+        c = cycle(i, "lookup" if drafted else "none", drafted, accepted, emitted)
+        c.verify_s = seconds
+        c.policy = PolicyReport(c.source, len(drafted), mode="auto", plain_tokens_per_s=10.0,
+                                expected_speedup=expected)
+        return c
+
+    stats = Stats()
+    copy = auto_cycle(0, [1, 2, 3], 3, [1, 2, 3, 4], 2.4, 0.2)  # 4 tokens in two plain steps' time
+    plain = auto_cycle(1, [], 0, [5], 1.0, 0.1)
+    stats.add(copy)
+    snap = snapshot_of(stats, copy, None)
+    assert snap.speedup == pytest.approx(2.0) and snap.speedup_source == "measured"
+    stats.add(plain)
+    snap = snapshot_of(stats, plain, None)
+    assert snap.speedup == pytest.approx(5 / 0.3 / 10.0) and snap.speedup_source == "measured"
+    # No plain rate known yet (a forced mode's first cycle): the estimate, said to be one.
+    plain.policy = PolicyReport("none", 0, expected_speedup=1.0)
+    assert (snapshot_of(stats, plain, None).speedup, snapshot_of(stats, plain, None).speedup_source) == (
+        1.0, "policy estimate")
+    assert snapshot_of(stats, plain, 12.5).speedup == pytest.approx(5 / 0.3 / 12.5)
+
+
 ANSWER = ("Here is the plan.\n\nFirst, read the file:\n\n```python\nwith open(path) as f:\n\n    data = f.read()\n```\n\n"
           "1. Parse it.\n2. Check it.\n\nDone, with `inline code` too.")
 
