@@ -152,6 +152,12 @@ def test_replay_steps_through_cycles(qtbot, open_window, smollm_path):
     kinds = [k for _, k, _ in w.speculation.runs()]
     assert kinds[-len(cycles[drafted]["drafted"]):] == [look.PROPOSED] * len(cycles[drafted]["drafted"])
     assert "proposed" in w.replay_label.text()
+    # The Policy row names the choice being proposed, not the cycle before's.
+    for i in (0, drafted, len(cycles) - 1):
+        bar.set_step(2 * i + 1)
+        policy = cycles[i]["policy"]
+        first = w.stats.value(w.stats.POLICY).splitlines()[0]
+        assert first == f"{look.DRAFTERS[policy['source']]}, k = {policy['k']}", (i, first, policy)
     bar.set_step(2 * drafted + 2)  # verified: accepted and struck
     kinds = [k for _, k, _ in w.speculation.runs()]
     assert look.PROPOSED not in kinds

@@ -107,7 +107,8 @@ class ReplayController(QObject):
                 self.speculation.show_proposed(cycles[done])
         replay.step = step
         self._show_answer(done)
-        self.stats.show_history(snaps[:done])
+        proposing = cycles[done].cycle.policy if step % 2 else None
+        self.stats.show_history(snaps[:done], proposing.to_json() if proposing is not None else None)
         self.label.setText(describe_step(cycles, step))
 
     def _show_answer(self, done: int) -> None:

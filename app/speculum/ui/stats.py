@@ -31,6 +31,20 @@ def _unbroken(phrase: str) -> str:
     return "".join(_GLUE.get(c, c) for c in phrase)
 
 
+def policy_text(policy: dict) -> str:
+    """The Policy row: the drafter and k, the learning notice, the estimates. The row holds four
+    lines and the estimates often wrap onto two: the notice goes before them (after them it was
+    cut off at the window's usual width)."""
+    drafter = look.DRAFTERS.get(policy.get("source", ""), policy.get("source", "—"))
+    # Each estimate one unbreakable phrase: wrapped inside one, "7.6 tok/s" ended a line and
+    # "expected · plain 7.6 tok/s" began the next, which read as the plain rate expected.
+    estimates = [_unbroken(label.format(policy[key])) for key, label in ESTIMATES
+                 if isinstance(policy.get(key), (int, float))]
+    return "\n".join([f"{drafter}, k = {policy.get('k', 0)}" if policy else "—"]
+                     + (["still learning this machine's costs"] if policy.get("learning") else [])
+                     + ([" · ".join(estimates)] if estimates else []))
+
+
 BACKGROUND = Qt.white  # the stats group box's, from the style sheet
 
 
@@ -261,12 +275,6 @@ class StatsPanel(QGroupBox):
 
     def show_snapshot(self, snap) -> None:
         """Display one StatsSnapshot (worker.py)."""
-        policy = snap.policy or {}
-        drafter = look.DRAFTERS.get(policy.get("source", ""), policy.get("source", "—"))
-        # Each estimate one unbreakable phrase: wrapped inside one, "7.6 tok/s" ended a line and
-        # "expected · plain 7.6 tok/s" began the next, which read as the plain rate expected.
-        estimates = [_unbroken(label.format(policy[key])) for key, label in ESTIMATES
-                     if isinstance(policy.get(key), (int, float))]
         prompt = "—"
         if snap.prompt_total:
             prompt = (f"{snap.prompt_tokens:,} of {snap.prompt_total:,} tokens"
@@ -279,19 +287,20 @@ class StatsPanel(QGroupBox):
             self.PER_PASS: f"{snap.tokens_per_pass:.2f}",
             self.SPEEDUP: (f"{snap.speedup:.2f}×  ({snap.speedup_source})" if snap.speedup is not None
                            else "— (no plain step measured yet)"),
-            # The row holds four lines and the estimates often wrap onto two: the notice goes
-            # before them (after them it was cut off at the window's usual width).
-            self.POLICY: "\n".join([f"{drafter}, k = {policy.get('k', 0)}" if policy else "—"]
-                                   + (["still learning this machine's costs"] if policy.get("learning") else [])
-                                   + ([" · ".join(estimates)] if estimates else [])),
+            self.POLICY: policy_text(snap.policy or {}),
             self.PROMPT: prompt,
         })
         self.bars.set_rates(snap.acceptance_by_position)
 
-    def show_history(self, snapshots) -> None:
-        """Replay: the chart and numbers as they stood after the last of ``snapshots``."""
+    def show_history(self, snapshots, proposing: dict | None = None) -> None:
+        """Replay: the chart and numbers as they stood after the last of ``snapshots``; while the
+        next cycle's draft is shown proposed, ``proposing`` is its policy report, the choice
+        already made (the Policy row said the cycle before's: "prompt lookup, k = 1" beside
+        "Cycle 3 of 57: plain step, nothing drafted")."""
         self.chart.set_points([(s.seconds, s.tokens_per_s) for s in snapshots])
         if snapshots:
             self.show_snapshot(snapshots[-1])
         else:
             self.reset()
+        if proposing is not None:
+            self.readout.set_values({self.POLICY: policy_text(proposing)})
