@@ -138,6 +138,25 @@ def test_second_turn_reuses_the_cache(qtbot, open_window, smollm_path):
     assert "reused from the cache" in w.stats.value(w.stats.PROMPT)
 
 
+def test_serve_api_stays_in_the_toolbar_of_a_1280_pixel_window(qtbot, open_window, smollm_path, tmp_path):
+    # Sized to their longest names, the model pickers pushed the Serve switch into the toolbar's
+    # overflow menu once it served (the URL and Copy beside it): the switch to stop it hidden.
+    long = tmp_path / "Meta-Llama-3.1-70B-Instruct-abliterated-Q4_K_M-imatrix-calibrated.gguf"
+    long.symlink_to(smollm_path)
+    w = open_window(long, long, load=False)
+    w.resize(1280, 800)
+    for serving in (False, True):
+        if serving:
+            w.serve_panel.show_serving("http://127.0.0.1:65535/v1", "model")
+        qtbot.waitUntil(lambda: w.serve_panel.switch.isVisible(), timeout=5_000)
+        assert w.serve_panel.copy.isVisible() == serving
+    for combo in (w.target_combo, w.draft_combo):  # a long name elided in its middle: its start and end in sight
+        shown = combo.shown_text()
+        assert "…" in shown and shown.startswith("Meta-Llama") and shown.endswith("library)"), shown
+    w.resize(1920, 800)  # room to spare: the pickers widen
+    qtbot.waitUntil(lambda: w.target_combo.width() > 1.3 * w.target_combo.minimumSizeHint().width(), timeout=5_000)
+
+
 def test_replay_steps_through_cycles(qtbot, open_window, smollm_path):
     w = open_window(smollm_path, mode="lookup", max_tokens=32)
     send(qtbot, w, COPY_PROMPT)

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QAction
-from PySide6.QtWidgets import QComboBox, QLabel, QPushButton, QToolBar
+from PySide6.QtWidgets import (QComboBox, QLabel, QPushButton, QSizePolicy, QStyle, QStyleOptionComboBox,
+                               QStylePainter, QToolBar)
 
 from ..engine.vocabulary import Mode
 from ..models.gguf import is_assistant, nextn_layers
@@ -32,6 +33,43 @@ def models_dialog_class():
     return ModelsDialog
 
 
+class PairCombo(QComboBox):
+    """A model picker of a fixed width that shows a long name elided in its middle, so both the
+    model's name and its role ("… (demo target)") stay in sight, and whose list shows names
+    whole. (Sized to their longest names, the two pickers pushed Serve API out of a 1280-pixel
+    window's toolbar into its overflow menu once it served: the switch to stop it hidden.)"""
+
+    CHARACTERS = 16  # at least; wider where the toolbar has room, up to WIDEST
+    WIDEST = 40
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
+        self.setMinimumContentsLength(self.CHARACTERS)
+        self.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Fixed)
+        self.setMaximumWidth(self.fontMetrics().averageCharWidth() * self.WIDEST)
+
+    def shown_text(self) -> str:
+        option = QStyleOptionComboBox()
+        self.initStyleOption(option)
+        field = self.style().subControlRect(QStyle.CC_ComboBox, option, QStyle.SC_ComboBoxEditField, self)
+        return self.fontMetrics().elidedText(self.currentText(), Qt.ElideMiddle, field.width())
+
+    def paintEvent(self, event):
+        painter = QStylePainter(self)
+        option = QStyleOptionComboBox()
+        self.initStyleOption(option)
+        painter.drawComplexControl(QStyle.CC_ComboBox, option)
+        option.currentText = self.shown_text()
+        painter.drawControl(QStyle.CE_ComboBoxLabel, option)
+
+    def showPopup(self) -> None:
+        names = [self.itemText(i) for i in range(self.count())]
+        widest = max((self.fontMetrics().horizontalAdvance(n) for n in names), default=0)
+        self.view().setMinimumWidth(widest + 2 * self.style().pixelMetric(QStyle.PM_ScrollBarExtent))
+        super().showPopup()
+
+
 class ModelBar(QToolBar):
     changed = Signal()  # the user picked another mode: the settings are worth saving
     pairReady = Signal(str, str)  # the Models dialog has a pair on disk: target path, draft path ("" for none)
@@ -41,12 +79,9 @@ class ModelBar(QToolBar):
         super().__init__("Models", parent)
         self.setObjectName("modelBar")
         self.setMovable(False)
-        self.target_combo = QComboBox(objectName="targetCombo", toolTip="Target model: the one whose answer you get")
-        self.draft_combo = QComboBox(objectName="draftCombo",
+        self.target_combo = PairCombo(objectName="targetCombo", toolTip="Target model: the one whose answer you get")
+        self.draft_combo = PairCombo(objectName="draftCombo",
                                      toolTip="Draft model: a smaller model of the same vocabulary that proposes tokens")
-        for combo in (self.target_combo, self.draft_combo):
-            combo.setSizeAdjustPolicy(QComboBox.AdjustToContents)
-            combo.setMinimumContentsLength(22)
         self.load_button = QPushButton("Load", objectName="loadButton", toolTip="Load the chosen target and draft")
         self.models_button = QPushButton("Models…", objectName="modelsButton")
         self.mode_combo = QComboBox(objectName="modeCombo")

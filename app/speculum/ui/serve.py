@@ -16,7 +16,8 @@ def example_request(base_url: str, model_id: str) -> str:
 
 
 class ServePanel(QWidget):
-    """Switch, port, and once serving the base URL with a Copy button (URL and an example)."""
+    """Switch and port; once serving, the base URL (with the port) and a Copy button (URL and an
+    example) instead of the port."""
 
     switched = Signal(bool, int)  # on, port
 
@@ -52,7 +53,7 @@ class ServePanel(QWidget):
         self.switch.blockSignals(True)  # showing the state is not the user switching
         self.switch.setChecked(serving)
         self.switch.blockSignals(False)
-        self.port.setEnabled(not serving)
+        self.port.setVisible(not serving)  # the URL names it; the toolbar has no room for both
         self.url.setText(base_url)
         self.url.setVisible(serving)
         self.copy.setVisible(serving)
