@@ -208,6 +208,33 @@ def test_acceptance_bars_labels_fit_their_bars(qtbot):
     assert "15: 100%" in bars.toolTip()  # every rate in words, where no label fits
 
 
+def test_a_dark_desktop_theme_still_gets_dark_text_on_the_light_window(qtbot):
+    # The style sheet paints light backgrounds; under a dark theme the palette's text was light:
+    # the transcript, the stats and what the user types white on white.
+    from PySide6.QtGui import QColor, QPalette
+    from PySide6.QtWidgets import QApplication
+
+    app = QApplication.instance()
+    saved_palette, saved_style = app.palette(), app.style().name()
+    dark = QPalette()
+    for role, colour in ((QPalette.Window, "#2b2b2b"), (QPalette.WindowText, "#f0f0f0"), (QPalette.Base, "#1e1e1e"),
+                         (QPalette.Text, "#f0f0f0"), (QPalette.Button, "#353535"), (QPalette.ButtonText, "#f0f0f0")):
+        dark.setColor(role, QColor(colour))
+    try:
+        app.setPalette(dark)
+        look.use_light_look(app)
+        assert app.style().name().lower() == "fusion"
+        transcript = Transcript()
+        qtbot.addWidget(transcript)
+        palette = transcript.palette()
+        for text, ground in ((QPalette.Text, QPalette.Base), (QPalette.WindowText, QPalette.Window),
+                             (QPalette.ButtonText, QPalette.Button)):
+            assert palette.color(text).lightness() < 80 < 200 < palette.color(ground).lightness(), (text, ground)
+    finally:
+        app.setStyle(saved_style)
+        app.setPalette(saved_palette)
+
+
 def test_the_speedup_is_the_answers_own_not_its_last_cycles_estimate():
     # Auto mode: copies at twice plain speed, then a plain step whose estimate is 1.00x. The
     # answer ran at 2x; "1.00x (policy estimate)" is what the row said once it ended.

@@ -11,9 +11,11 @@ def run_app(args=None) -> int:
     from PySide6.QtWidgets import QApplication
 
     from .. import paths
+    from . import look
     from .mainwindow import MainWindow
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
+    look.use_light_look(app)
     app.setApplicationName("Speculum")
     app.setOrganizationName("Speculum")
     app.setDesktopFileName("speculum")  # Wayland matches the window to resources/speculum.desktop

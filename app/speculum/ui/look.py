@@ -71,3 +71,19 @@ def visible(text: str) -> str:
     if not text.strip(" "):
         return "·" * len(text)
     return text.replace("\t", "⇥").replace("\r", "").replace("\n", "↵\n")
+
+
+def use_light_look(app) -> None:
+    """Fusion and its light palette, on every platform and under every desktop theme.
+
+    The style sheet (resources/style.qss) paints light backgrounds and leaves text to the
+    palette; under a dark theme (macOS dark mode, Breeze Dark, Windows' dark mode) the palette's
+    text is light, and the transcript, the stats, the toolbar's labels and what the user types
+    were white on white. Native styles draw some controls in the system's appearance whatever
+    the palette says: Fusion draws them all with it."""
+    from PySide6.QtWidgets import QStyleFactory
+
+    style = QStyleFactory.create("Fusion")
+    if style is not None:  # a Qt build without it keeps its own style, with a light palette still
+        app.setStyle(style)
+    app.setPalette(app.style().standardPalette())
