@@ -296,6 +296,21 @@ def test_live_answer_rendered_in_pieces_reads_as_rendered_whole(qtbot):
     assert pieces.answer_text() == "Something else."
 
 
+def test_an_answer_keeps_the_line_breaks_the_model_wrote(qtbot):
+    # Markdown joins a paragraph's lines: a haiku read as one line, "Lighthouse towers high,
+    # Guiding ships through the night, Lightning strikes the sea."
+    view = Transcript()
+    qtbot.addWidget(view)
+    haiku = "Lighthouse towers high,\nGuiding ships through the night,\nLightning strikes the sea."
+    view.begin_answer()
+    view.update_answer(haiku + "\n\n1. one\n2. two\n\n```\nx = 1  \ny = 2\n```\n\n**Bold**\nplain")
+    lines = [line.strip() for line in view.answer_text().splitlines() if line.strip()]
+    assert lines[:3] == haiku.splitlines(), lines
+    assert lines[-2:] == ["Bold", "plain"]
+    assert "x = 1" in lines and "y = 2" in lines  # code as written: no breaks added inside
+    assert not view.document().find("x = 1  ").isNull()  # its own trailing spaces kept
+
+
 def test_the_live_answers_header_changes_without_touching_the_answer(qtbot):
     view = Transcript()
     qtbot.addWidget(view)

@@ -87,8 +87,10 @@ _CODE_SPAN = re.compile(r"(`+)(?:.*?[^`])?\1(?!`)", re.S)
 
 def images_as_text(markdown: str) -> str:
     """Escape the ``![`` that opens a Markdown image, so ``![x](url)`` reads as those characters
-    (even with no alt text, which Qt would otherwise drop silently). Code is left as written:
-    fenced blocks and inline code spans show their text literally anyway."""
+    (even with no alt text, which Qt would otherwise drop silently), and keep each line break the
+    model wrote (Markdown joins a paragraph's lines: a poem, an address or steps without list
+    markers read as one run-on line). Code is left as written: fenced blocks and inline code
+    spans show their text literally anyway."""
     out, fence, indented = [], "", False
     for line in markdown.splitlines(keepends=True):
         m = _FENCE.match(line)
@@ -113,7 +115,11 @@ def images_as_text(markdown: str) -> str:
             pieces.append(span.group(0))
             at = span.end()
         pieces.append(line[at:].replace("![", "!\\["))
-        out.append("".join(pieces))
+        text = "".join(pieces)
+        body = text.rstrip("\r\n")
+        if body.strip() and body != text and not body.endswith(("  ", "\\")):
+            text = body + "  " + text[len(body):]  # a hard line break; ignored where a block ends
+        out.append(text)
     return "".join(out)
 
 
