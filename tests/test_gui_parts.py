@@ -452,6 +452,9 @@ def test_stats_say_when_the_policy_is_still_learning(qtbot, width):
         assert not any(at < s < at + len(phrase) for s in starts), (phrase, starts, value)
         at += len(phrase) + 3
     assert "tok/s expected" in readout.as_text()  # copied as ordinary text
+    # Where a phrase is wider than the row, it breaks at its spaces, not anywhere ("tokens/pa").
+    assert readout._wrappable(value, 1000) == value
+    assert "\u00a0" not in readout._wrappable(value, readout.fontMetrics().horizontalAdvance("expects 1.00"))
     panel.show_snapshot(StatsSnapshot(policy={**policy, "learning": False}))
     assert "learning" not in panel.value(panel.POLICY)
     # A stored cycle from before the field existed: nothing claimed either way.

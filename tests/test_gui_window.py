@@ -138,6 +138,24 @@ def test_second_turn_reuses_the_cache(qtbot, open_window, smollm_path):
     assert "reused from the cache" in w.stats.value(w.stats.PROMPT)
 
 
+def test_the_window_fits_a_small_laptop_screen(qtbot, open_window):
+    # 1366x768 at 125% scale: 1093x614 logical pixels, about 560 under a title bar and a task
+    # bar. The side panes asked for 650 pixels, the window could not be shorter than 714, and
+    # the input box went off the screen's bottom.
+    from PySide6.QtCore import QPoint
+
+    w = open_window()
+    w.resize(1093, 560)
+    qtbot.waitUntil(lambda: w.height() == 560, timeout=5_000)
+    bottom = w.send_button.mapTo(w, QPoint(0, w.send_button.height())).y()
+    assert bottom <= w.height() - w.statusBar().height(), bottom
+    assert w.input.visibleRegion().boundingRect().height() >= 40
+    # The stats' values keep room for their longest one-line texts.
+    readout = w.stats.readout
+    width = readout.width() - readout._name_width()
+    assert readout.fontMetrics().horizontalAdvance("— (no plain step measured yet)") <= width, width
+
+
 def test_serve_api_stays_in_the_toolbar_of_a_1280_pixel_window(qtbot, open_window, smollm_path, tmp_path):
     # Sized to their longest names, the model pickers pushed the Serve switch into the toolbar's
     # overflow menu once it served (the URL and Copy beside it): the switch to stop it hidden.

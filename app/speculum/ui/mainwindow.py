@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import QByteArray, Qt, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
-from PySide6.QtWidgets import QMainWindow, QSplitter, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QFrame, QMainWindow, QScrollArea, QSplitter, QVBoxLayout, QWidget
 
 from .. import paths
 from ..conversations import Conversation, ConversationStore, Message
@@ -34,6 +34,19 @@ STATS_UPDATE_MS = 1000  # the stats panel's numbers, bars and chart: a meter, re
 # Where llama.cpp fills every core, the Markdown answer is redrawn with the stats (see
 # worker.Engine._on_loaded): the speculation view still shows each token within a frame.
 ANSWER_UPDATE_CORES_FULL_MS = STATS_UPDATE_MS
+
+
+def scrolling(pane: QWidget) -> QScrollArea:
+    """``pane`` in a scroll area that scrolls it up and down when the window is shorter than it.
+    (The side panes asked for 650 pixels of height, so the window could not be made shorter than
+    714: taller than a 1366x768 screen at 125% scale, whose input box went off its bottom.)"""
+    area = QScrollArea()
+    area.setWidget(pane)
+    area.setWidgetResizable(True)
+    area.setFrameShape(QFrame.NoFrame)
+    area.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+    area.setMinimumWidth(pane.minimumSizeHint().width() + area.verticalScrollBar().sizeHint().width())
+    return area
 
 
 class MainWindow(QMainWindow):
@@ -102,9 +115,9 @@ class MainWindow(QMainWindow):
         self.replay_bar, self.replay_label = self.replay.bar, self.replay.label
 
         split = QSplitter(Qt.Horizontal)
-        split.addWidget(left)
+        split.addWidget(scrolling(left))
         split.addWidget(self.chat)
-        split.addWidget(self.speculation_pane)
+        split.addWidget(scrolling(self.speculation_pane))
         split.setStretchFactor(0, 0)
         split.setStretchFactor(1, 3)
         split.setStretchFactor(2, 2)

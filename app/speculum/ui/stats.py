@@ -5,6 +5,8 @@ Everything shown is computed by the worker (``StatsSnapshot``); these widgets on
 
 from __future__ import annotations
 
+import re
+
 from PySide6.QtCore import QPointF, QRectF, QSize, Qt
 from PySide6.QtGui import QAction, QFont, QFontMetricsF, QGuiApplication, QPainter, QPainterPath, QPen, QTextOption
 from PySide6.QtWidgets import QGroupBox, QLabel, QVBoxLayout, QWidget
@@ -85,11 +87,24 @@ class Readout(QWidget):
     def _name_width(self) -> int:
         return max(self.fontMetrics().horizontalAdvance(name) for name, _ in self.rows) + 12
 
+    # Room for the longest one-line values ("— (no plain step measured yet)", "22.1  (71 tokens
+    # in 3.2 s)"): at 80 pixels, in a 1093-pixel window, they were cut.
+    VALUE_WIDTH = 200
+
     def sizeHint(self) -> QSize:
-        return QSize(self._name_width() + 160, sum(lines * self._line() + self.ROW_GAP for _, lines in self.rows))
+        return QSize(self._name_width() + self.VALUE_WIDTH + 40,
+                     sum(lines * self._line() + self.ROW_GAP for _, lines in self.rows))
 
     def minimumSizeHint(self) -> QSize:
-        return QSize(self._name_width() + 80, self.sizeHint().height())
+        return QSize(self._name_width() + self.VALUE_WIDTH, self.sizeHint().height())
+
+    def _wrappable(self, text: str, width: float) -> str:
+        """``text`` as painted: its glued phrases whole where each fits a line, else broken at
+        their spaces again rather than anywhere ("tokens/pa" / "ss")."""
+        fm = self.fontMetrics()
+        if all(fm.horizontalAdvance(word) <= width for word in re.split(r"[ \n]", text)):
+            return text
+        return text.translate(_ORDINARY)
 
     def paintEvent(self, event):
         p = QPainter(self)
@@ -105,7 +120,8 @@ class Readout(QWidget):
             p.setPen(self.palette().text().color())
             p.save()
             p.setClipRect(QRectF(left, y, self.width() - left, height))  # a longer value is cut, not spilled
-            p.drawText(QRectF(left, y, self.width() - left, height), self.values[name], wrap)
+            p.drawText(QRectF(left, y, self.width() - left, height),
+                       self._wrappable(self.values[name], self.width() - left), wrap)
             p.restore()
             y += height + self.ROW_GAP
 
