@@ -187,6 +187,55 @@ def test_the_oracle_counts_a_renamed_copy_as_right():
     assert fates[second][1] == 15  # the whole copy right, the new name in it
 
 
+def test_a_renamed_word_is_renamed_in_every_token_that_spells_it(smollm):
+    # " area" after "def" is one token, "area" after "(" another: a substitution of tokens alone
+    # copied "print(area(2, 3))" after the answer had written "def surface(w, h):".
+    from speculum.bench import copy_fates
+
+    def tokens(text):
+        return smollm.tokenize(text)
+
+    prompt = tokens("Rename it:\n```python\ndef area(w, h):\n    return w * h\n\nprint(area(2, 3))\nx = area(4, 5)\n")
+    answer = tokens("```python\ndef surface(w, h):\n    return w * h\n\nprint(surface(2, 3))\nx = surface(4, 5)\n")
+    spelt = [smollm.token_bytes(t) for t in prompt]
+    assert b" area" in spelt and b"area" in spelt
+    at = answer.index(tokens("print")[0]) + 2  # just after "print(": the renamed word comes next
+    for spelling, right in ((None, False), (drafters.Spelling.of(smollm), True)):
+        lookup = drafters.PromptLookup(spelling=spelling)
+        lookup.begin(prompt)
+        context = list(prompt)
+        for t in answer[:at]:
+            lookup.match(context)
+            context.append(t)
+        lookup.match(context)
+        assert (lookup.copy(6) == answer[at:at + 6]) == right, smollm.detokenize(lookup.copy(6))
+    fates = copy_fates(prompt, answer, spelling=drafters.Spelling.of(smollm))
+    assert fates[at][1] >= 6  # the oracle counts it right too
+    assert copy_fates(prompt, answer)[at][1] == 0
+
+
+def test_a_rename_is_forgotten_where_the_answer_keeps_the_old_word(smollm):
+    spelling = drafters.Spelling.of(smollm)
+    prompt = smollm.tokenize("Rename it:\n```python\ndef area(w, h):\n    return w * h\n\nprint(area(2, 3))\n"
+                             "print(area(4, 5))\n")
+    answer = smollm.tokenize("```python\ndef surface(w, h):\n    return w * h\n\nprint(area(2, 3))\nprint(")
+    lookup = drafters.PromptLookup(spelling=spelling)
+    lookup.begin(prompt)
+    context = list(prompt)
+    for t in answer:
+        lookup.match(context)
+        context.append(t)
+    lookup.match(context)
+    assert smollm.detokenize(lookup.copy(2)).startswith("area")  # kept once: the old word copied again
+
+
+def test_only_one_word_for_another_is_a_rename():
+    assert drafters.renamed_word(" area", " surface") == ("area", "surface")
+    assert drafters.renamed_word("(area", "(surface") == ("area", "surface")
+    assert drafters.renamed_word(" area", "surface") is None  # framed otherwise
+    assert drafters.renamed_word(" area", " total area") is None and drafters.renamed_word(" a", " a") is None
+
+
 def test_lookup_forgets_a_change_the_answer_does_not_repeat():
     lookup = drafters.PromptLookup()
     lookup.begin(PROMPT)

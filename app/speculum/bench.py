@@ -17,7 +17,7 @@ from . import paths
 from .documents import read_document
 from .engine.costs import MAX_BATCH
 from .engine.decoder import Decoder
-from .engine.drafters import PromptLookup
+from .engine.drafters import PromptLookup, Spelling
 from .engine.prompts import build_messages
 from .engine.sampling import SamplingParams
 from .engine.stats import Stats
@@ -107,10 +107,12 @@ def time_to_first_token(stats: Stats) -> float:
     return stats.prompt_s + (stats.tokens_over_time[0][0] if stats.tokens_over_time else 0.0)
 
 
-def copy_fates(prompt: Sequence[int], output: Sequence[int], max_batch: int = MAX_BATCH) -> list[tuple[int, int]]:
+def copy_fates(prompt: Sequence[int], output: Sequence[int], max_batch: int = MAX_BATCH,
+               spelling: Spelling | None = None) -> list[tuple[int, int]]:
     """Per position of ``output``: the lookup drafter's match length there, and how many of
-    the up to ``max_batch - 1`` tokens it would copy are right."""
-    lookup = PromptLookup()
+    the up to ``max_batch - 1`` tokens it would copy are right (with the target's ``spelling``,
+    as the engine's lookup copies)."""
+    lookup = PromptLookup(spelling=spelling)
     context = list(prompt)
     lookup.begin(context)
     fates = []
@@ -126,7 +128,7 @@ def copy_fates(prompt: Sequence[int], output: Sequence[int], max_batch: int = MA
 
 
 def oracle_speedup(prompt: Sequence[int], output: Sequence[int], verify: Callable[[int], float],
-                   max_batch: int = MAX_BATCH) -> float | None:
+                   max_batch: int = MAX_BATCH, spelling: Spelling | None = None) -> float | None:
     """The speedup over plain decoding of a lookup that knew in advance how many of its
     tokens would be accepted, on this output with this verify curve (seconds per pass by
     tokens in it). At each position it may copy what followed the longest earlier match
@@ -135,7 +137,7 @@ def oracle_speedup(prompt: Sequence[int], output: Sequence[int], verify: Callabl
     n = len(output)
     if n == 0:
         return None
-    accepted = [right for _, right in copy_fates(prompt, output, max_batch)]
+    accepted = [right for _, right in copy_fates(prompt, output, max_batch, spelling)]
     best = [0.0] * (n + 1)  # seconds to write output[t:]
     for t in range(n - 1, -1, -1):
         best[t] = verify(1) + best[t + 1]
@@ -270,7 +272,8 @@ def run_bench(decoder: Decoder, prompts: list[BenchPrompt], modes: list[Mode], m
         r["oracle_curve"] = "passes" if curve is not None else "policy"
         curve = curve or policy_curve
         if r["mode"] in (Mode.LOOKUP, Mode.AUTO) and curve is not None:
-            oracle = oracle_speedup(tokenized[r["name"]], outputs[r["name"], r["mode"]], curve)
+            oracle = oracle_speedup(tokenized[r["name"]], outputs[r["name"], r["mode"]], curve,
+                                    spelling=Spelling.of(decoder.target))
             r["oracle_speedup"] = round(oracle, 3) if oracle else None
             r["oracle_fraction"] = (round(r["speedup_vs_off"] / oracle, 3)
                                     if oracle and r["speedup_vs_off"] is not None else None)

@@ -18,13 +18,14 @@ and one entry there; the decoder builds whichever the loaded models allow.
 
 from __future__ import annotations
 
+import re
 import time
 from bisect import bisect_left
-from typing import NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from .backend import CachedSequence
+from .backend import Backend, CachedSequence
 from .draft import Choice, Draft, Drafter, DrafterInputs, draft_one_by_one  # noqa: F401  (re-exported)
 from .mtp import MtpDrafter
 from .sampling import SamplingParams
@@ -194,12 +195,43 @@ MAX_WRITTEN = 16  # ... and longest text it writes instead
 CONFIRM = 2  # tokens the output follows the text after a change before it is learned
 
 
+class Spelling(NamedTuple):
+    """A vocabulary's spelling: a token's bytes, and text back into tokens."""
+
+    token_bytes: Callable[[int], bytes]
+    tokenize: Callable[[str], list[int]]
+
+    @classmethod
+    def of(cls, model) -> "Spelling":
+        return cls(model.token_bytes, lambda text: model.tokenize(text, add_special=False, parse_special=False))
+
+
+# A substitution that replaces one word by another ("area" -> "surface") is also a rename of
+# that word wherever the tokenizer spells it otherwise: " area" after "def" is one token,
+# "(area" after "print" another (Qwen), or "area" after "(" (SmolLM2), and a substitution of
+# tokens alone drafted "print(area(2, " after "def surface(w, h):" was written.
+_WORD_CHANGE = re.compile(r"(\W*)(\w+)(\W*)")
+
+
+def renamed_word(old: str, new: str) -> tuple[str, str] | None:
+    """(old word, new word) when ``old`` and ``new`` are one word each, framed alike."""
+    a, b = _WORD_CHANGE.fullmatch(old), _WORD_CHANGE.fullmatch(new)
+    if a is None or b is None or a.group(1) != b.group(1) or a.group(3) != b.group(3) or a.group(2) == b.group(2):
+        return None
+    return a.group(2), b.group(2)
+
+
 class CopyCursor:
     """Where the output stands in a text it copies from, followed token by token, and the
-    substitutions learned on the way. ``text`` may grow (lookup copies from the output too)."""
+    substitutions learned on the way. ``text`` may grow (lookup copies from the output too).
+    With the vocabulary's ``spelling``, a substitution of one word renames it in every token
+    that spells it (see ``renamed_word``)."""
 
-    def __init__(self, text: list[int]) -> None:
+    def __init__(self, text: list[int], spelling: Spelling | None = None) -> None:
         self.text = text
+        self.spelling = spelling
+        self.renames: dict[str, str] = {}  # word -> the word the output writes instead
+        self._respelled: dict[int, tuple[int, ...] | None] = {}  # per text token, under the renames
         self.at: int | None = None  # index of the next expected token; None: lost
         self.run = 0  # output tokens in a row that followed the text
         self.anchor = 0  # where the output last followed the text
@@ -258,11 +290,50 @@ class CopyCursor:
         return out[:k]
 
     def _substitution_at(self, at: int) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-        """A learned substitution whose skipped tokens start at text index ``at``."""
-        for skipped, written in self.substitutions.get(self.text[at], {}).items():
+        """A learned substitution whose skipped tokens start at text index ``at``: one of tokens,
+        else a rename of a word in the token there."""
+        token = self.text[at]
+        for skipped, written in self.substitutions.get(token, {}).items():
             if tuple(self.text[at:at + len(skipped)]) == skipped:
                 return skipped, written
-        return None
+        if not self.renames:
+            return None
+        if token not in self._respelled:
+            self._respelled[token] = self._respell(token)
+        written = self._respelled[token]
+        return ((token,), written) if written else None
+
+    def _respell(self, token: int) -> tuple[int, ...] | None:
+        try:
+            piece = self.spelling.token_bytes(token).decode("utf-8")
+        except UnicodeDecodeError:  # part of a character: no word in it
+            return None
+        pattern = r"(?<!\w)(" + "|".join(map(re.escape, self.renames)) + r")(?!\w)"
+        new = re.sub(pattern, lambda m: self.renames[m.group(1)], piece)
+        return tuple(self.spelling.tokenize(new)) if new != piece else None
+
+    def _rename(self, skipped: tuple[int, ...], written: tuple[int, ...]) -> None:
+        if self.spelling is None:
+            return
+        decode = lambda tokens: b"".join(map(self.spelling.token_bytes, tokens)).decode("utf-8", "replace")  # noqa: E731
+        words = renamed_word(decode(skipped), decode(written))
+        if words is not None:
+            self.renames[words[0]] = words[1]
+            self._respelled.clear()
+
+    def _unlearn(self, sub: tuple[tuple[int, ...], tuple[int, ...]]) -> None:
+        """The output kept the text where ``sub`` would have changed it: not a change that repeats."""
+        skipped = sub[0]
+        same_start = self.substitutions.get(skipped[0], {})
+        if skipped in same_start:
+            del same_start[skipped]
+            if not same_start:
+                del self.substitutions[skipped[0]]
+        else:  # a rename: every word it changes in this token is kept here
+            piece = self.spelling.token_bytes(skipped[0]).decode("utf-8", "replace")
+            for word in [w for w in self.renames if re.search(rf"(?<!\w){re.escape(w)}(?!\w)", piece)]:
+                del self.renames[word]
+            self._respelled.clear()
 
     def _step(self, token: int) -> bool:
         if self._pending:
@@ -278,10 +349,7 @@ class CopyCursor:
             self._pending = sub[1][1:]
         elif self.text[self.at] == token:
             if sub is not None:  # the output kept the text here: that change was not one that repeats
-                same_start = self.substitutions[sub[0][0]]
-                del same_start[sub[0]]
-                if not same_start:
-                    del self.substitutions[sub[0][0]]
+                self._unlearn(sub)
             self.at += 1
         else:
             return False
@@ -294,6 +362,7 @@ class CopyCursor:
         if self._confirming >= CONFIRM:
             skipped, written = self._candidate
             self.substitutions.setdefault(skipped[0], {})[skipped] = written
+            self._rename(skipped, written)
             self._candidate = None
 
     def _change(self, context: Sequence[int], n: int, end: int) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
@@ -324,14 +393,15 @@ class PromptLookup:
 
     source = Source.LOOKUP
 
-    def __init__(self, max_ngram: int | None = None, min_ngram: int = 1):
+    def __init__(self, max_ngram: int | None = None, min_ngram: int = 1, spelling: Spelling | None = None):
         self.max_ngram = max_ngram  # None: no cap on the match length reported
         self.min_ngram = min_ngram
+        self.spelling = spelling  # renames learnt apply to every token spelling the word
         self.reset()
 
     @classmethod
     def build(cls, inputs: DrafterInputs) -> "PromptLookup":
-        return cls(max_ngram=inputs.max_ngram)
+        return cls(max_ngram=inputs.max_ngram, spelling=Spelling.of(inputs.target))
 
     @property
     def tokens(self) -> list[int]:
@@ -343,7 +413,7 @@ class PromptLookup:
 
     def reset(self) -> None:
         self._index = SuffixIndex()
-        self._cursor = CopyCursor(self._index.tokens)
+        self._cursor = CopyCursor(self._index.tokens, self.spelling)
 
     def extend(self, new_tokens: Sequence[int]) -> None:
         cursor, index = self._cursor, self._index
@@ -359,7 +429,7 @@ class PromptLookup:
         one answer are not carried into the next."""
         n = len(self.tokens)
         if len(context) >= n and list(context[:n]) == self.tokens:
-            self._cursor = CopyCursor(self._index.tokens)
+            self._cursor = CopyCursor(self._index.tokens, self.spelling)
             self.extend(context[n:])
         else:
             self.reset()
@@ -412,16 +482,17 @@ class PredictionDrafter:
 
     source = Source.PREDICTION
 
-    def __init__(self) -> None:
+    def __init__(self, spelling: Spelling | None = None) -> None:
         self.predicted: list[int] = []
+        self.spelling = spelling
         self._index: dict[tuple[int, ...], list[int]] = {}  # n-gram -> sorted positions after it
         self._origin = 0  # where the output starts in the context
         self._seen = 0  # context length already followed
-        self._cursor = CopyCursor(self.predicted)
+        self._cursor = CopyCursor(self.predicted, spelling)
 
     @classmethod
     def build(cls, inputs: DrafterInputs) -> "PredictionDrafter":
-        return cls()
+        return cls(Spelling.of(inputs.target))
 
     @property
     def substitutions(self) -> dict[int, dict[tuple[int, ...], tuple[int, ...]]]:
@@ -435,7 +506,7 @@ class PredictionDrafter:
             for n in range(1, min(MAX_ALIGN, end) + 1):
                 index.setdefault(tuple(self.predicted[end - n:end]), []).append(end)
         self._index = index
-        self._cursor = CopyCursor(self.predicted)  # an edit learnt on one file says nothing of the next
+        self._cursor = CopyCursor(self.predicted, self.spelling)  # an edit learnt on one file says nothing of the next
 
     def begin(self, context: Sequence[int]) -> None:
         self._origin = self._seen = len(context)
