@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 from PySide6.QtCore import QPointF, QRectF, QSize, Qt
-from PySide6.QtGui import QAction, QFont, QFontMetricsF, QGuiApplication, QPainter, QPainterPath, QPen, QTextOption
+from PySide6.QtGui import QAction, QFont, QFontInfo, QFontMetricsF, QGuiApplication, QPainter, QPainterPath, QPen, QTextOption
 from PySide6.QtWidgets import QGroupBox, QLabel, QVBoxLayout, QWidget
 
 from . import look
@@ -163,7 +163,7 @@ class AcceptanceBars(QWidget):
             return [], font
         width = min(36.0, (area.width() - self.GAP * (n - 1)) / n)
         lefts = [area.left() + i * (width + self.GAP) for i in range(n)]
-        size = font.pointSizeF()
+        size = QFontInfo(font).pointSizeF()  # the font's own may be -1: set in pixels
         tries = [(size, "{:.0%}")] + [(size - 0.5 * i, "{:.0f}") for i in range(int((size - self.SMALLEST) / 0.5) + 1)]
         for points, form in tries:
             f = QFont(font)
