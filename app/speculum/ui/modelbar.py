@@ -34,9 +34,9 @@ def models_dialog_class():
 
 
 class PairCombo(QComboBox):
-    """A model picker of a fixed width that shows a long name elided in its middle, so both the
-    model's name and its role ("… (demo target)") stay in sight, and whose list shows names
-    whole. (Sized to their longest names, the two pickers pushed Serve API out of a 1280-pixel
+    """A model picker as wide as the toolbar has room for (16 to 40 characters) that shows a
+    long name elided in its middle, so both the model's name and its role ("… (demo target)")
+    stay in sight, and whose list shows names whole. (Sized to their longest names, the two pickers pushed Serve API out of a 1280-pixel
     window's toolbar into its overflow menu once it served: the switch to stop it hidden.)"""
 
     CHARACTERS = 16  # at least; wider where the toolbar has room, up to WIDEST
