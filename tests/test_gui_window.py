@@ -150,6 +150,12 @@ def test_the_window_fits_a_small_laptop_screen(qtbot, open_window):
     bottom = w.send_button.mapTo(w, QPoint(0, w.send_button.height())).y()
     assert bottom <= w.height() - w.statusBar().height(), bottom
     assert w.input.visibleRegion().boundingRect().height() >= 40
+    area = w.speculation_pane.parentWidget().parentWidget()  # its scroll area (pane, viewport, area)
+    qtbot.waitUntil(lambda: area.verticalScrollBar().isVisible(), timeout=5_000)  # what does not fit scrolls
+    w.resize(1280, 760)  # where it fits, nothing scrolls (sized by its preferred height, the stats did)
+    qtbot.waitUntil(lambda: w.height() == 760, timeout=5_000)
+    qtbot.waitUntil(lambda: not area.verticalScrollBar().isVisible(), timeout=5_000)
+    assert w.speculation_pane.height() == area.height()
     # The stats' values keep room for their longest one-line texts.
     readout = w.stats.readout
     width = readout.width() - readout._name_width()

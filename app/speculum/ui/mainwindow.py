@@ -36,17 +36,26 @@ STATS_UPDATE_MS = 1000  # the stats panel's numbers, bars and chart: a meter, re
 ANSWER_UPDATE_CORES_FULL_MS = STATS_UPDATE_MS
 
 
-def scrolling(pane: QWidget) -> QScrollArea:
-    """``pane`` in a scroll area that scrolls it up and down when the window is shorter than it.
-    (The side panes asked for 650 pixels of height, so the window could not be made shorter than
-    714: taller than a 1366x768 screen at 125% scale, whose input box went off its bottom.)"""
-    area = QScrollArea()
-    area.setWidget(pane)
-    area.setWidgetResizable(True)
-    area.setFrameShape(QFrame.NoFrame)
-    area.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
-    area.setMinimumWidth(pane.minimumSizeHint().width() + area.verticalScrollBar().sizeHint().width())
-    return area
+class Scrolling(QScrollArea):
+    """A side pane that scrolls up and down only when the window is shorter than the pane's
+    minimum, and otherwise fills the height as before. (The side panes asked for 650 pixels, so
+    the window could not be made shorter than 714: taller than a 1366x768 screen at 125% scale,
+    whose input box went off its bottom. Left to QScrollArea's own sizing, a pane with wrapping
+    labels took its preferred height, and a 760-pixel window scrolled its stats.)"""
+
+    def __init__(self, pane: QWidget):
+        super().__init__()
+        self.setWidget(pane)
+        self.setFrameShape(QFrame.NoFrame)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self._bar = self.verticalScrollBar().sizeHint().width()
+        self.setMinimumWidth(pane.minimumSizeHint().width() + self._bar)
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        pane = self.widget()
+        need = pane.minimumSizeHint().height()
+        pane.resize(self.width() - (self._bar if need > self.height() else 0), max(self.height(), need))
 
 
 class MainWindow(QMainWindow):
@@ -115,9 +124,9 @@ class MainWindow(QMainWindow):
         self.replay_bar, self.replay_label = self.replay.bar, self.replay.label
 
         split = QSplitter(Qt.Horizontal)
-        split.addWidget(scrolling(left))
+        split.addWidget(Scrolling(left))
         split.addWidget(self.chat)
-        split.addWidget(scrolling(self.speculation_pane))
+        split.addWidget(Scrolling(self.speculation_pane))
         split.setStretchFactor(0, 0)
         split.setStretchFactor(1, 3)
         split.setStretchFactor(2, 2)
