@@ -16,6 +16,7 @@ from PySide6.QtWidgets import (QComboBox, QLabel, QPushButton, QSizePolicy, QSty
 from ..engine.vocabulary import Mode
 from ..models.gguf import is_assistant, nextn_layers
 from .modelchoices import local_models
+from .richtext import escaped_tooltip
 from .serve import ServePanel
 from .look import MODE_NAMES
 from .settings import Settings
@@ -42,12 +43,18 @@ class PairCombo(QComboBox):
     CHARACTERS = 16  # at least; wider where the toolbar has room, up to WIDEST
     WIDEST = 40
 
-    def __init__(self, **kwargs):
+    def __init__(self, toolTip: str = "", **kwargs):
         super().__init__(**kwargs)
         self.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
         self.setMinimumContentsLength(self.CHARACTERS)
         self.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Fixed)
         self.setMaximumWidth(self.fontMetrics().averageCharWidth() * self.WIDEST)
+        self.about = toolTip
+        self.setToolTip(toolTip)
+        # The whole name on hover, where the picker shows it elided; a file's name is shown as
+        # written, never read as markup.
+        self.currentTextChanged.connect(
+            lambda name: self.setToolTip(escaped_tooltip(f"{name}\n{self.about}") if name else self.about))
 
     def shown_text(self) -> str:
         option = QStyleOptionComboBox()
