@@ -67,7 +67,7 @@ def record(target: str, path: Path) -> dict[str, tuple[list[int], list[int]]]:
     return answers
 
 
-def replay(answers, curve: dict[int, float], seed: int, mode) -> dict[str, float]:
+def replay(answers, curve: dict[int, float], seed: int, mode, spelling=None) -> dict[str, float]:
     """One fresh policy through the answers in order; each answer's speedup over plain decoding."""
     from speculum.engine.auto import AutoPolicy
     from speculum.engine.draft import Draft
@@ -75,7 +75,7 @@ def replay(answers, curve: dict[int, float], seed: int, mode) -> dict[str, float
     from speculum.engine.vocabulary import Source
 
     now = [0.0]
-    lookup = PromptLookup()
+    lookup = PromptLookup(spelling=spelling)  # renames in every spelling, as the engine's lookup
     policy = AutoPolicy({Source.LOOKUP: lookup}, mode=mode, store=None, clock=lambda: now[0], seed=seed)
     speedups = {}
     for name, (prompt, answer) in answers.items():
@@ -101,12 +101,12 @@ def replay(answers, curve: dict[int, float], seed: int, mode) -> dict[str, float
     return speedups
 
 
-def ceiling(prompt: list[int], answer: list[int], curve: dict[int, float]) -> float:
+def ceiling(prompt: list[int], answer: list[int], curve: dict[int, float], spelling=None) -> float:
     """A causal policy told this answer's own acceptance per (match-length bucket, position)."""
     from speculum.bench import copy_fates
     from speculum.engine.auto import bucket_of, expected_tokens
 
-    seen = copy_fates(prompt, answer)  # per position: (match length, tokens of lookup's proposal right)
+    seen = copy_fates(prompt, answer, spelling=spelling)  # per position: (match length, tokens of lookup's proposal right)
     hits, tries = collections.Counter(), collections.Counter()
     for length, right in seen:
         for j in range(min(right + 1, 15) if length else 0):
@@ -143,6 +143,10 @@ def main() -> int:
     target, _ = demo_pair(args.target, None)
     path = Path(args.answers or Path(tempfile.gettempdir()) / f"speculum-sim-{Path(target).stem}.json")
     answers = record(target, path)
+    from speculum.engine.drafters import Spelling
+    from speculum.engine.llama import LlamaModel
+
+    spelling = Spelling.of(LlamaModel(target, n_ctx=64))  # its vocabulary: lookup respells renamed words
     a, _, b = args.seeds.partition("-")
     seeds = list(range(int(a), int(b) + 1)) if b else [int(s) for s in args.seeds.split(",")]
     curves = {"given": {int(n): float(c) for n, c in (x.split(":") for x in args.curve.split(","))}
@@ -151,12 +155,12 @@ def main() -> int:
           "speedup over plain decoding: mean / min over seeds, then the oracle and the ceiling")
     for name, points in curves.items():
         curve = full_curve(points)
-        runs = [replay(answers, curve, seed, Mode(args.mode)) for seed in seeds]
+        runs = [replay(answers, curve, seed, Mode(args.mode), spelling) for seed in seeds]
         print(f"{name} curve, single steps by size: " + " ".join(f"{n}:{curve[n]:.2f}" for n in (2, 4, 8, 16)))
         for prompt_name, (prompt, answer) in answers.items():
             got = [r[prompt_name] for r in runs]
-            oracle = oracle_speedup(prompt, answer, curve.__getitem__)
-            best = ceiling(prompt, answer, curve)
+            oracle = oracle_speedup(prompt, answer, curve.__getitem__, spelling=spelling)
+            best = ceiling(prompt, answer, curve, spelling)
             print(f"  {prompt_name:<22} {statistics.mean(got):.3f} / {min(got):.3f}  oracle {oracle:.3f} "
                   f"({statistics.mean(got) / oracle:.0%})  ceiling {best:.3f} ({best / oracle:.0%})")
     return 0
