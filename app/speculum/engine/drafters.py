@@ -231,6 +231,7 @@ class CopyCursor:
         self.text = text
         self.spelling = spelling
         self.renames: dict[str, str] = {}  # word -> the word the output writes instead
+        self._renamed: re.Pattern | None = None  # any of those words, whole
         self._respelled: dict[int, tuple[int, ...] | None] = {}  # per text token, under the renames
         self.at: int | None = None  # index of the next expected token; None: lost
         self.run = 0  # output tokens in a row that followed the text
@@ -308,9 +309,13 @@ class CopyCursor:
             piece = self.spelling.token_bytes(token).decode("utf-8")
         except UnicodeDecodeError:  # part of a character: no word in it
             return None
-        pattern = r"(?<!\w)(" + "|".join(map(re.escape, self.renames)) + r")(?!\w)"
-        new = re.sub(pattern, lambda m: self.renames[m.group(1)], piece)
+        new = self._renamed.sub(lambda m: self.renames[m.group(1)], piece)
         return tuple(self.spelling.tokenize(new)) if new != piece else None
+
+    def _renames_changed(self) -> None:
+        words = "|".join(map(re.escape, self.renames))
+        self._renamed = re.compile(rf"(?<!\w)({words})(?!\w)") if words else None
+        self._respelled.clear()
 
     def _rename(self, skipped: tuple[int, ...], written: tuple[int, ...]) -> None:
         if self.spelling is None:
@@ -319,7 +324,7 @@ class CopyCursor:
         words = renamed_word(decode(skipped), decode(written))
         if words is not None:
             self.renames[words[0]] = words[1]
-            self._respelled.clear()
+            self._renames_changed()
 
     def _unlearn(self, sub: tuple[tuple[int, ...], tuple[int, ...]]) -> None:
         """The output kept the text where ``sub`` would have changed it: not a change that repeats."""
@@ -331,9 +336,9 @@ class CopyCursor:
                 del self.substitutions[skipped[0]]
         else:  # a rename: every word it changes in this token is kept here
             piece = self.spelling.token_bytes(skipped[0]).decode("utf-8", "replace")
-            for word in [w for w in self.renames if re.search(rf"(?<!\w){re.escape(w)}(?!\w)", piece)]:
+            for word in set(self._renamed.findall(piece)):
                 del self.renames[word]
-            self._respelled.clear()
+            self._renames_changed()
 
     def _step(self, token: int) -> bool:
         if self._pending:

@@ -36,8 +36,8 @@ from huggingface_hub import constants
 from huggingface_hub.utils import hf_raise_for_status, http_stream_backoff
 
 from .. import paths
-from ..oslock import msvcrt, try_lock, unlock
 from ..errors import SpeculumError
+from ..oslock import msvcrt, try_lock, unlock
 from .remote import HubRef, RemoteFile, hub_error, offline, request_headers, resolve
 from .stamps import read_stamp, stamp_path, valid_fields, write_stamp
 
