@@ -263,7 +263,7 @@ def run_bench(decoder: Decoder, prompts: list[BenchPrompt], modes: list[Mode], m
     off = {r["name"]: r["tokens_per_s"] for r in results if r["mode"] == Mode.OFF}
     policy_curve = verify_curve(decoder)
     curves = {name: curve_from_passes(timed) for name, timed in passes.items()}
-    spelling = Spelling.of(decoder.target)
+    spelling = None  # the target's, built at the first oracle
     for r in results:
         base = off.get(r["name"])
         r["speedup_vs_off"] = round(r["tokens_per_s"] / base, 3) if base else None
@@ -273,6 +273,7 @@ def run_bench(decoder: Decoder, prompts: list[BenchPrompt], modes: list[Mode], m
         r["oracle_curve"] = "passes" if curve is not None else "policy"
         curve = curve or policy_curve
         if r["mode"] in (Mode.LOOKUP, Mode.AUTO) and curve is not None:
+            spelling = spelling or Spelling.of(decoder.target)
             oracle = oracle_speedup(tokenized[r["name"]], outputs[r["name"], r["mode"]], curve, spelling=spelling)
             r["oracle_speedup"] = round(oracle, 3) if oracle else None
             r["oracle_fraction"] = (round(r["speedup_vs_off"] / oracle, 3)
