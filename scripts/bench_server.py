@@ -96,6 +96,7 @@ def main() -> int:
     from speculum.engine.prompts import build_messages
     from speculum.engine.loading import LoadOptions, load_decoder
     from speculum.server.api import create_app
+    from speculum.protocol import CycleEvent
     from speculum.server.service import ServedModel
 
     from demo_pair import demo_pair
@@ -115,7 +116,8 @@ def main() -> int:
     passes = []  # (tokens in the pass, seconds) of the edit rows' cycles: the live verify curve
 
     def through_server(messages, prediction=None, mode=args.mode) -> dict:
-        served.on_cycle = (lambda cycle: passes.append(timed_pass(cycle))) if messages is edit else None
+        served.on_event = (lambda event: passes.append(timed_pass(event.cycle)) if isinstance(event, CycleEvent)
+                           else None) if messages is edit else None
         body = {"model": "bench", "messages": messages, "max_tokens": args.max_tokens, "temperature": 0}
         if prediction is not None:
             body["prediction"] = {"type": "content", "content": prediction}

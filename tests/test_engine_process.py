@@ -17,7 +17,8 @@ import pytest
 from speculum import paths, yielding
 from speculum.engine import profiles
 from speculum.engine_process import CRASH_SWITCH, MID_GENERATION_CYCLE, EngineProcess, describe_exit
-from speculum.runner import LoadRequest
+from speculum.protocol import (Batch, CycleEvent, Failed, Finished, Generate, Load, Loaded, LoadFailed,
+                               LoadRequest, ProfileChosen, Ready, SetPlainRate, StageChanged)
 from speculum.ui.worker import FRAME_MS, CycleBatcher
 
 from test_gui_window import GENERATE_MS, LOAD_MS, open_window, send, start_answer  # noqa: F401  (fixture)
@@ -40,12 +41,12 @@ def test_a_crash_in_the_engine_process_is_reported_with_its_signal(smollm_path, 
         exits.append(code)
         done.set()
 
-    engine = EngineProcess(lambda *event: events.append(event), on_exit)
-    engine.send("load", LoadRequest(str(smollm_path), n_ctx=512), "", "")
+    engine = EngineProcess(events.append, on_exit)
+    engine.send(Load(LoadRequest(str(smollm_path), n_ctx=512)))
     assert done.wait(120), "the engine process should have crashed during the load"
     assert exits == [-signal.SIGSEGV]
-    kinds = [e[0] for e in events]
-    assert kinds[0] == "ready" and "profile" in kinds and "loaded" not in kinds
+    kinds = [type(e) for e in events]
+    assert kinds[0] is Ready and ProfileChosen in kinds and Loaded not in kinds
     assert os.getpid() != engine.pid  # this test process is still here to say so
 
 
@@ -53,14 +54,13 @@ def _engine_settings() -> dict:
     """The CPU settings the engine process reports as in effect when it starts."""
     ready = threading.Event()
     seen = []
-    engine = EngineProcess(lambda *event: (seen.append(event), ready.set()), lambda code: None)
+    engine = EngineProcess(lambda event: (seen.append(event), ready.set()), lambda code: None)
     try:
         assert ready.wait(60)
     finally:
         engine.end()
-    kind, _gpu, setting = seen[0]
-    assert kind == "ready"
-    return setting
+    assert isinstance(seen[0], Ready)
+    return seen[0].cpu_settings
 
 
 def test_the_engine_process_waits_for_threads_as_speculum_sets_it_before_llama_cpp_loads(data_dirs, monkeypatch):
@@ -153,21 +153,21 @@ def test_after_loading_the_engine_measures_costs_while_idle_and_gives_way_to_a_r
 
     events, finished = [], threading.Event()
 
-    def on_event(*event):
+    def on_event(event):
         events.append(event)
-        if event[0] in ("finished", "failed"):
+        if isinstance(event, (Finished, Failed)):
             finished.set()
 
     engine = EngineProcess(on_event, lambda code: None)
     try:
-        engine.send("load", LoadRequest(str(smollm_path), n_ctx=512), "", "")
+        engine.send(Load(LoadRequest(str(smollm_path), n_ctx=512)))
         # Sent at once: the idle calibration must give way to it, not run first to the end.
-        engine.send("generate", GenerationRequest("c", [{"role": "user", "content": "Hi."}], max_tokens=4))
+        engine.send(Generate(GenerationRequest("c", [{"role": "user", "content": "Hi."}], max_tokens=4)))
         assert finished.wait(120)
-        assert events[-1][0] == "finished", events[-1]
+        assert isinstance(events[-1], Finished), events[-1]
         # Loaded again with the window idle: the measured curve is saved for this pair.
         finished.clear()
-        engine.send("load", LoadRequest(str(smollm_path), n_ctx=512), "", "")
+        engine.send(Load(LoadRequest(str(smollm_path), n_ctx=512)))
         stores = paths.data_dir() / "policy"
         for _ in range(600):
             saved = [json.loads(f.read_text()) for f in stores.glob("*.json")] if stores.is_dir() else []
@@ -184,22 +184,22 @@ def test_fast_cycles_share_pipe_messages_and_arrive_in_order(smollm_path, data_d
 
     events, finished = [], threading.Event()
 
-    def on_event(kind, *payload):
-        events.append((kind, *payload))
-        if kind in ("finished", "failed", "load_failed"):
+    def on_event(event):
+        events.append(event)
+        if isinstance(event, (Finished, Failed, LoadFailed)):
             finished.set()
 
     engine = EngineProcess(on_event, lambda code: finished.set())
     try:
-        engine.send("load", LoadRequest(str(smollm_path), n_ctx=512), "", "")
-        engine.send("generate", GenerationRequest("c1", [{"role": "user", "content": "Count from one to thirty."}],
-                                                  mode="off", max_tokens=64))
+        engine.send(Load(LoadRequest(str(smollm_path), n_ctx=512)))
+        engine.send(Generate(GenerationRequest("c1", [{"role": "user", "content": "Count from one to thirty."}],
+                                               mode="off", max_tokens=64)))
         assert finished.wait(300)
         before = engine.messages
     finally:
         engine.end()
-    cycles = [e[1].cycle for e in events if e[0] == "cycle"]
-    assert events[-1][0] == "finished" and [c.index for c in cycles] == list(range(len(cycles)))
+    cycles = [e.cycle for e in events if isinstance(e, CycleEvent)]
+    assert isinstance(events[-1], Finished) and [c.index for c in cycles] == list(range(len(cycles)))
     assert cycles[-1].finish  # the last one arrives too, before "finished"
     assert before <= len(events)
 
@@ -211,27 +211,27 @@ def test_cycles_closer_than_the_batch_interval_travel_together():
 
     now, sent = [0.0], []
     box = Outbox(sent.append, clock=lambda: now[0])
-    cycle = lambda i, finish=None: ("cycle", NS(cycle=NS(index=i, finish=finish)))  # noqa: E731
-    box.report("loaded", "facts")
+    cycle = lambda i, finish=None: CycleEvent(NS(index=i, finish=finish), None)  # noqa: E731
+    box.report(Loaded("facts", None))
     now[0] += CYCLE_BATCH_S / 4
-    box.report(*cycle(0))  # an answer's first cycle goes at once
+    box.report(cycle(0))  # an answer's first cycle goes at once
     for i in range(1, 5):  # fast cycles wait until one comes a batch interval after the last message
         now[0] += CYCLE_BATCH_S / 4
-        box.report(*cycle(i))
+        box.report(cycle(i))
     now[0] += 10 * CYCLE_BATCH_S  # a slow cycle goes at once
-    box.report(*cycle(5))
+    box.report(cycle(5))
     now[0] += CYCLE_BATCH_S / 4
-    box.report(*cycle(6))  # held ...
-    box.report("stage", "Part 2")  # ... and sent ahead of any other report, in order
+    box.report(cycle(6))  # held ...
+    box.report(StageChanged("Part 2"))  # ... and sent ahead of any other report, in order
     now[0] += CYCLE_BATCH_S / 4
-    box.report(*cycle(7, finish="eog"))  # the last cycle never waits
-    flat = [e for m in sent for e in (m[1] if m[0] == "batch" else [m])]
-    assert [e[0] for e in flat] == ["loaded"] + ["cycle"] * 7 + ["stage", "cycle"]
-    assert [e[1].cycle.index for e in flat if e[0] == "cycle"] == list(range(8))
+    box.report(cycle(7, finish="eog"))  # the last cycle never waits
+    flat = [e for m in sent for e in (m.events if isinstance(m, Batch) else [m])]
+    assert [type(e) for e in flat] == [Loaded] + [CycleEvent] * 7 + [StageChanged, CycleEvent]
+    assert [e.cycle.index for e in flat if isinstance(e, CycleEvent)] == list(range(8))
     # loaded; cycle 0; cycles 1-4 once an interval has passed; slow cycle 5; cycle 6 with the
     # stage; the last
-    assert [m[0] for m in sent] == ["loaded", "cycle", "batch", "cycle", "batch", "cycle"]
-    assert [e[1].cycle.index for e in sent[2][1]] == [1, 2, 3, 4]
+    assert [type(m) for m in sent] == [Loaded, CycleEvent, Batch, CycleEvent, Batch, CycleEvent]
+    assert [e.cycle.index for e in sent[2].events] == [1, 2, 3, 4]
 
 
 def _crash_window(open_window, monkeypatch, smollm_path, point, **settings):
@@ -428,13 +428,13 @@ def test_idle_after_a_load_the_engine_measures_the_tiled_matmul_and_the_next_eng
     monkeypatch.delenv(tuning.OFF_SWITCH, raising=False)
     # (this process may have loaded llama.cpp, which set it here: not the user's setting)
     monkeypatch.delenv(cpu_settings.TILED_MATMUL, raising=False)
-    engine = EngineProcess(lambda *event: None, lambda code: None)
+    engine = EngineProcess(lambda event: None, lambda code: None)
     file = paths.data_dir() / tuning.FILE
     try:
-        engine.send("load", LoadRequest(str(smollm_path), n_ctx=512), "", "")
+        engine.send(Load(LoadRequest(str(smollm_path), n_ctx=512)))
         # The window's next command (its plain rate) comes at once: idle work stops for it, then
         # goes on (it once ran only right after a load, so this command ended it for good).
-        engine.send("plain_rate", 30.0)
+        engine.send(SetPlainRate(30.0))
         for _ in range(900):  # children time both settings, twice each, after the idle calibration
             if file.is_file():
                 break

@@ -18,6 +18,7 @@ from speculum import cli
 from speculum.engine.costs import MAX_BATCH
 from speculum.engine.loading import LoadOptions, load_decoder
 from speculum.server.api import create_app
+from speculum.protocol import CycleEvent
 from speculum.server.service import ServedModel, StopSequences
 
 MODEL = "smol"
@@ -204,7 +205,7 @@ def test_requests_queue_in_order_and_a_full_queue_answers_429(server):
     s = server(mode="off", max_waiting=1)
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 8}
     results, order = {}, []
-    s.served.on_request = lambda kind, payload: order.append(kind)
+    s.served.on_event = lambda event: order.append(type(event).__name__)
 
     def call(name):
         results[name] = _post(s, "/v1/chat/completions", dict(body, messages=[
@@ -230,8 +231,8 @@ def test_requests_queue_in_order_and_a_full_queue_answers_429(server):
     second.join(300)
     assert results["first"].status_code == 200 and results["second"].status_code == 200
     # One at a time: each request has left llama.cpp before the next one starts.
-    assert [kind for kind in order if kind != "finished"] == ["started", "decoded", "started", "decoded"]
-    assert order.count("finished") == 2
+    assert [kind for kind in order if kind not in ("CycleEvent", "Finished")] == ["Started", "Decoded"] * 2
+    assert order.count("Finished") == 2
     busy = results["third"]
     assert busy.status_code == 429 and int(busy.headers["Retry-After"]) >= 1
     assert busy.json()["error"]["type"] == "rate_limit_error"
@@ -240,7 +241,7 @@ def test_requests_queue_in_order_and_a_full_queue_answers_429(server):
 def test_a_client_that_disconnects_stops_its_generation_within_a_pass(server):
     s = server(mode="off")
     seen = []
-    s.served.on_cycle = seen.append
+    s.served.on_event = lambda event: seen.append(event.cycle) if isinstance(event, CycleEvent) else None
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Write a very long story."}],
             "max_tokens": 600, "stream": True}
     with httpx.stream("POST", s.url + "/v1/chat/completions", json=body, timeout=120) as response:

@@ -21,6 +21,11 @@ import threading
 import time
 from typing import Callable
 
+from .engine import profiles
+from .engine.loading import LoadOptions
+from .protocol import (Batch, Command, CycleEvent, Event, Generate, Load, LoadProgress, ProfileChosen, Quit,
+                       Ready, Serve, SetPlainRate, StopServing, WorkerLost)
+
 # Test-only fault injection, read by the engine process alone: "load", "first_decode" or
 # "mid_generation" makes it crash there with a real segmentation fault.
 CRASH_SWITCH = "SPECULUM_TEST_CRASH"
@@ -33,31 +38,30 @@ MID_GENERATION_CYCLE = 4  # the cycle at which "mid_generation" crashes (earlier
 # so a cycle held this long is not seen later; at 40 ms the reader thread took 1.0-1.4% of
 # a core with SmolLM2 (bench_gui's per-thread shares).
 CYCLE_BATCH_S = 0.1
-CYCLE_EVENTS = ("cycle", "served_cycle")
 
 
 class Outbox:
     """Reports to the window: a cycle that follows the last message within ``CYCLE_BATCH_S``
-    waits for the next report and travels with it as one ``("batch", [events])`` message;
-    an answer's first and last cycles go at once."""
+    waits for the next report and travels with it as one ``Batch`` message; an answer's first
+    and last cycles go at once."""
 
-    def __init__(self, send: Callable[[tuple], None], clock: Callable[[], float] = time.monotonic):
+    def __init__(self, send: Callable[[Event], None], clock: Callable[[], float] = time.monotonic):
         self._send = send
         self._clock = clock
         self._lock = threading.Lock()  # the window's generation and API clients' threads both report
-        self._held: list[tuple] = []
+        self._held: list[Event] = []
         self._sent_at = float("-inf")
 
-    def report(self, *event) -> None:
+    def report(self, event: Event) -> None:
         with self._lock:
             now = self._clock()
-            cycle = event[1].cycle if event[0] in CYCLE_EVENTS else None
+            cycle = event.cycle if isinstance(event, CycleEvent) else None
             # An answer's first cycle never waits: it is the first token on screen, and the sign
             # that decoding works (a crash after it is not taken for one in the first decode).
             if cycle is not None and cycle.index > 0 and cycle.finish is None and now - self._sent_at < CYCLE_BATCH_S:
                 self._held.append(event)
                 return
-            self._send(("batch", self._held + [event]) if self._held else event)
+            self._send(Batch(self._held + [event]) if self._held else event)
             self._held.clear()
             self._sent_at = now
 
@@ -99,92 +103,96 @@ def _engine_main(conn, stop, cancel_load) -> None:
     """The engine process: run commands until told to quit or the window's end of the pipe closes."""
     from . import yielding
     yielding.give_way(False)  # decoding never waits for a core: whatever policy the window had
-    from .engine import llama, cpu_settings, profiles, rpc
-    from .engine.loading import LoadOptions
-    from .runner import EngineRunner
+    _EngineLoop(conn, stop, cancel_load).run()
 
-    crash_at = os.environ.get(CRASH_SWITCH, "")
 
-    outbox = Outbox(conn.send)
+class _EngineLoop:
+    """The engine process's side of the pipe: each command to its handler, by type."""
 
-    def report(*event) -> None:
-        if crash_at == "load" and event[0] == "load_progress" and event[2] > 0:
+    def __init__(self, conn, stop, cancel_load):
+        from .engine import cpu_settings, llama, rpc
+        from .runner import EngineRunner
+
+        self.conn, self.stop = conn, stop
+        self.crash_at = os.environ.get(CRASH_SWITCH, "")
+        self.outbox = Outbox(conn.send)
+        self.report(Ready(llama.gpu_backend(), cpu_settings.in_effect()))
+        rpc.on_worker_lost(self.worker_lost)
+        self.runner = EngineRunner(self.report, stop, cancel_load)
+        self.fresh = False  # no cycle decoded since the last load
+        self.to_remember = None  # (profile, why): a profile chosen after a crash, remembered once it decodes
+        self.handlers: dict[type[Command], Callable] = {
+            Load: self.load,
+            Generate: lambda command: self.runner.generate(command.request, self.on_cycle),
+            SetPlainRate: lambda command: self.runner.set_plain_rate(command.tokens_per_s),
+            Serve: lambda c: self.runner.serve(c.host, c.port, c.api_key, c.mode),
+            StopServing: lambda command: self.runner.stop_serving(),
+        }
+
+    def report(self, event: Event) -> None:
+        if self.crash_at == "load" and isinstance(event, LoadProgress) and event.fraction > 0:
             _crash()
-        outbox.report(*event)
+        self.outbox.report(event)
 
-    report("ready", llama.gpu_backend(), cpu_settings.in_effect())
-
-    def worker_lost(words: str) -> None:
+    def worker_lost(self, words: str) -> None:
         """llama.cpp is about to abort for a lost RPC worker: say which, then end as it would."""
         try:
-            report("worker_lost", words)
+            self.report(WorkerLost(words))
         finally:
             os._exit(3)
 
-    rpc.on_worker_lost(worker_lost)
-    runner = EngineRunner(report, stop, cancel_load)
-    fresh = False  # no cycle decoded since the last load
-    to_remember = None  # (profile, why): a profile chosen after a crash, remembered once it decodes
-
-    def on_cycle(cycle) -> None:
-        nonlocal fresh, to_remember
-        if crash_at == "first_decode" and fresh:
+    def on_cycle(self, cycle) -> None:
+        if self.crash_at == "first_decode" and self.fresh:
             _crash()
-        if crash_at == "mid_generation" and cycle.index == MID_GENERATION_CYCLE:
+        if self.crash_at == "mid_generation" and cycle.index == MID_GENERATION_CYCLE:
             _crash()
-        fresh = False
-        if to_remember is not None:
-            profiles.remember(*to_remember)
-            to_remember = None
+        self.fresh = False
+        if self.to_remember is not None:
+            profiles.remember(*self.to_remember)
+            self.to_remember = None
 
-    while True:
-        try:
-            command, *args = conn.recv()
-        except (EOFError, OSError):
-            break
-        try:
-            if command == "load":
-                request, profile_name, why = args
-                if profile_name:  # chosen after a crash: remembered once it loads and decodes
-                    profile = profiles.by_name(profile_name)
-                    to_remember = (profile, why) if why else None
-                else:
-                    profile, why = profiles.remembered()
-                report("profile", profile.name, why)
-                options = profile.apply(LoadOptions(n_ctx=request.n_ctx, target_gpu_layers=request.target_gpu_layers,
-                                                    draft_gpu_layers=request.draft_gpu_layers, rpc=request.rpc))
-                fresh = runner.load(request, options)
-            elif command == "generate":
-                runner.generate(args[0], on_cycle)
-            elif command == "plain_rate":
-                runner.set_plain_rate(args[0])
-            elif command == "serve":
-                runner.serve(*args)
-            elif command == "stop_serving":
-                runner.stop_serving()
-            elif command == "quit":
+    def load(self, command: Load) -> None:
+        if command.profile:  # chosen after a crash: remembered once it loads and decodes
+            profile, why = profiles.by_name(command.profile), command.why
+            self.to_remember = (profile, why) if why else None
+        else:
+            profile, why = profiles.remembered()
+        self.report(ProfileChosen(profile.name, why))
+        request = command.request
+        options = profile.apply(LoadOptions(n_ctx=request.n_ctx, target_gpu_layers=request.target_gpu_layers,
+                                            draft_gpu_layers=request.draft_gpu_layers, rpc=request.rpc))
+        self.fresh = self.runner.load(request, options)
+
+    def run(self) -> None:
+        interrupted = lambda: self.conn.poll() or self.stop.is_set()  # noqa: E731
+        while True:
+            try:
+                command = self.conn.recv()
+            except (EOFError, OSError):
                 break
-            # Between commands, while the user types: what is still unmeasured, stopped at the
-            # next pass (or child process) once a command arrives, and taken up again after it.
-            # (Only after a load, the window's next command, its plain rate, stopped it at once.)
-            runner.calibrate_while_idle(lambda: conn.poll() or stop.is_set())
-            runner.tune_while_idle(lambda: conn.poll() or stop.is_set())
-        except Exception as exc:  # a Python error still reaches the window as words
-            import traceback
+            if isinstance(command, Quit):
+                break
+            try:
+                self.handlers[type(command)](command)
+                # Between commands, while the user types: what is still unmeasured, stopped at the
+                # next pass (or child process) once a command arrives, and taken up again after it.
+                self.runner.calibrate_while_idle(interrupted)
+                self.runner.tune_while_idle(interrupted)
+            except Exception as exc:  # a Python error still reaches the window as words
+                import traceback
 
-            traceback.print_exc()
-            report({"load": "load_failed", "serve": "serve_failed"}.get(command, "failed"),
-                   f"The engine failed: {exc.__class__.__name__}: {exc}")
-    runner.close_models()
+                traceback.print_exc()
+                self.report(command.failure(f"The engine failed: {exc.__class__.__name__}: {exc}"))
+        self.runner.close_models()
 
 
 class EngineProcess:
-    """One engine process: commands in, reports out (``on_event(kind, *payload)`` on a reader thread).
+    """One engine process: ``protocol`` commands in, events out (``on_event(event)`` on a reader thread).
 
     ``on_exit(code)`` runs on the reader thread when the process ends without being asked to.
     """
 
-    def __init__(self, on_event: Callable[..., None], on_exit: Callable[[int | None], None]):
+    def __init__(self, on_event: Callable[[Event], None], on_exit: Callable[[int | None], None]):
         ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no threads or Qt state copied
         self.stop = ctx.Event()
         self.cancel_load = ctx.Event()
@@ -205,7 +213,7 @@ class EngineProcess:
     def pid(self) -> int | None:
         return self.process.pid
 
-    def send(self, *command) -> bool:
+    def send(self, command: Command) -> bool:
         """Queue a command; False when the process is gone (its exit is being reported)."""
         try:
             with self._send_lock:
@@ -221,8 +229,8 @@ class EngineProcess:
             except (EOFError, OSError):
                 break
             self.messages += 1
-            for one in event[1] if event[0] == "batch" else (event,):
-                self._on_event(*one)
+            for one in event.events if isinstance(event, Batch) else (event,):
+                self._on_event(one)
         self._conn.close()
         self.process.join(10)
         if not self._ending:
@@ -234,7 +242,7 @@ class EngineProcess:
         self._ending = True
         self.stop.set()
         self.cancel_load.set()
-        self.send("quit")
+        self.send(Quit())
         self.process.join(timeout)
         if self.process.is_alive():
             self.process.kill()

@@ -1,126 +1,26 @@
 """What the engine process does with the window's requests, without Qt.
 
 ``EngineRunner`` owns the loaded models and runs one request at a time: a chat answer, or a
-document summary (in parts when the document is longer than the context). It reports through
-a plain callback, so the same code runs in the engine process and, for tests, in-process.
+document summary (in parts when the document is longer than the context). It reports
+``protocol`` events through a plain callback, so the same code runs in the engine process
+and, for tests, in-process.
 """
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
 from typing import Callable
 
 from . import summarise
 from .engine.loading import LoadOptions, load_decoder
 from .engine.sampling import SamplingParams
-from .engine.stats import Stats
-from .engine.vocabulary import Finish, Mode, Source
+from .engine.vocabulary import Finish, Source
 from .errors import SpeculumError
-
-
-@dataclass
-class LoadRequest:
-    target: str
-    draft: str | None = None
-    n_ctx: int = 4096
-    target_gpu_layers: int | None = None  # None: all on the GPU when there is one
-    draft_gpu_layers: int | None = None
-    rpc: tuple[str, ...] = ()  # RPC workers (HOST:PORT) that take the target's layers; the draft stays local
-
-
-@dataclass
-class GenerationRequest:
-    conversation_id: str
-    messages: list[dict]  # the conversation so far, ending with the new user turn
-    mode: Mode = Mode.AUTO
-    k: int | None = None  # None: adaptive; otherwise forced modes draft exactly k
-    temperature: float = 0.0
-    top_p: float = 1.0
-    max_tokens: int = 256
-    document: str | None = None  # set: summarise this document (in parts when long)
-
-
-@dataclass
-class StatsSnapshot:
-    """What the stats panel shows after a cycle; computed here so widgets only display."""
-    acceptance_rate: float = 0.0
-    acceptance_by_position: list[float] = field(default_factory=list)
-    tokens_per_s: float = 0.0
-    tokens_per_pass: float = 0.0
-    tokens: int = 0
-    seconds: float = 0.0
-    drafted: int = 0
-    speedup: float | None = None  # against plain decoding on this machine
-    speedup_source: str = ""  # "policy estimate" or "measured"
-    policy: dict = field(default_factory=dict)
-    prompt_tokens: int = 0  # decoded this time (the rest came from the KV cache)
-    prompt_total: int = 0
-    prompt_reused: int = 0  # prompt tokens found in the KV cache of the conversation so far
-
-
-@dataclass
-class CycleEvent:
-    cycle: object  # speculum.engine.cycle.Cycle
-    snapshot: StatsSnapshot
-    stage: str = ""  # "Part 2 of 5", "Combining" for a long document; "" otherwise
-
-
-@dataclass
-class GenerationResult:
-    conversation_id: str
-    text: str
-    cycles: list  # Cycle objects of the final answer (all stages for a long document)
-    snapshot: StatsSnapshot
-    finish: str | None
-    note: str
-    mode: str
-    part_summaries: list[str] = field(default_factory=list)
-
-
-def snapshot_of(stats, cycle, plain_tokens_per_s: float | None, prompt_total: int = 0) -> StatsSnapshot:
-    """Stats after ``cycle``. The speedup is the answer's so far against plain decoding's rate on
-    this machine; the policy's estimate for the cycle only while no plain rate is known. (The
-    estimate first, the row told the last cycle's hopes, not the answer: "3.21x" after a verbatim
-    answer that ran at 2.64x plain, "1.00x" after one that ended with a plain step. The Policy
-    row shows the cycle's estimate.)"""
-    policy = cycle.policy
-    speedup, source = None, ""
-    plain = (policy.plain_tokens_per_s if policy is not None else None) or plain_tokens_per_s
-    if plain and stats.tokens_per_s:
-        speedup, source = stats.tokens_per_s / plain, "measured"
-    elif policy is not None and policy.expected_speedup:
-        speedup, source = float(policy.expected_speedup), "policy estimate"
-    return StatsSnapshot(
-        acceptance_rate=stats.acceptance_rate,
-        acceptance_by_position=stats.acceptance_by_position,
-        tokens_per_s=stats.tokens_per_s,
-        tokens_per_pass=stats.tokens_per_pass,
-        tokens=stats.tokens,
-        seconds=stats.seconds,
-        drafted=stats.drafted,
-        speedup=speedup,
-        speedup_source=source,
-        policy=policy.to_json() if policy is not None else {},
-        prompt_tokens=stats.prompt_tokens,
-        prompt_total=prompt_total,
-        # The prompt's last token is decoded with the first cycle, so it is neither. (Where what
-        # was reused is not known, as in answers saved before it was kept, the rest of the prompt
-        # was: unless the answer was stopped while it was read.)
-        prompt_reused=(stats.prompt_cached if stats.prompt_cached is not None
-                       else max(prompt_total - 1 - stats.prompt_tokens, 0) if prompt_total else 0),
-    )
-
-
-def replay_snapshots(cycles: list, plain_tokens_per_s: float | None = None, prompt_tokens: int = 0,
-                     prompt_total: int = 0, prompt_reused: int | None = None) -> list[StatsSnapshot]:
-    """The stats as they stood after each stored cycle, for replay (the prompt's counts as stored)."""
-    stats = Stats(prompt_tokens=prompt_tokens, prompt_cached=prompt_reused)
-    out = []
-    for cycle in cycles:
-        stats.add(cycle)
-        out.append(snapshot_of(stats, cycle, plain_tokens_per_s, prompt_total))
-    return out
+# The request and result types live in protocol; older callers import them from here.
+from .protocol import (Asker, CycleEvent, Decoded, Event, Failed, Finished, GenerationRequest,  # noqa: F401
+                       GenerationResult, Loaded, LoadFailed, LoadProgress, LoadRequest, PlainRateMeasured,
+                       PromptProgress, ServeFailed, ServingAt, StageChanged, Started, StatsSnapshot,
+                       replay_snapshots, snapshot_of)
 
 
 class PlainRate:
@@ -136,8 +36,8 @@ class PlainRate:
             self.tokens_per_s = rate if self.tokens_per_s is None else 0.9 * self.tokens_per_s + 0.1 * rate
 
 
-# Events the runner reports: (kind, *payload). The engine process sends them down its pipe.
-Report = Callable[..., None]
+# Where the runner's events go: the engine process sends them down its pipe.
+Report = Callable[[Event], None]
 
 
 class EngineRunner:
@@ -165,22 +65,22 @@ class EngineRunner:
             # llama.cpp calls this per tensor (hundreds of times): the window needs a step of 1%.
             if stage != shown["stage"] or fraction - shown["fraction"] >= 0.01 or fraction >= 1.0:
                 shown.update(stage=stage, fraction=fraction)
-                self.report("load_progress", stage, fraction)
+                self.report(LoadProgress(stage, fraction))
             return not self.cancel_load.is_set()
 
         try:
             self.decoder = load_decoder(request.target, request.draft, options, progress)
         except SpeculumError as exc:
-            self.report("load_failed", "Loading was cancelled." if self.cancel_load.is_set() else str(exc))
+            self.report(LoadFailed("Loading was cancelled." if self.cancel_load.is_set() else str(exc)))
             return False
         if self.cancel_load.is_set():  # Cancel pressed as the last tensors were read: it still cancels
             self.close_models()
-            self.report("load_failed", "Loading was cancelled.")
+            self.report(LoadFailed("Loading was cancelled."))
             return False
         self.target_path = request.target
         self.plain = PlainRate()
         d = self.decoder
-        self.report("loaded", d.target.facts, d.draft.facts if d.draft is not None else None)
+        self.report(Loaded(d.target.facts, d.draft.facts if d.draft is not None else None))
         return True
 
     def set_plain_rate(self, tokens_per_s: float | None) -> None:
@@ -197,22 +97,22 @@ class EngineRunner:
     # -- generating --
 
     def generate(self, request: GenerationRequest, on_cycle: Callable[[object], None] | None = None) -> None:
-        """Run ``request``, reporting each cycle, then "finished" or "failed".
+        """Run ``request``, reporting each cycle, then ``Finished`` or ``Failed``.
 
         ``on_cycle`` sees each Cycle first (the engine process's fault injection for tests).
         """
         if self.decoder is None:
-            self.report("failed", "No model is loaded. Pick a target model and press Load.")
+            self.report(Failed("No model is loaded. Pick a target model and press Load."))
             return
         try:
             with self.turn:
                 result = self._answer(request, on_cycle)
         except SpeculumError as exc:
-            self.report("failed", str(exc))
+            self.report(Failed(str(exc)))
             return
         if self.plain.tokens_per_s:
-            self.report("plain_rate", self.target_path, self.plain.tokens_per_s)
-        self.report("finished", result)
+            self.report(PlainRateMeasured(self.target_path, self.plain.tokens_per_s))
+        self.report(Finished(result))
 
     def _answer(self, request: GenerationRequest, on_cycle) -> GenerationResult:
         if request.document is None:
@@ -238,35 +138,24 @@ class EngineRunner:
 
         self.stop_serving()
         if self.decoder is None:
-            self.report("serve_failed", "Load a model before serving it.")
+            self.report(ServeFailed("Load a model before serving it."))
             return
-        served = ServedModel(self.decoder, Path(self.target_path).stem, mode=mode, turn=self.turn)
-        stats = {}
-
-        def on_request(kind, payload) -> None:
-            if kind == "started":
-                stats["prompt_total"] = payload
-            self.report("served_request", kind, payload.usage if kind == "finished" else payload)
-
-        def on_cycle(cycle) -> None:
-            snap = snapshot_of(self.decoder.stats, cycle, self.plain.tokens_per_s, stats.get("prompt_total", 0))
-            self.report("served_cycle", CycleEvent(cycle, snap, "API request"))
-
-        served.on_request, served.on_cycle = on_request, on_cycle
+        served = ServedModel(self.decoder, Path(self.target_path).stem, mode=mode, turn=self.turn,
+                             on_event=self.report, plain_rate=lambda: self.plain.tokens_per_s)
         serving = Serving(served, host, port, api_key)
         try:
             serving.start()
         except SpeculumError as exc:
-            self.report("serve_failed", str(exc))
+            self.report(ServeFailed(str(exc)))
             return
         self.serving = serving
-        self.report("serving", serving.url, served.model_id)
+        self.report(ServingAt(serving.url, served.model_id))
 
     def stop_serving(self) -> None:
         if self.serving is not None:
             self.serving.stop()
             self.serving = None
-            self.report("serving", "", "")
+            self.report(ServingAt("", ""))
 
     def _cycles(self, request: GenerationRequest, messages: list[dict]):
         target = self.decoder.target
@@ -279,7 +168,7 @@ class EngineRunner:
 
     def _prompt_progress(self, read: int, total: int) -> None:
         """Prompt tokens read so far: the window shows them while a long prompt is read."""
-        self.report("prompt_progress", read, total)
+        self.report(PromptProgress(read, total))
 
     def calibrate_while_idle(self, interrupted) -> None:
         """Measure this machine's costs for auto mode between requests, one pass at a time,
@@ -311,10 +200,10 @@ class EngineRunner:
                 on_cycle(cycle)
             if stage != stage_now:
                 stage_now = stage
-                self.report("stage", "Combining the part summaries" if stage == "Combining" else stage)
+                self.report(StageChanged("Combining the part summaries" if stage == "Combining" else stage))
             self.plain.observe(cycle)
             snap = snapshot_of(self.decoder.stats, cycle, self.plain.tokens_per_s, self._prompt_total)
-            self.report("cycle", CycleEvent(cycle, snap, stage))
+            self.report(CycleEvent(cycle, snap, stage))
             text.append(cycle.text)
             cycles.append(cycle)
             last = cycle

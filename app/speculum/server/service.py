@@ -14,12 +14,16 @@ import asyncio
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 from ..engine.sampling import SamplingParams
 from ..engine.stats import Stats
 from ..engine.vocabulary import Source
 from ..errors import ContextFullError, SpeculumError
+from ..protocol import Asker, CycleEvent, Decoded, Event, Failed, Finished, Started, snapshot_of
+
+# How an API request's cycles are labelled beside the window's own.
+STAGE = "API request"
 
 
 class Busy(SpeculumError):
@@ -110,7 +114,8 @@ class ServedModel:
     """The loaded decoder, served to HTTP clients one request at a time."""
 
     def __init__(self, decoder, model_id: str, mode: str = "auto", max_waiting: int = 8,
-                 turn: threading.Lock | None = None):
+                 turn: threading.Lock | None = None, on_event: Callable[[Event], None] | None = None,
+                 plain_rate: Callable[[], float | None] = lambda: None):
         self.decoder = decoder
         # Held while the decoder generates: the window's own answers take the same turn.
         self.turn = turn or threading.Lock()
@@ -120,8 +125,10 @@ class ServedModel:
         self._turn = asyncio.Lock()  # FIFO: requests run in arrival order
         self._waiting = 0
         self._last_seconds = 5.0  # how long the last request took: the Retry-After guess
-        self.on_cycle = None  # optional observer of every cycle (the window's live view)
-        self.on_request = None  # optional observer: ("started", prompt tokens) / ("finished", Done) / ("decoded", None)
+        # Each request's life as the window's own answers tell theirs (Started, CycleEvent per
+        # cycle, Decoded once it let go of the models, then Finished or Failed), for its live view.
+        self.on_event = on_event
+        self.plain_rate = plain_rate  # plain decoding's tokens/s on this machine, for the speedup shown
 
     # -- prompts --
 
@@ -148,6 +155,10 @@ class ServedModel:
 
     # -- running --
 
+    def _tell(self, event: Event) -> None:
+        if self.on_event is not None:
+            self.on_event(event)
+
     async def run(self, completion: Completion) -> AsyncIterator[Delta | Done]:
         """Text as it is generated, then one Done; raises Busy when too many wait."""
         self.check_fits(completion)
@@ -173,21 +184,22 @@ class ServedModel:
         def produce() -> None:
             try:
                 with self.turn:
-                    if self.on_request is not None:
-                        self.on_request("started", len(completion.prompt))
+                    self._tell(Started(len(completion.prompt)))
                     try:
                         prediction = self.predicted_tokens(completion.prediction)
                         for cycle in self.decoder.generate(completion.prompt, max_tokens=completion.max_tokens,
                                                            sampling=completion.sampling, policy=self.mode,
                                                            stop=stop, prediction=prediction):
-                            if self.on_cycle is not None:
-                                self.on_cycle(cycle)
+                            if self.on_event is not None:
+                                self._tell(CycleEvent(cycle, snapshot_of(self.decoder.stats, cycle, self.plain_rate(),
+                                                                         len(completion.prompt)), STAGE, Asker.API))
                             loop.call_soon_threadsafe(queue.put_nowait, cycle)
                     finally:
-                        if self.on_request is not None:  # done with llama.cpp, however the request ends
-                            self.on_request("decoded", None)
+                        self._tell(Decoded(Asker.API))  # done with llama.cpp, however the request ends
                 loop.call_soon_threadsafe(queue.put_nowait, None)
             except BaseException as exc:  # the request fails, the server does not
+                if isinstance(exc, Exception):
+                    self._tell(Failed(str(exc) or exc.__class__.__name__, Asker.API))
                 loop.call_soon_threadsafe(queue.put_nowait, exc)
 
         thread = threading.Thread(target=produce, name="speculum-serve", daemon=True)
@@ -217,8 +229,7 @@ class ServedModel:
                 yield Delta(tail)
             stats = self.decoder.stats
             done = Done(finish, usage(len(completion.prompt), generated, stats), speculum_numbers(stats))
-            if self.on_request is not None:
-                self.on_request("finished", done)
+            self._tell(Finished(None, Asker.API, done.usage))
             yield done
         finally:
             stop.set()  # a consumer that left (client gone) stops the generation

@@ -10,6 +10,7 @@ from typing import Callable
 
 from PySide6.QtCore import QObject, Signal
 
+from ..protocol import Started
 from .serve import ServePanel
 from .speculationpane import SpeculationPane
 
@@ -51,13 +52,14 @@ class ApiServing(QObject):
         self.panel.show_stopped()
         self.error.emit(message)
 
-    def _on_served_request(self, kind: str, payload) -> None:
-        """An API client's request: shown live in the speculation view and stats, like the window's own."""
+    def _on_served_request(self, event) -> None:
+        """An API client's request (Started, Finished, Failed): shown live in the speculation view
+        and stats, like the window's own."""
         if self._answering():
             return
-        if kind != "started":
+        if not isinstance(event, Started):
             self.engine.served_batcher.flush()  # its last cycles before its count
-        self.pane.show_served_request(kind, payload)
+        self.pane.show_served_request(event)
 
     def _on_served_batch(self, events: list) -> None:
         if self._answering():

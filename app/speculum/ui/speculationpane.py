@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
+from ..protocol import Finished, Started
 from .replaycontroller import ReplayController
 from .speculation import SpeculationView
 from .stats import StatsPanel
@@ -40,10 +41,12 @@ class SpeculationPane(QWidget):
         self.stats.show_snapshot(snapshot)
         self.stats.chart.update()
 
-    def show_served_request(self, kind: str, payload) -> None:
-        """An API client's request: shown live, like the window's own answers."""
-        if kind == "started":
+    def show_served_request(self, event) -> None:
+        """An API client's request (Started, Finished, Failed): shown live, like the window's own answers."""
+        if isinstance(event, Started):
             self.clear()
             self.replay.label.setText("Answering an API request…")
+        elif isinstance(event, Finished):
+            self.replay.label.setText(f"Answered an API request: {event.usage['completion_tokens']} tokens.")
         else:
-            self.replay.label.setText(f"Answered an API request: {payload['completion_tokens']} tokens.")
+            self.replay.label.setText("An API request failed.")

@@ -19,9 +19,12 @@ from PySide6.QtCore import QObject, Qt, QTimer, Signal, Slot
 from ..engine import profiles
 from ..engine.backend import usable_cores
 from ..engine_process import EngineProcess, describe_exit
-# Request and result types live with the runner (no Qt); the window imports them from here.
-from ..runner import (CycleEvent, GenerationRequest, GenerationResult, LoadRequest,  # noqa: F401
-                      StatsSnapshot, replay_snapshots, snapshot_of)
+# The window imports the protocol's request and result types from here.
+from ..protocol import (Asker, CycleEvent, Decoded, Event, Failed, Finished, Generate,  # noqa: F401
+                        GenerationRequest, GenerationResult, Load, Loaded, LoadFailed, LoadProgress, LoadRequest,
+                        PlainRateMeasured, ProfileChosen, PromptProgress, Ready, ServeFailed, Serve, ServingAt,
+                        SetPlainRate, StageChanged, Started, StatsSnapshot, StopServing, WorkerLost,
+                        replay_snapshots, snapshot_of)
 from .. import yielding
 
 # Widgets are updated at most this often: 20 frames a second reads as live, and every
@@ -115,7 +118,7 @@ class EngineSignals(QObject):
     died = Signal(object)  # EngineDeath
     serving = Signal(str, str)  # base URL and model id of the API being served; empty when it stopped
     serveFailed = Signal(str)
-    servedRequest = Signal(str, object)  # "started" (prompt tokens) / "finished" (usage)
+    servedRequest = Signal(object)  # an API request's Started, Finished or Failed
     servedCycle = Signal(object)  # CycleEvent of an API client's request
 
 
@@ -154,9 +157,10 @@ class Engine(QObject):
         self._last_words = ""
         self.started = False  # the engine process has imported llama.cpp and said so
         self.cores_full = False  # the loaded target decodes on the CPU with a thread on every core
-        self._decoding: set[str] = set()  # "window" / "api": what the engine is decoding now
+        self._decoding: set[Asker] = set()  # whose generations the engine is decoding now
         self.giving_way = False  # the window's threads wait for a core (see yielding)
         self._lock = threading.Lock()
+        self._route = self._routes()
         self._spawn()  # importing llama.cpp takes a moment: do it before the user presses Load
 
     # -- the process --
@@ -166,40 +170,74 @@ class Engine(QObject):
         self._process = EngineProcess(self._on_event, self._on_exit)
         self._holds_models = False
 
-    def _on_event(self, kind: str, *payload) -> None:
+    def _routes(self) -> dict[type[Event], object]:
+        """Each event's handler, by type (on the reader thread)."""
+        w = self.worker
+        return {
+            Ready: self._on_ready,
+            ProfileChosen: self._on_profile,
+            LoadProgress: lambda e: w.loadProgress.emit(e.stage, e.fraction),
+            Loaded: self._on_models_loaded,
+            LoadFailed: self._on_load_failed,
+            StageChanged: lambda e: w.stageChanged.emit(e.stage),
+            PromptProgress: lambda e: w.promptProgress.emit(e.read, e.total),
+            Started: self._on_started,
+            CycleEvent: self._on_cycle,
+            Decoded: lambda e: self._decoded(e.asker, False),
+            Finished: self._on_ended,
+            Failed: self._on_ended,
+            PlainRateMeasured: lambda e: w.plainRateMeasured.emit(e.target, e.tokens_per_s),
+            ServingAt: lambda e: w.serving.emit(e.url, e.model_id),
+            ServeFailed: lambda e: w.serveFailed.emit(e.message),
+            WorkerLost: self._on_worker_lost,
+        }
+
+    def _on_event(self, event: Event) -> None:
         """Reader thread: one report from the engine process."""
-        if kind == "cycle":
+        self._route[type(event)](event)
+
+    def _on_ready(self, event: Ready) -> None:
+        self.started = True
+        self.worker.ready.emit(event.gpu, event.cpu_settings)
+
+    def _on_profile(self, event: ProfileChosen) -> None:
+        self.profile, self.profile_why = profiles.by_name(event.name), event.why
+        self.worker.profileChosen.emit(event.name, event.why)
+
+    def _on_models_loaded(self, event: Loaded) -> None:
+        self._activity = ""
+        self._fresh = True
+        self.worker.loaded.emit(event.target, event.draft)
+
+    def _on_load_failed(self, event: LoadFailed) -> None:
+        self._activity = ""
+        self.worker.loadFailed.emit(event.message)
+
+    def _on_started(self, event: Started) -> None:
+        self._decoded(event.asker, True)
+        self.worker.servedRequest.emit(event)
+
+    def _on_cycle(self, event: CycleEvent) -> None:
+        if event.asker == Asker.WINDOW:
             self._fresh = False
-            self.worker.cycleReady.emit(payload[0])
+            self.worker.cycleReady.emit(event)
+        else:
+            self.worker.servedCycle.emit(event)
+
+    def _on_ended(self, event: Finished | Failed) -> None:
+        """A generation finished or failed: the window's own, or an API client's."""
+        if event.asker != Asker.WINDOW:
+            self.worker.servedRequest.emit(event)
             return
-        if kind == "worker_lost":  # the engine's last words before it ends
-            self._last_words = payload[0]
-            return
-        if kind == "served_cycle":
-            self.worker.servedCycle.emit(payload[0])
-            return
-        if kind in ("finished", "failed", "load_failed"):
-            self._activity = ""
-        if kind in ("finished", "failed"):
-            self._decoded("window", False)
-        if kind == "served_request":
-            self._decoded("api", payload[0] == "started")
-            if payload[0] == "decoded":  # the window's own sign that an API request left llama.cpp
-                return
-        if kind == "ready":
-            self.started = True
-        if kind == "profile":
-            self.profile, self.profile_why = profiles.by_name(payload[0]), payload[1]
-        if kind == "loaded":
-            self._activity = ""
-            self._fresh = True
-        {"ready": self.worker.ready, "load_progress": self.worker.loadProgress, "loaded": self.worker.loaded,
-         "load_failed": self.worker.loadFailed, "stage": self.worker.stageChanged,
-         "finished": self.worker.finished, "failed": self.worker.failed,
-         "prompt_progress": self.worker.promptProgress,
-         "plain_rate": self.worker.plainRateMeasured, "profile": self.worker.profileChosen,
-         "serving": self.worker.serving, "serve_failed": self.worker.serveFailed,
-         "served_request": self.worker.servedRequest}[kind].emit(*payload)
+        self._activity = ""
+        self._decoded(Asker.WINDOW, False)
+        if isinstance(event, Finished):
+            self.worker.finished.emit(event.result)
+        else:
+            self.worker.failed.emit(event.message)
+
+    def _on_worker_lost(self, event: WorkerLost) -> None:
+        self._last_words = event.words  # the engine's last words before it ends
 
     def _on_exit(self, code: int | None) -> None:
         """Reader thread: the engine process ended without being asked to."""
@@ -231,9 +269,9 @@ class Engine(QObject):
             # budget's own pace, +6.8% with 500 ms frames, +4.6% with the Markdown answer at 1 s too.
             batcher.frame_ms = CycleBatcher.MAX_FRAME_MS if self.cores_full else FRAME_MS
 
-    def _decoded(self, what: str | None, started: bool) -> None:
-        """Any thread: the engine started or ended decoding for ``what`` ("window", "api"; None:
-        everything, the process is gone). While llama.cpp fills every core, the window's threads
+    def _decoded(self, what: Asker | None, started: bool) -> None:
+        """Any thread: the engine started or ended decoding for ``what`` (None: everything, the
+        process is gone). While llama.cpp fills every core, the window's threads
         wait for one (see yielding)."""
         with self._lock:
             if what is None:
@@ -258,7 +296,7 @@ class Engine(QObject):
         self._holds_models = True
         self._activity = "loading the models"
         self._process.cancel_load.clear()
-        self._process.send("load", request, profile.name if profile else "", why)
+        self._process.send(Load(request, profile.name if profile else "", why))
 
     def cancel_load(self) -> None:
         if self._process is not None:
@@ -266,17 +304,17 @@ class Engine(QObject):
 
     def set_plain_rate(self, tokens_per_s: float | None) -> None:
         if self._process is not None:
-            self._process.send("plain_rate", tokens_per_s)
+            self._process.send(SetPlainRate(tokens_per_s))
 
     def generate(self, request: GenerationRequest) -> None:
         # Cleared here, before sending: a Stop pressed while this request waits must still count.
         self._process.stop.clear()
         self.batcher.begin()
-        self._decoded("window", True)
+        self._decoded(Asker.WINDOW, True)
         self._activity = ("summarising a document" if request.document is not None
                           else "generating an answer")
-        if not self._process.send("generate", request):
-            self._decoded("window", False)
+        if not self._process.send(Generate(request)):
+            self._decoded(Asker.WINDOW, False)
             self.worker.failed.emit("The engine is not running. Press Reload.")
 
     def stop(self) -> None:
@@ -285,12 +323,12 @@ class Engine(QObject):
 
     def serve(self, port: int, mode: str, host: str = "127.0.0.1", api_key: str | None = None) -> None:
         """Serve the loaded models over the OpenAI API from the engine process."""
-        if self._process is None or not self._process.send("serve", host, port, api_key, mode):
+        if self._process is None or not self._process.send(Serve(host, port, api_key, mode)):
             self.worker.serveFailed.emit("The engine is not running. Load a model first.")
 
     def stop_serving(self) -> None:
         if self._process is not None:
-            self._process.send("stop_serving")
+            self._process.send(StopServing())
 
     def _end_process(self) -> None:
         if self._process is not None:

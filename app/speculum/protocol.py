@@ -1,0 +1,281 @@
+"""Everything the window and the engine process say to each other, as types.
+
+Commands go down the pipe from the window (``ui/worker.py``) to the engine process
+(``engine_process.py``); events come back. Both are plain dataclasses, pickled by
+``multiprocessing`` as they are, and each side routes them by type. An API client's request
+(``server/service.py``) is told with the same events as the window's own answers, tagged
+with who asked (``Asker``). No type here loads llama.cpp or Qt: the window unpickles them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from .engine.backend import ModelFacts
+from .engine.stats import Stats
+from .engine.vocabulary import Mode
+
+
+class Asker(str, Enum):
+    """Whose generation an event is about."""
+    WINDOW = "window"
+    API = "api"
+
+
+# -- what the window asks for ----------------------------------------------------------------
+
+@dataclass
+class LoadRequest:
+    target: str
+    draft: str | None = None
+    n_ctx: int = 4096
+    target_gpu_layers: int | None = None  # None: all on the GPU when there is one
+    draft_gpu_layers: int | None = None
+    rpc: tuple[str, ...] = ()  # RPC workers (HOST:PORT) that take the target's layers; the draft stays local
+
+
+@dataclass
+class GenerationRequest:
+    conversation_id: str
+    messages: list[dict]  # the conversation so far, ending with the new user turn
+    mode: Mode = Mode.AUTO
+    k: int | None = None  # None: adaptive; otherwise forced modes draft exactly k
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_tokens: int = 256
+    document: str | None = None  # set: summarise this document (in parts when long)
+
+
+# -- the numbers the stats panel shows ---------------------------------------------------------
+
+@dataclass
+class StatsSnapshot:
+    """What the stats panel shows after a cycle; computed in the engine so widgets only display."""
+    acceptance_rate: float = 0.0
+    acceptance_by_position: list[float] = field(default_factory=list)
+    tokens_per_s: float = 0.0
+    tokens_per_pass: float = 0.0
+    tokens: int = 0
+    seconds: float = 0.0
+    drafted: int = 0
+    speedup: float | None = None  # against plain decoding on this machine
+    speedup_source: str = ""  # "policy estimate" or "measured"
+    policy: dict = field(default_factory=dict)
+    prompt_tokens: int = 0  # decoded this time (the rest came from the KV cache)
+    prompt_total: int = 0
+    prompt_reused: int = 0  # prompt tokens found in the KV cache of the conversation so far
+
+
+def snapshot_of(stats: Stats, cycle, plain_tokens_per_s: float | None, prompt_total: int = 0) -> StatsSnapshot:
+    """Stats after ``cycle``. The speedup is the answer's so far against plain decoding's rate
+    on this machine; the policy's estimate for the cycle only while no plain rate is known
+    (the Policy row shows the cycle's own estimate)."""
+    policy = cycle.policy
+    speedup, source = None, ""
+    plain = (policy.plain_tokens_per_s if policy is not None else None) or plain_tokens_per_s
+    if plain and stats.tokens_per_s:
+        speedup, source = stats.tokens_per_s / plain, "measured"
+    elif policy is not None and policy.expected_speedup:
+        speedup, source = float(policy.expected_speedup), "policy estimate"
+    return StatsSnapshot(
+        acceptance_rate=stats.acceptance_rate,
+        acceptance_by_position=stats.acceptance_by_position,
+        tokens_per_s=stats.tokens_per_s,
+        tokens_per_pass=stats.tokens_per_pass,
+        tokens=stats.tokens,
+        seconds=stats.seconds,
+        drafted=stats.drafted,
+        speedup=speedup,
+        speedup_source=source,
+        policy=policy.to_json() if policy is not None else {},
+        prompt_tokens=stats.prompt_tokens,
+        prompt_total=prompt_total,
+        # The prompt's last token is decoded with the first cycle, so it is neither. (Where what
+        # was reused is not known, as in answers saved before it was kept, the rest of the prompt
+        # was: unless the answer was stopped while it was read.)
+        prompt_reused=(stats.prompt_cached if stats.prompt_cached is not None
+                       else max(prompt_total - 1 - stats.prompt_tokens, 0) if prompt_total else 0),
+    )
+
+
+def replay_snapshots(cycles: list, plain_tokens_per_s: float | None = None, prompt_tokens: int = 0,
+                     prompt_total: int = 0, prompt_reused: int | None = None) -> list[StatsSnapshot]:
+    """The stats as they stood after each stored cycle, for replay (the prompt's counts as stored)."""
+    stats = Stats(prompt_tokens=prompt_tokens, prompt_cached=prompt_reused)
+    out = []
+    for cycle in cycles:
+        stats.add(cycle)
+        out.append(snapshot_of(stats, cycle, plain_tokens_per_s, prompt_total))
+    return out
+
+
+@dataclass
+class GenerationResult:
+    conversation_id: str
+    text: str
+    cycles: list  # Cycle objects of the final answer (all stages for a long document)
+    snapshot: StatsSnapshot
+    finish: str | None
+    note: str
+    mode: str
+    part_summaries: list[str] = field(default_factory=list)
+
+
+# -- commands: window -> engine process ----------------------------------------------------------
+
+class Command:
+    """A request to the engine process; ``failure`` is how it reports a Python error in it."""
+
+    def failure(self, message: str) -> "Event":
+        return Failed(message)
+
+
+@dataclass
+class Load(Command):
+    request: LoadRequest
+    profile: str = ""  # an engine profile chosen after a crash; "": the one this machine remembers
+    why: str = ""  # why that profile was chosen
+
+    def failure(self, message: str) -> "Event":
+        return LoadFailed(message)
+
+
+@dataclass
+class Generate(Command):
+    request: GenerationRequest
+
+
+@dataclass
+class SetPlainRate(Command):
+    tokens_per_s: float | None
+
+
+@dataclass
+class Serve(Command):
+    host: str
+    port: int
+    api_key: str | None
+    mode: str
+
+    def failure(self, message: str) -> "Event":
+        return ServeFailed(message)
+
+
+@dataclass
+class StopServing(Command):
+    pass
+
+
+@dataclass
+class Quit(Command):
+    pass
+
+
+# -- events: engine process -> window ------------------------------------------------------------
+
+class Event:
+    """Something the engine reports."""
+
+
+@dataclass
+class Ready(Event):
+    gpu: str | None  # the engine process's GPU backend name, None on the CPU
+    cpu_settings: dict  # how llama.cpp's threads wait (engine.cpu_settings.in_effect)
+
+
+@dataclass
+class ProfileChosen(Event):
+    name: str
+    why: str  # empty: the standard profile
+
+
+@dataclass
+class LoadProgress(Event):
+    stage: str  # "target" / "draft"
+    fraction: float
+
+
+@dataclass
+class Loaded(Event):
+    target: ModelFacts
+    draft: ModelFacts | None
+
+
+@dataclass
+class LoadFailed(Event):
+    message: str
+
+
+@dataclass
+class Started(Event):
+    """A generation took the models (an API request's; the window knows when its own start)."""
+    prompt_tokens: int
+    asker: Asker = Asker.API
+
+
+@dataclass
+class PromptProgress(Event):
+    read: int
+    total: int
+
+
+@dataclass
+class StageChanged(Event):
+    stage: str  # "Part 2 of 5", "Combining the part summaries"
+
+
+@dataclass
+class CycleEvent(Event):
+    cycle: object  # speculum.engine.cycle.Cycle
+    snapshot: StatsSnapshot
+    stage: str = ""  # "Part 2 of 5", "Combining" for a long document, "API request"; "" otherwise
+    asker: Asker = Asker.WINDOW
+
+
+@dataclass
+class Decoded(Event):
+    """A generation let go of the models, however it ended (the next may take them)."""
+    asker: Asker = Asker.API
+
+
+@dataclass
+class Finished(Event):
+    result: GenerationResult | None  # the window's answer; None for an API request
+    asker: Asker = Asker.WINDOW
+    usage: dict | None = None  # an API request's OpenAI usage
+
+
+@dataclass
+class Failed(Event):
+    message: str
+    asker: Asker = Asker.WINDOW
+
+
+@dataclass
+class PlainRateMeasured(Event):
+    target: str  # the target's path
+    tokens_per_s: float
+
+
+@dataclass
+class ServingAt(Event):
+    url: str  # empty: serving stopped
+    model_id: str
+
+
+@dataclass
+class ServeFailed(Event):
+    message: str
+
+
+@dataclass
+class WorkerLost(Event):
+    """The engine's last words before llama.cpp aborts for a lost RPC worker."""
+    words: str
+
+
+@dataclass
+class Batch(Event):
+    """Cycles held back to travel together, then the event that released them."""
+    events: list
