@@ -198,53 +198,54 @@ def test_cycles_carry_texts_timings_and_probabilities(smollm_path):
 
 
 def test_prompt_progress_is_reported_chunk_by_chunk_and_stop_cancels_it(smollm_path):
-    from speculum.runner import EngineRunner, GenerationRequest, LoadRequest
     from speculum.engine.decoder import PROMPT_CHUNK
+    from speculum.protocol import CycleEvent, Finished, GenerationRequest, LoadRequest, PromptProgress
+    from speculum.runner import EngineRunner
 
     events = []
-    runner = EngineRunner(lambda kind, *payload: events.append((kind, *payload)))
+    runner = EngineRunner(events.append)
     assert runner.load(LoadRequest(smollm_path, n_ctx=2048), LoadOptions(n_ctx=2048))
     document = " ".join(f"Line {i}: the lighthouse keeper logged the weather." for i in range(60))
     request = GenerationRequest("c1", [{"role": "user", "content": document + "\nSummarise."}], max_tokens=4)
     runner.generate(request)
-    progress = [e[1:] for e in events if e[0] == "prompt_progress"]
+    progress = [(e.read, e.total) for e in events if isinstance(e, PromptProgress)]
     total = progress[-1][1]
     assert total > 3 * PROMPT_CHUNK
     assert progress[0] == (0, total) and progress[-1] == (total, total)  # all read, the last token with the first pass
     reads = [read for read, _ in progress]
     assert reads == sorted(reads) and len(reads) >= 4  # one report per chunk, in order
-    kinds = [e[0] for e in events]
-    assert kinds.index("prompt_progress") < kinds.index("cycle")  # shown before the first token
-    assert events[-1][0] == "finished"
+    kinds = [type(e) for e in events]
+    assert kinds.index(PromptProgress) < kinds.index(CycleEvent)  # shown before the first token
+    assert isinstance(events[-1], Finished)
 
     # Stop while the prompt is read: the reading ends at the next chunk.
     events.clear()
     runner.decoder.sequence.sync([])  # nothing cached: the whole prompt is read again
 
-    def report(kind, *payload):
-        events.append((kind, *payload))
-        if kind == "prompt_progress" and payload[0] > 0:
+    def report(event):
+        events.append(event)
+        if isinstance(event, PromptProgress) and event.read > 0:
             runner.stop.set()
 
     runner.report = report
     runner.generate(request)
     runner.stop.clear()
-    progress = [e[1:] for e in events if e[0] == "prompt_progress"]
+    progress = [(e.read, e.total) for e in events if isinstance(e, PromptProgress)]
     assert progress[-1][0] == PROMPT_CHUNK < total  # one chunk read, then it stopped
-    assert events[-1][0] == "finished" and events[-1][1].finish == "stopped"
+    assert isinstance(events[-1], Finished) and events[-1].result.finish == "stopped"
     assert len(runner.decoder.sequence.tokens) == PROMPT_CHUNK
     # What the stats and the answer's note say of it: the chunk read, not the whole prompt.
     from speculum.ui.answer import stopped_note
 
-    stopped = events[-1][1]
+    stopped = events[-1].result
     assert (stopped.snapshot.prompt_tokens, stopped.snapshot.prompt_reused) == (PROMPT_CHUNK, 0)
     assert stopped_note(stopped.text, stopped.snapshot) == (
         f"Stopped while reading the prompt ({PROMPT_CHUNK:,} of {total:,} tokens read); nothing was written.")  # as the bar counts
     # Asked again, the chunk read is reused and the rest is read.
     events.clear()
-    runner.report = lambda kind, *payload: events.append((kind, *payload))
+    runner.report = events.append
     runner.generate(request)
-    again = events[-1][1].snapshot
+    again = events[-1].result.snapshot
     assert (again.prompt_reused, again.prompt_tokens) == (PROMPT_CHUNK, total - PROMPT_CHUNK)
 
 
@@ -252,10 +253,11 @@ def test_cancel_pressed_as_the_load_ends_still_cancels_it(smollm_path, monkeypat
     # The window's Cancel can reach the engine after llama.cpp's last progress call; a load
     # that finished then is dropped, not reported as loaded.
     from speculum import runner as runner_module
-    from speculum.runner import EngineRunner, LoadRequest
+    from speculum.protocol import Loaded, LoadFailed, LoadRequest
+    from speculum.runner import EngineRunner
 
     events = []
-    runner = EngineRunner(lambda kind, *payload: events.append((kind, *payload)))
+    runner = EngineRunner(events.append)
     real = runner_module.load_decoder
 
     def load_then_cancel(*args, **kwargs):
@@ -265,5 +267,5 @@ def test_cancel_pressed_as_the_load_ends_still_cancels_it(smollm_path, monkeypat
 
     monkeypatch.setattr(runner_module, "load_decoder", load_then_cancel)
     assert not runner.load(LoadRequest(smollm_path, n_ctx=512), LoadOptions(n_ctx=512))
-    assert events[-1] == ("load_failed", "Loading was cancelled.")
-    assert runner.decoder is None and not any(e[0] == "loaded" for e in events)
+    assert events[-1] == LoadFailed("Loading was cancelled.")
+    assert runner.decoder is None and not any(isinstance(e, Loaded) for e in events)

@@ -159,3 +159,20 @@ def test_sampling_filters_shape_p_and_q_alike():
     big = np.random.default_rng(0).standard_normal(5000) * 0.01  # flat: top-p needs the full sort
     p = distribution(big, SamplingParams(temperature=1.0, top_p=0.9))
     assert 4000 < np.count_nonzero(p) < 5000
+
+
+def test_each_generation_keeps_its_own_stats_and_prompt_size():
+    """A generation's numbers travel with it: a later generation on the same decoder (the next
+    part of a summary, the next API request) leaves the earlier one's stats as they were."""
+    target = SyntheticModel(n_vocab=16, seed=1)
+    decoder = Decoder(target, noisy_copy(target, seed=5, noise=0.5))
+    first = decoder.generate([1, 2, 3, 4, 5], max_tokens=30, policy="draft", k=3)
+    first_cycles = list(first)
+    second = decoder.generate([9, 8], max_tokens=10, policy="off")
+    next(second)  # the second has read its prompt and made a pass
+    assert first.prompt_total == 5 and second.prompt_total == 2
+    assert first.stats.tokens == sum(len(c.emitted) for c in first_cycles) == 30
+    assert first.stats.drafted == sum(len(c.drafted) for c in first_cycles) > 0
+    assert second.stats.tokens == 1 and second.stats.drafted == 0
+    list(second)
+    assert first.stats.tokens == 30 and second.stats.tokens == 10

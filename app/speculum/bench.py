@@ -69,13 +69,14 @@ def run_one(decoder: Decoder, prompt_tokens: list[int], mode: Mode, prompt: Benc
     (tokens, seconds); into ``choices``, what each cycle chose, as ``priced_speedup`` reads it)."""
     sampling = SamplingParams(temperature=prompt.temperature, seed=prompt.seed)
     output: list[int] = []
-    for cycle in decoder.generate(prompt_tokens, max_tokens=max_tokens, sampling=sampling, policy=mode, k=k):
+    generation = decoder.generate(prompt_tokens, max_tokens=max_tokens, sampling=sampling, policy=mode, k=k)
+    for cycle in generation:
         output += cycle.emitted
         if passes is not None:
             passes.append(timed_pass(cycle))
         if choices is not None and cycle.emitted:  # an ending event made no pass
             choices.append(CycleChoice(len(cycle.drafted) + 1, len(cycle.emitted), cycle.draft_s))
-    return decoder.stats, output
+    return generation.stats, output
 
 
 def timed_pass(cycle) -> tuple[int, float]:

@@ -109,15 +109,16 @@ def cmd_generate(args) -> int:
                                 k=_fixed_k(args), on_prompt=reading)
 
     if document is None:
-        steps = (("", cycle) for cycle in generate(build_messages(user, args.system)))
+        generation = generate(build_messages(user, args.system))
+        steps = (("", cycle, generation) for cycle in generation)
     else:  # in parts, then combined, when longer than the context: as the window does
         steps = DocumentSummary(decoder.target, document, args.max_tokens, generate, request=user)
     view = TerminalView(decoder.target, color={"always": True, "never": False}.get(args.color))
     last, text, runs, stage_now = None, [], [], ""
     try:
-        for stage, cycle in steps:
-            if not runs or runs[-1] is not decoder.stats:  # each generation (part) has its own stats
-                runs.append(decoder.stats)
+        for stage, cycle, generation in steps:
+            if not runs or runs[-1] is not generation.stats:  # each generation (part) has its own stats
+                runs.append(generation.stats)
             last = cycle
             text.append(cycle.text)
             if args.json:

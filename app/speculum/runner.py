@@ -116,10 +116,11 @@ class EngineRunner:
 
     def _answer(self, request: GenerationRequest, on_cycle) -> GenerationResult:
         if request.document is None:
-            steps = (("", cycle) for cycle in self._cycles(request, request.messages))
+            generation = self._generation(request, request.messages)
+            steps = (("", cycle, generation) for cycle in generation)
             return self._follow(request, steps, on_cycle)
         summary = summarise.DocumentSummary(self.decoder.target, request.document, request.max_tokens,
-                                            lambda messages: self._cycles(request, messages))
+                                            lambda messages: self._generation(request, messages))
         result = self._follow(request, summary, on_cycle)
         result.text, result.part_summaries = summary.text, summary.part_summaries
         if summary.stopped_at:
@@ -157,10 +158,9 @@ class EngineRunner:
             self.serving = None
             self.report(ServingAt("", ""))
 
-    def _cycles(self, request: GenerationRequest, messages: list[dict]):
+    def _generation(self, request: GenerationRequest, messages: list[dict]):
         target = self.decoder.target
         prompt = target.tokenize(target.apply_chat_template(messages))
-        self._prompt_total = len(prompt)
         sampling = SamplingParams(temperature=request.temperature, top_p=request.top_p)
         return self.decoder.generate(prompt, max_tokens=request.max_tokens, sampling=sampling,
                                      policy=request.mode, k=request.k,
@@ -193,16 +193,16 @@ class EngineRunner:
         tuning.measure_and_remember(target.path, target.n_threads, interrupted)
 
     def _follow(self, request: GenerationRequest, steps, on_cycle) -> GenerationResult:
-        """Report each (stage, cycle) as it comes; the result of the whole run."""
+        """Report each (stage, cycle, generation) as it comes; the result of the whole run."""
         text, cycles, last, snap, stage_now = [], [], None, StatsSnapshot(), ""
-        for stage, cycle in steps:
+        for stage, cycle, generation in steps:
             if on_cycle is not None:
                 on_cycle(cycle)
             if stage != stage_now:
                 stage_now = stage
                 self.report(StageChanged("Combining the part summaries" if stage == "Combining" else stage))
             self.plain.observe(cycle)
-            snap = snapshot_of(self.decoder.stats, cycle, self.plain.tokens_per_s, self._prompt_total)
+            snap = snapshot_of(generation.stats, cycle, self.plain.tokens_per_s, generation.prompt_total)
             self.report(CycleEvent(cycle, snap, stage))
             text.append(cycle.text)
             cycles.append(cycle)

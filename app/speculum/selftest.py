@@ -138,10 +138,11 @@ def compare(plain: Sequence[int], speculative: Sequence[int],
 def _generate(decoder, prompt: list[int], mode: Mode) -> Run:
     tokens: list[int] = []
     text: list[str] = []
-    for cycle in decoder.generate(prompt, max_tokens=MAX_TOKENS, policy=mode):
+    generation = decoder.generate(prompt, max_tokens=MAX_TOKENS, policy=mode)
+    for cycle in generation:
         tokens.extend(cycle.emitted)
         text.append(cycle.text)
-    stats = decoder.stats
+    stats = generation.stats
     return Run(mode, tokens, "".join(text), stats.tokens_per_s, stats.drafted, stats.accepted)
 
 

@@ -113,7 +113,7 @@ def copied_spans(document: str, copies: Sequence[str], min_chars: int = 4) -> li
     return merged
 
 
-# (messages) -> the cycles of one generation answering them.
+# (messages) -> one generation answering them (engine.decoder.Generation: its cycles, its stats).
 Generate = Callable[[list], Iterable]
 
 
@@ -121,8 +121,9 @@ class DocumentSummary:
     """A summary of ``document``, in parts when it is longer than the context.
 
     The window and ``speculum generate --document`` both run it. Iterating yields
-    ``(stage, cycle)`` for every target pass of every generation: stage is
-    "" for a one-part answer, "Part 2 of 5" (", round 2" in later rounds) or "Combining".
+    ``(stage, cycle, generation)`` for every target pass of every generation: stage is
+    "" for a one-part answer, "Part 2 of 5" (", round 2" in later rounds) or "Combining";
+    generation, what ``generate`` returned for that stage (its stats, its prompt's size).
     Afterwards ``text`` is the answer, ``part_summaries`` the first round's part summaries,
     and ``stopped_at`` the stage a Stop ended (then ``text`` holds the part summaries so far).
     """
@@ -143,17 +144,18 @@ class DocumentSummary:
     def _count_messages(self, messages: list[dict]) -> int:
         return len(self.target.tokenize(self.target.apply_chat_template(messages)))
 
-    def _answer(self, messages: list[dict], stage: str) -> Iterator[tuple[str, object]]:
+    def _answer(self, messages: list[dict], stage: str) -> Iterator[tuple[str, object, object]]:
         """Yield the cycles of one answer; its text lands in ``self._last_text``."""
         pieces = []
         self._last_finish = None
-        for cycle in self.generate(messages):
+        generation = self.generate(messages)
+        for cycle in generation:
             pieces.append(cycle.text)
             self._last_finish = cycle.finish
-            yield stage, cycle
+            yield stage, cycle, generation
         self._last_text = "".join(pieces)
 
-    def __iter__(self) -> Iterator[tuple[str, object]]:
+    def __iter__(self) -> Iterator[tuple[str, object, object]]:
         whole = build_messages(self.request, document=self.document)
         # Room for the document: the context, less the answer and the prompt around the document.
         overhead = self._count_messages(build_messages(part_request(99, 99), document=""))

@@ -32,6 +32,22 @@ from .vocabulary import Finish, Mode, Source
 PROMPT_CHUNK = 128
 
 
+class Generation:
+    """One generation: iterating it yields its Cycles. ``stats`` are its own, filled as it runs
+    (the prompt's counts once the first cycle is out), and ``prompt_total`` is its prompt's size."""
+
+    def __init__(self, cycles: Iterator[Cycle], stats: Stats, prompt_total: int):
+        self._cycles = cycles
+        self.stats = stats
+        self.prompt_total = prompt_total
+
+    def __iter__(self) -> Iterator[Cycle]:
+        return self
+
+    def __next__(self) -> Cycle:
+        return next(self._cycles)
+
+
 class Decoder:
     """Owns the target (and optional draft) model and their KV caches across generations."""
 
@@ -43,7 +59,7 @@ class Decoder:
         self.sequence = CachedSequence(target)
         # Every registered drafter the models allow, by source (drafters.DRAFTERS).
         self.drafters: dict[Source, Drafter] = build_drafters(DrafterInputs(target, draft, clock, max_ngram))
-        self.stats = Stats()
+        self.latest = Generation(iter(()), Stats(), 0)  # the last generation asked for
         self.policies: dict[Mode, Policy] = {}
         # A recurrent target rolls back only so many rejected drafts (llama.cpp's snapshots).
         rollback = getattr(target, "max_rollback", None)
@@ -70,6 +86,11 @@ class Decoder:
                                              self.clock)
         return self.policies[mode]
 
+    @property
+    def stats(self) -> Stats:
+        """The latest generation's stats, for scripts and tests: the engine reads its Generation's."""
+        return self.latest.stats
+
     def generate(
         self,
         prompt: Sequence[int],
@@ -82,8 +103,9 @@ class Decoder:
         want_probs: bool = False,
         on_prompt: Callable[[int, int], None] | None = None,
         prediction: Sequence[int] = (),
-    ) -> Iterator[Cycle]:
-        """Yield one Cycle per target pass until end of generation, max tokens, stop or full context.
+    ) -> Generation:
+        """One Cycle per target pass until end of generation, max tokens, stop or full context,
+        with the generation's own Stats and prompt size (``Generation``).
 
         ``k``: None lets draft and lookup modes adapt the draft length; a number fixes it.
         ``on_prompt(read, total)``: prompt tokens read so far, after each chunk of the prompt (in
@@ -91,12 +113,19 @@ class Decoder:
         ``prediction``: tokens the caller expects the answer to hold (auto mode drafts from them).
         Raises ContextFullError before decoding when the prompt alone does not fit.
         """
+        stats = Stats()
+        self.latest = Generation(self._cycles(prompt, stats, max_tokens, sampling, policy, k, stop, want_probs,
+                                              on_prompt, prediction), stats, len(prompt))
+        return self.latest
+
+    def _cycles(self, prompt, stats, max_tokens, sampling, policy, k, stop, want_probs, on_prompt,
+                prediction) -> Iterator[Cycle]:
         if isinstance(policy, str):
             policy = self.policy_for(policy, k)
         predicted = self.drafters.get(Source.PREDICTION)
         if predicted is not None:
             predicted.expect(prediction)  # empty clears the previous generation's
-        context = self._prefill(prompt, policy, stop, on_prompt)
+        context = self._prefill(prompt, policy, stop, on_prompt, stats)
         rng = np.random.default_rng(sampling.seed)
         detok = self.target.detokenizer()
         generated = 0
@@ -135,7 +164,7 @@ class Decoder:
             policy.observe(draft, n_accepted, t_drafted - start, t_verified - t_drafted)
             cycle = self._record(index, policy, draft, k_now, emitted, n_accepted, text, generated, finish,
                                  times=(start, t_drafted, t_verified), probs=probs)
-            self.stats.add(cycle)
+            stats.add(cycle)
             yield cycle
             if finish:
                 policy.finish()
@@ -144,7 +173,7 @@ class Decoder:
     # -- the steps --------------------------------------------------------------------------
 
     def _prefill(self, prompt: Sequence[int], policy: Policy, stop: threading.Event | None,
-                 on_prompt: Callable[[int, int], None] | None = None) -> list[int]:
+                 on_prompt: Callable[[int, int], None] | None = None, stats: Stats | None = None) -> list[int]:
         """Check the prompt fits, decode all but its last token (reusing the cached prefix)
         and start the drafters; returns the context. No calibration here: the policy learns
         costs from the passes made anyway (a prompt chunk's decode is one of them)."""
@@ -156,7 +185,7 @@ class Decoder:
                 f"The prompt is {len(context):,} tokens but the model's context holds "
                 f"{self.target.n_ctx:,}. Shorten it, or summarise the document in parts."
             )
-        stats = self.stats = Stats()
+        stats = stats if stats is not None else Stats()  # the generation's own
         t0 = self.clock()
         known = context[:-1]  # the last token is decoded by the first cycle, for its logits
         have = self.sequence.sync(known)

@@ -187,13 +187,15 @@ class ServedModel:
                     self._tell(Started(len(completion.prompt)))
                     try:
                         prediction = self.predicted_tokens(completion.prediction)
-                        for cycle in self.decoder.generate(completion.prompt, max_tokens=completion.max_tokens,
+                        generation = self.decoder.generate(completion.prompt, max_tokens=completion.max_tokens,
                                                            sampling=completion.sampling, policy=self.mode,
-                                                           stop=stop, prediction=prediction):
+                                                           stop=stop, prediction=prediction)
+                        for cycle in generation:
                             if self.on_event is not None:
-                                self._tell(CycleEvent(cycle, snapshot_of(self.decoder.stats, cycle, self.plain_rate(),
-                                                                         len(completion.prompt)), STAGE, Asker.API))
-                            loop.call_soon_threadsafe(queue.put_nowait, cycle)
+                                snapshot = snapshot_of(generation.stats, cycle, self.plain_rate(),
+                                                       generation.prompt_total)
+                                self._tell(CycleEvent(cycle, snapshot, STAGE, Asker.API))
+                            loop.call_soon_threadsafe(queue.put_nowait, (cycle, generation.stats))
                     finally:
                         self._tell(Decoded(Asker.API))  # done with llama.cpp, however the request ends
                 loop.call_soon_threadsafe(queue.put_nowait, None)
@@ -205,7 +207,7 @@ class ServedModel:
         thread = threading.Thread(target=produce, name="speculum-serve", daemon=True)
         thread.start()
         stops = StopSequences(completion.stop)
-        finish, generated = "length", 0
+        finish, generated, stats = "length", 0, Stats()
         try:
             while True:
                 item = await queue.get()
@@ -215,10 +217,11 @@ class ServedModel:
                     if isinstance(item, ContextFullError):
                         raise BadRequest(str(item), param="messages", code="context_length_exceeded")
                     raise item
-                generated += len(item.emitted)
-                if item.finish == "eog":
+                cycle, stats = item  # the generation's own stats, as they stand after this cycle
+                generated += len(cycle.emitted)
+                if cycle.finish == "eog":
                     finish = "stop"
-                text = stops.feed(item.text) if not stops.stopped else ""
+                text = stops.feed(cycle.text) if not stops.stopped else ""
                 if text:
                     yield Delta(text)
                 if stops.stopped and not stop.is_set():
@@ -227,7 +230,6 @@ class ServedModel:
             tail = stops.flush() if not stops.stopped else ""
             if tail:
                 yield Delta(tail)
-            stats = self.decoder.stats
             done = Done(finish, usage(len(completion.prompt), generated, stats), speculum_numbers(stats))
             self._tell(Finished(None, Asker.API, done.usage))
             yield done
