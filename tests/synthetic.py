@@ -11,12 +11,15 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from speculum.engine.backend import TokenPieces
+from speculum.engine.backend import Backend
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"
 
 
-class SyntheticModel(TokenPieces):
+class SyntheticModel(Backend):
+    """Implements ``Backend``; the capabilities llama.cpp alone has (MTP, an assistant, a file)
+    keep the interface's defaults."""
+
     def __init__(self, n_vocab: int = 12, seed: int = 0, order: int = 2, sharpness: float = 3.0,
                  n_ctx: int = 4096, eog: int | None = None,
                  pass_cost: Callable[[int], float] | None = None, clock: "FakeClock | None" = None):
@@ -60,8 +63,9 @@ class SyntheticModel(TokenPieces):
     def prefill(self, tokens: Sequence[int]) -> np.ndarray:
         return self.decode(tokens)[0]
 
-    def trim(self, n: int) -> None:
+    def trim(self, n: int) -> int:
         del self.tokens[n:]
+        return len(self.tokens)
 
     def is_eog(self, token: int) -> bool:
         return token == self.eog

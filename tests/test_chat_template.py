@@ -20,6 +20,7 @@ class TemplateModel:
     """Only what rendering reads from a model (the template is pure logic)."""
 
     bos, eos = 1, 2
+    path = facts = None
 
     def __init__(self, template: str):
         self.chat_template = template

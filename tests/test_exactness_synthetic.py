@@ -176,3 +176,20 @@ def test_each_generation_keeps_its_own_stats_and_prompt_size():
     assert second.stats.tokens == 1 and second.stats.drafted == 0
     list(second)
     assert first.stats.tokens == 30 and second.stats.tokens == 10
+
+
+def test_the_synthetic_stand_in_is_a_backend_and_lacks_only_what_llama_cpp_alone_has(smollm):
+    """Both models implement every call the engine makes; what a backend may lack has a
+    declared default that says so, and the engine asks it plainly."""
+    from speculum.engine.backend import Backend
+    from speculum.errors import SpeculumError
+
+    required = ("decode", "prefill", "trim", "is_eog", "token_bytes", "token_text", "tokenize")
+    for model in (SyntheticModel(), smollm):
+        assert isinstance(model, Backend)
+        assert all(getattr(type(model), name) is not getattr(Backend, name) for name in required), type(model)
+    stand_in = SyntheticModel()
+    assert (stand_in.has_mtp, stand_in.max_rollback, stand_in.path, stand_in.facts) == (False, None, None, None)
+    assert smollm.path is not None and smollm.facts.backend == "CPU" and not smollm.has_mtp
+    with pytest.raises(SpeculumError, match="MTP"):
+        Decoder(stand_in).policy_for("mtp")  # no MTP head: the plain-words error, not an AttributeError

@@ -174,11 +174,10 @@ def curve_from_passes(passes: Sequence[tuple[int, float]]) -> Callable[[int], fl
 
 def verify_curve(decoder) -> Callable[[int], float] | None:
     """The verify curve the policies measured during the run (auto's first)."""
-    policies = getattr(decoder, "policies", {})
     for mode in (Mode.AUTO, Mode.LOOKUP, Mode.DRAFT):
-        costs = getattr(policies.get(mode), "costs", None)
-        if costs is not None and costs.verify_s:
-            return costs.verify
+        policy = decoder.policies.get(mode)  # (AutoPolicy only: fixed ones are not kept)
+        if policy is not None and policy.costs.verify_s:
+            return policy.costs.verify
     return None
 
 
@@ -224,7 +223,7 @@ def run_bench(decoder: Decoder, prompts: list[BenchPrompt], modes: list[Mode], m
     list(decoder.generate(tokenized[prompts[0].name], max_tokens=4, policy=Mode.OFF))
     first_mode = next((m for m in modes if m == Mode.AUTO), None)
     ttft: dict = {}
-    if info is not None and first_mode is not None and hasattr(decoder, "sequence"):
+    if info is not None and first_mode is not None:
         ttft["fresh_s"] = cold_ttft(decoder, tokenized[prompts[0].name], first_mode)
         ttft["plain_s"] = cold_ttft(decoder, tokenized[prompts[0].name], Mode.OFF)
     runs: dict[tuple[str, Mode], int] = {}

@@ -607,15 +607,14 @@ class AutoPolicy:
 
 def default_store(target: Backend, draft: Backend | None) -> Path | None:
     """One small file per model pair and machine under the user data folder."""
-    target_path = getattr(target, "path", None)
+    target_path = target.path
     if target_path is None:
         return None
-    draft_path = getattr(draft, "path", None)
-    facts = getattr(target, "facts", None)
+    draft_path = draft.path if draft is not None else None
     ident = "|".join([
         Path(target_path).name, str(Path(target_path).stat().st_size),
         Path(draft_path).name if draft_path else "-", str(Path(draft_path).stat().st_size) if draft_path else "-",
-        platform.node(), platform.machine(), getattr(facts, "backend", "?"),
-        str(getattr(target, "n_threads", "?")),
+        platform.node(), platform.machine(), target.facts.backend if target.facts is not None else "?",
+        str(target.n_threads),
     ])
     return paths.data_dir() / "policy" / (hashlib.sha1(ident.encode()).hexdigest()[:16] + ".json")

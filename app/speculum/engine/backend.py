@@ -10,7 +10,8 @@ import codecs
 from dataclasses import dataclass
 import os
 import threading
-from typing import Callable, Protocol, Sequence
+from pathlib import Path
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -70,19 +71,64 @@ class TokenPieces:
         return Detokenizer(self)
 
 
-class Backend(Protocol):
+class Backend(TokenPieces):
+    """Everything the engine asks of a model: ``LlamaModel`` over llama.cpp, and the tests'
+    deterministic synthetic model. A capability a backend may lack (MTP heads, an assistant,
+    a recurrent state, a file on disk) has a default here that says it is absent, so the
+    engine asks plainly and never probes."""
+
     n_vocab: int
     n_ctx: int
     n_batch: int  # most tokens one decode call takes
     n_past: int  # tokens in the KV cache
+    n_threads: int = 0  # CPU threads decoding (0: not on a CPU thread pool of its own)
+    path: Path | None = None  # the GGUF it was loaded from (None: not a file, as in the tests)
+    facts: ModelFacts | None = None  # what the window shows of it (None: nothing to show)
+    bos: int = -1  # beginning-of-sequence token (-1: none)
+    eos: int = -1
+    add_bos: bool = False  # whether a raw text prompt starts with BOS
+    chat_template: str | None = None
+    # Most tokens ``trim`` can drop at once without starting over (None: any number): a
+    # recurrent state rolls back only within llama.cpp's snapshots.
+    max_rollback: int | None = None
+    has_mtp: bool = False  # whether an MTP head can draft for it (open_mtp_head)
+    mtp_unavailable: str = ""  # why MTP mode cannot run although the file has NextN layers
+    assistant_path: Path | None = None  # a Gemma 4 assistant attached to draft on its cache
 
-    def decode(self, tokens: Sequence[int], rows: Sequence[int] | None = None) -> np.ndarray: ...
-    def prefill(self, tokens: Sequence[int]) -> np.ndarray: ...
-    def trim(self, n: int) -> int | None: ...  # tokens kept: fewer than n when it had to start over
-    def is_eog(self, token: int) -> bool: ...
-    def token_bytes(self, token: int) -> bytes: ...
-    def token_text(self, token: int, special: bool = True) -> str: ...
-    def tokenize(self, text: str, add_special: bool = False, parse_special: bool = True) -> list[int]: ...
+    def decode(self, tokens: Sequence[int], rows: Sequence[int] | None = None) -> np.ndarray:
+        raise NotImplementedError
+
+    def prefill(self, tokens: Sequence[int]) -> np.ndarray:
+        raise NotImplementedError
+
+    def trim(self, n: int) -> int | None:  # tokens kept: fewer than n when it had to start over
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        self.trim(0)
+
+    def is_eog(self, token: int) -> bool:
+        raise NotImplementedError
+
+    def token_text(self, token: int, special: bool = True) -> str:
+        raise NotImplementedError
+
+    def tokenize(self, text: str, add_special: bool = False, parse_special: bool = True) -> list[int]:
+        raise NotImplementedError
+
+    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
+        raise NotImplementedError
+
+    def open_mtp_head(self):
+        """The MTP context drafting for this model (only where ``has_mtp``)."""
+        raise NotImplementedError(f"{type(self).__name__} has no MTP head.")
+
+    def listen_to_decodes(self, listener: Callable[[Sequence[int], int, np.ndarray], None]) -> None:
+        """Call ``listener(tokens, pos, hidden)`` after each decode (only where ``has_mtp``)."""
+        raise NotImplementedError(f"{type(self).__name__} has no NextN hidden states.")
+
+    def close(self) -> None:
+        """Give back what it holds (native memory); nothing by default."""
 
 
 class CachedSequence:

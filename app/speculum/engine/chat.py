@@ -54,6 +54,8 @@ class HasTemplate(Protocol):
     chat_template: str | None
     bos: int
     eos: int
+    path: Any  # the file it came from (a Path), or None
+    facts: Any  # its ModelFacts, or None
 
     def token_text(self, token: int, special: bool = True) -> str: ...
 
@@ -343,7 +345,7 @@ def _compile(template: str) -> jinja2.Template:
 
 def template_owner(model: HasTemplate) -> str:
     """The model a template came with, for messages: its file name, as the user chose it."""
-    name = getattr(getattr(model, "path", None), "name", None) or getattr(getattr(model, "facts", None), "name", None)
+    name = model.path.name if model.path is not None else model.facts.name if model.facts is not None else None
     return " ".join(str(name).split())[:120] if name else "this model"
 
 

@@ -321,7 +321,7 @@ def calibrate(target: Backend, draft: Backend | None, token: int, clock: Callabl
     if interrupted():
         return measured
     # A recurrent target cannot undo a whole pass (only drafts within one): it is timed live.
-    recurrent = getattr(target, "max_rollback", None) is not None
+    recurrent = target.max_rollback is not None
     sizes = [n for n in CALIBRATION_SIZES if target.n_past + n <= target.n_ctx and n not in skip and not recurrent]
     if sizes:
         timed(target, [token])  # warm-up: the first pass after loading pages weights in

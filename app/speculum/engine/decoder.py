@@ -62,17 +62,16 @@ class Decoder:
         self.latest = Generation(iter(()), Stats(), 0)  # the last generation asked for
         self.policies: dict[Mode, Policy] = {}
         # A recurrent target rolls back only so many rejected drafts (llama.cpp's snapshots).
-        rollback = getattr(target, "max_rollback", None)
-        self.max_draft = 1 << 30 if rollback is None else rollback
+        self.max_draft = 1 << 30 if target.max_rollback is None else target.max_rollback
 
     def policy_for(self, mode: Mode | str, k: int | None = None) -> Policy:
         """auto: the measured policy; draft / lookup: that drafter, k adapted (None) or fixed; off: plain."""
         mode = Mode(mode)
         has_draft_model = Source.MODEL in self.drafters
         has_mtp = Source.MTP in self.drafters
-        if mode == Mode.MTP and not has_mtp and getattr(self.target, "mtp_unavailable", ""):
+        if mode == Mode.MTP and not has_mtp and self.target.mtp_unavailable:
             raise SpeculumError(self.target.mtp_unavailable)
-        assistant = getattr(self.target, "assistant_path", None)
+        assistant = self.target.assistant_path
         if mode == Mode.DRAFT and not has_draft_model and assistant is not None:
             raise SpeculumError(f"{assistant.name} is a Gemma 4 assistant: it drafts in MTP mode (--mode mtp), "
                                 "on the target's own KV cache, not as a draft model.")
@@ -81,7 +80,7 @@ class Decoder:
                 or (mode == Mode.MTP and not has_mtp)):  # (no drafter: FixedPolicy's plain-words error)
             return FixedPolicy.for_mode(mode, k, has_draft_model, has_mtp)
         if mode not in self.policies:  # one per mode, learning across this decoder's generations
-            backend = getattr(getattr(self.target, "facts", None), "backend", "CPU")
+            backend = self.target.facts.backend if self.target.facts is not None else "CPU"
             self.policies[mode] = AutoPolicy(self.drafters, mode, backend, default_store(self.target, self.draft),
                                              self.clock)
         return self.policies[mode]

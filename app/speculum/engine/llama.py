@@ -24,7 +24,7 @@ from ..models.gguf import GGUFHeader, check_gguf_file
 from . import llama_ext
 from . import rpc as rpc_module
 from . import cpu_settings
-from .backend import ModelFacts, TokenPieces, usable_cores
+from .backend import Backend, ModelFacts, usable_cores
 from .chat import render_chat
 
 cpu_settings.apply()  # how llama.cpp's threads wait: libgomp reads it when llama_cpp loads it, below
@@ -164,7 +164,7 @@ def _backend_name(gpu: str | None, rpc: Sequence[str], n_gpu_layers: int) -> str
     return gpu or "CPU"
 
 
-class LlamaModel(TokenPieces):
+class LlamaModel(Backend):
     def __init__(
         self,
         path: str | os.PathLike,

@@ -66,7 +66,7 @@ class MtpDrafter:
     @classmethod
     def build(cls, inputs: DrafterInputs) -> "MtpDrafter | None":
         target = inputs.target
-        if not getattr(target, "has_mtp", False):
+        if not target.has_mtp:
             return None
         return cls(target, target.open_mtp_head(), inputs.clock)
 

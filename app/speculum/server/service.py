@@ -145,7 +145,7 @@ class ServedModel:
 
     def text_prompt(self, text: str) -> list[int]:
         target = self.decoder.target
-        return ([target.bos] if getattr(target, "add_bos", False) and target.bos >= 0 else []) + target.tokenize(text)
+        return ([target.bos] if target.add_bos and target.bos >= 0 else []) + target.tokenize(text)
 
     def check_fits(self, completion: Completion) -> None:
         n_ctx = self.decoder.target.n_ctx
