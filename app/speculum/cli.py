@@ -190,21 +190,21 @@ def cmd_tune(args) -> int:
 
 def cmd_doctor(args) -> int:
     from . import qtcheck
-    from .engine import llama, cpu_settings, profiles
+    from .engine import cpu_settings, native, profiles
 
     try:
         from PySide6 import __version__ as qt_version
     except Exception as exc:  # Qt missing or its libraries absent: report, don't fail
         qt_version = f"unavailable ({exc})"
-    gpu = llama.gpu_backend()
+    gpu = native.gpu_backend()
     rows = [
         ("Speculum", __version__),
         ("Python", platform.python_version()),
-        ("llama.cpp (llama-cpp-python)", llama.llama_cpp_version()),
+        ("llama.cpp (llama-cpp-python)", native.llama_cpp_version()),
         ("Qt (PySide6)", qt_version),
         ("Compute backend", gpu or "CPU"),
         ("GPU offload", "supported" if gpu else "not supported by this llama.cpp build"),
-        ("Threads", str(llama.default_threads())),
+        ("Threads", str(native.default_threads())),
         ("Thread wait", _thread_wait(cpu_settings.in_effect())),
         ("Tiled matmul", _tiled_matmul(cpu_settings.in_effect())),
         ("Flash attention", "llama.cpp's choice (on the GPU)" if gpu else
@@ -215,17 +215,17 @@ def cmd_doctor(args) -> int:
         ("Data folder", str(paths.data_dir())),
         ("Settings folder", str(paths.config_dir())),
         ("AMX kernels", "compiled in: batched decoding may crash on CPUs with AMX (llama.cpp issue 20824); "
-                        "reinstall with scripts/setup-env.sh" if llama.has_amx_kernels() else "none (as it should be)"),
+                        "reinstall with scripts/setup-env.sh" if native.has_amx_kernels() else "none (as it should be)"),
         ("RPC (across machines)", _rpc_row()),
         ("MTP (built-in drafts)", _mtp_row()),
         ("Engine profile", profiles.describe(*profiles.remembered())),
         ("Window libraries", qtcheck.report()),
-        ("llama.cpp features", llama.system_info().strip()),
+        ("llama.cpp features", native.system_info().strip()),
     ]
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
-    if llama.has_amx_kernels():
+    if native.has_amx_kernels():
         print("speculum: warning: this llama.cpp has AMX kernels, which crash on CPUs with AMX; "
               "bash scripts/setup-env.sh builds one without them.", file=sys.stderr)
     return 0

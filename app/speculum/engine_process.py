@@ -110,13 +110,13 @@ class _EngineLoop:
     """The engine process's side of the pipe: each command to its handler, by type."""
 
     def __init__(self, conn, stop, cancel_load):
-        from .engine import cpu_settings, llama, rpc
+        from .engine import cpu_settings, native, rpc
         from .runner import EngineRunner
 
         self.conn, self.stop = conn, stop
         self.crash_at = os.environ.get(CRASH_SWITCH, "")
         self.outbox = Outbox(conn.send)
-        self.report(Ready(llama.gpu_backend(), cpu_settings.in_effect()))
+        self.report(Ready(native.gpu_backend(), cpu_settings.in_effect()))
         rpc.on_worker_lost(self.worker_lost)
         self.runner = EngineRunner(self.report, stop, cancel_load)
         self.fresh = False  # no cycle decoded since the last load

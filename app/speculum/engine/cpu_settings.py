@@ -75,11 +75,15 @@ its attention scores would take too much memory (``attention``).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
+import platform
 import re
 import sys
 from pathlib import Path
+
+from .. import paths
 
 SPIN_COUNT = 1_000  # libgomp spin iterations before a waiting thread sleeps (see scripts/bench_load.py)
 USER_SETTINGS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
@@ -240,12 +244,47 @@ def apply(environ=os.environ) -> dict:
 
 def _measured_tiled() -> dict | None:
     """The setting measured on this machine (engine/tuning.py), if any."""
-    from . import tuning
-
     try:
-        return tuning.remembered()
+        return remembered()
     except OSError:  # a data folder that cannot be read: the CPU's rule
         return None
+
+
+# What engine/tuning.py measured here, kept per CPU and llama.cpp version: read here, at
+# the next engine start, before llama.cpp loads.
+TUNING_FILE = "cpu-tuning.json"
+
+
+@functools.lru_cache(maxsize=1)
+def key() -> str:
+    """This CPU and llama.cpp version, read without loading llama.cpp (it must not be loaded
+    before cpu_settings has set the environment). Once per process: ~15 ms, and the idle
+    engine asks after every command."""
+    from importlib import metadata
+
+    try:
+        version = metadata.version("llama_cpp_python")
+    except metadata.PackageNotFoundError:
+        version = "unknown"
+    return f"{platform.system()} {platform.machine()} · {cpu_name()} · llama-cpp-python {version}"
+
+
+def _memory() -> dict:
+    return paths.read_json_object(paths.data_dir() / TUNING_FILE) or {}
+
+
+def remembered() -> dict | None:
+    """What was measured here: {"tiled": "1"/"0", "model": ..., "passes": ...}, or None."""
+    entry = _memory().get(key())
+    if isinstance(entry, dict) and entry.get("tiled") in ("1", "0"):
+        return entry
+    return None
+
+
+def remember(entry: dict) -> None:
+    memory = _memory()
+    memory[key()] = entry
+    paths.write_json_atomic(paths.data_dir() / TUNING_FILE, memory, indent=1)
 
 
 def tiled_matmul_on(setting: dict) -> bool:

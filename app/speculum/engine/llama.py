@@ -9,16 +9,18 @@ The high-level ``Llama.generate()`` is not used: it hides per-step accept/reject
 
 from __future__ import annotations
 
-import collections
 import ctypes
 import dataclasses
 import os
-import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 
+# The gate first: CPU settings, then llama.cpp with its log captured. Its names stay importable from here.
+from .native import (_ggml, _local_gpus, _log_lines, _recent_log_error, clear_log, default_threads,  # noqa: F401
+                     ggml_library, gpu_backend, has_amx_kernels, lc, llama_cpp_version, local_gpus,
+                     recent_log_error, shipped_library, system_info)
 from ..errors import ContextFullError, SpeculumError
 from ..models.gguf import GGUFHeader, check_gguf_file
 from . import llama_ext
@@ -26,121 +28,6 @@ from . import rpc as rpc_module
 from . import cpu_settings
 from .backend import Backend, ModelFacts, usable_cores
 from .chat import render_chat
-
-cpu_settings.apply()  # how llama.cpp's threads wait: libgomp reads it when llama_cpp loads it, below
-import llama_cpp as lc  # noqa: E402  (after our imports: its own logger is replaced below)
-
-# --- llama.cpp's log: kept quiet, the last lines remembered for error messages -------------
-
-_log_lines: collections.deque[str] = collections.deque(maxlen=40)
-_log_verbose = bool(os.environ.get("SPECULUM_LLAMA_LOG"))
-
-
-@lc.llama_log_callback
-def _log_callback(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
-    line = text.decode("utf-8", errors="replace")
-    _log_lines.append(line)
-    if _log_verbose:
-        print(line, end="", flush=True)
-
-
-lc.llama_log_set(_log_callback, ctypes.c_void_p(0))
-lc.llama_backend_init()
-
-
-def _recent_log_error() -> str:
-    """The most telling line llama.cpp logged, to name why a load failed."""
-    lines = [line.strip() for line in _log_lines]
-    for marker in ("error loading model:", "unknown", "error", "failed", "unsupported"):
-        for line in reversed(lines):
-            if marker in line.lower():
-                return line.split(marker, 1)[-1].strip() if marker.endswith(":") else line.split(": ", 1)[-1]
-    return ""
-
-
-# --- what the machine can do ------------------------------------------------------------------
-
-def system_info() -> str:
-    return lc.llama_print_system_info().decode("utf-8", errors="replace")
-
-
-def has_amx_kernels() -> bool:
-    """Whether this llama.cpp was compiled with its AMX kernels, which crash on the first
-    batched decode on CPUs that have AMX (llama.cpp issue 20824)."""
-    return "AMX_INT8 = 1" in system_info()
-
-
-# ggml's device types (ggml-backend.h): GPU and integrated GPU are what offloading means.
-_DEVICE_TYPE_GPU, _DEVICE_TYPE_IGPU = 1, 2
-
-
-def shipped_library(stem: str) -> ctypes.CDLL:
-    """A library llama-cpp-python ships beside libllama ("ggml", "ggml-rpc"); OSError when absent."""
-    lib_dir = Path(lc.__file__).parent / "lib"
-    names = {"win32": (f"{stem}.dll",), "darwin": (f"lib{stem}.dylib",)}.get(sys.platform, (f"lib{stem}.so",))
-    path = next((lib_dir / n for n in names if (lib_dir / n).exists()), None)
-    if path is None:
-        raise OSError(f"{names[0]} is not in {lib_dir}")
-    return ctypes.CDLL(str(path))
-
-
-def _ggml() -> ctypes.CDLL:
-    """ggml's own library: the device registry lives there."""
-    lib = shipped_library("ggml")
-    lib.ggml_backend_dev_count.restype = ctypes.c_size_t
-    lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
-    lib.ggml_backend_dev_get.restype = ctypes.c_void_p
-    lib.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
-    lib.ggml_backend_dev_type.restype = ctypes.c_int
-    lib.ggml_backend_dev_backend_reg.argtypes = [ctypes.c_void_p]
-    lib.ggml_backend_dev_backend_reg.restype = ctypes.c_void_p
-    lib.ggml_backend_reg_name.argtypes = [ctypes.c_void_p]
-    lib.ggml_backend_reg_name.restype = ctypes.c_char_p
-    return lib
-
-
-def gpu_backend() -> str | None:
-    """The GPU backend this llama.cpp offloads to ('Metal', 'CUDA', ...), or None.
-
-    Asked of ggml's device list: ``llama_supports_gpu_offload()`` is also true for a build
-    with the RPC backend and no GPU at all.
-    """
-    if not lc.llama_supports_gpu_offload():
-        return None
-    try:
-        ggml = _ggml()
-    except (OSError, AttributeError):  # an unusual build: fall back to what system info names
-        info = system_info().lower()
-        return next((n for n in ("CUDA", "Metal", "HIP", "Vulkan", "SYCL", "OpenCL") if n.lower() in info), None)
-    for device in _local_gpus(ggml):
-        name = ggml.ggml_backend_reg_name(ggml.ggml_backend_dev_backend_reg(device))
-        return (name or b"GPU").decode("utf-8", errors="replace")
-    return None
-
-
-def _local_gpus(ggml: ctypes.CDLL) -> list[int]:
-    """This machine's GPU devices, as llama.cpp's default list has them (discrete GPUs, else
-    integrated ones), without RPC workers' devices, which also say they are GPUs."""
-    gpus, igpus = [], []
-    for i in range(ggml.ggml_backend_dev_count()):
-        device = ggml.ggml_backend_dev_get(i)
-        if ggml.ggml_backend_reg_name(ggml.ggml_backend_dev_backend_reg(device)) == b"RPC":
-            continue
-        kind = ggml.ggml_backend_dev_type(device)
-        if kind == _DEVICE_TYPE_GPU:
-            gpus.append(device)
-        elif kind == _DEVICE_TYPE_IGPU:
-            igpus.append(device)
-    return gpus or igpus[:1]
-
-
-def default_threads() -> int:
-    return max(1, min(usable_cores(), 16))
-
-
-def llama_cpp_version() -> str:
-    return getattr(lc, "__version__", "unknown")
-
 
 # --- model -------------------------------------------------------------------------------
 
@@ -195,7 +82,7 @@ class LlamaModel(Backend):
             # Once a worker is registered llama.cpp would hand its devices to every model by
             # default: name this model's devices, the workers' only when it is given them.
             worker_devices = rpc_module.register_workers(rpc) if rpc else []
-            self._devices = rpc_module.device_array(worker_devices + _local_gpus(_ggml()))
+            self._devices = rpc_module.device_array(worker_devices + local_gpus(ggml_library()))
             mparams.devices = ctypes.cast(self._devices, ctypes.c_void_p)
         offload = bool(gpu or rpc)
         if n_gpu_layers is None:
@@ -222,10 +109,10 @@ class LlamaModel(Backend):
                 return bool(progress(float(fraction)))
             self._progress_cb = lc.llama_progress_callback(on_progress)
             mparams.progress_callback = self._progress_cb
-        _log_lines.clear()
+        clear_log()
         self._model = lc.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not self._model:
-            why = _recent_log_error()
+            why = recent_log_error()
             if progress is not None and "cancel" in why.lower():
                 raise SpeculumError(f"Loading {self.path.name} was cancelled.")
             raise SpeculumError(
@@ -262,7 +149,7 @@ class LlamaModel(Backend):
             lc.llama_model_free(self._model)
             self._model = None
             rpc_module.hold(self._rpc, loaded=False)
-            why = _recent_log_error()
+            why = recent_log_error()
             raise SpeculumError(
                 f"llama.cpp could not create a context of {cparams.n_ctx} tokens for "
                 f"{self.path.name}" + (f": {why}" if why else " (out of memory?).")
@@ -441,10 +328,10 @@ class LlamaModel(Backend):
         mparams = lc.llama_model_default_params()
         mparams.n_gpu_layers = self._gpu_layers
         mparams.load_mtp = True
-        _log_lines.clear()
+        clear_log()
         model = lc.llama_model_load_from_file(str(path).encode(), mparams)
         if not model:
-            why = _recent_log_error()
+            why = recent_log_error()
             raise SpeculumError(f"llama.cpp could not load the assistant {path.name}" + (f": {why}" if why else "."))
         self._assistant, self.assistant_path = model, path
         self.facts = dataclasses.replace(self.facts, assistant=header.name or path.stem)
@@ -553,11 +440,11 @@ class MtpHead:
         self.shares_target_cache = target._assistant is not None
         if self.shares_target_cache:
             cparams.ctx_other = target._ctx
-        _log_lines.clear()
+        clear_log()
         model = target._assistant if self.shares_target_cache else target._model
         self._ctx = lc.llama_init_from_model(model, cparams)
         if not self._ctx:
-            why = _recent_log_error()
+            why = recent_log_error()
             name = target.assistant_path.name if self.shares_target_cache else target.path.name
             raise SpeculumError(f"llama.cpp could not create the MTP context for {name}"
                                 + (f": {why}" if why else "."))

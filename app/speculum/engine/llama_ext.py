@@ -7,8 +7,8 @@ their mangled names (Itanium and MSVC), their plain names first should a later l
 declare them ``extern "C"``. The ``llama.h`` parts (``load_mtp``, ``LLAMA_CONTEXT_TYPE_MTP``,
 ``llama_batch_ext_*``, ``llama_process``, ``llama_model_n_layer_nextn``) come from
 llama-cpp-python when it declares them. ``support()`` says, in one sentence, why not when
-something is missing. Nothing here raises at import, nor loads llama.cpp before ``llama.py``
-has set how its threads wait (``cpu_settings.apply``).
+something is missing. Nothing here raises or loads llama.cpp at import; ``native`` does, when
+first asked.
 """
 
 from __future__ import annotations
@@ -65,10 +65,7 @@ def _field(struct, name: str) -> bool:
 
 @lru_cache(maxsize=1)
 def _bind() -> tuple[Staging | None, Support]:
-    from . import cpu_settings
-
-    cpu_settings.apply()  # as llama.py does, before libgomp loads with llama_cpp
-    import llama_cpp as lc
+    from .native import lc  # the gate: CPU settings first, then llama.cpp
 
     missing = [name for name in _PUBLIC if not hasattr(lc, name)]
     if not _field(lc.llama_model_params, "load_mtp"):

@@ -63,11 +63,11 @@ def safer_than(profile: Profile, gpu: bool) -> Profile | None:
 
 def machine_key() -> str:
     """This machine and this llama.cpp build: a profile that worked is remembered for both."""
-    from . import cpu_settings, llama
+    from . import cpu_settings, native
 
-    build = hashlib.sha256(llama.system_info().encode()).hexdigest()[:12]
+    build = hashlib.sha256(native.system_info().encode()).hexdigest()[:12]
     return (f"{platform.system()} {platform.machine()} · {cpu_settings.cpu_name()} · "
-            f"llama-cpp-python {llama.llama_cpp_version()} · {build}")
+            f"llama-cpp-python {native.llama_cpp_version()} · {build}")
 
 
 def _memory() -> dict:

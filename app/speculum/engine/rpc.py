@@ -53,7 +53,7 @@ def libraries() -> tuple[ctypes.CDLL, ctypes.CDLL]:
     global _libs
     if _libs is not None:
         return _libs
-    from .llama import shipped_library  # (llama.cpp initialised and its log captured first)
+    from .native import shipped_library  # (llama.cpp initialised and its log captured first)
 
     try:
         rpc = shipped_library("ggml-rpc")

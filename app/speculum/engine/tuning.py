@@ -17,10 +17,8 @@ soon as a request comes, and measuring starts again at the next idle moment.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -28,10 +26,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from .. import paths
-from .cpu_settings import TILED_MATMUL, cpu_name, tiled_by_flags
+from .cpu_settings import (TILED_MATMUL, TUNING_FILE as FILE, cpu_name, key, remember,  # noqa: F401  (kept here too)
+                           remembered, tiled_by_flags)
 
-FILE = "cpu-tuning.json"
 OFF_SWITCH = "SPECULUM_NO_TUNING"  # set: never measure (the test suite; a machine that must stay quiet)
 SIZES = (1, 8, 16)  # a single step, and the passes the tiled path changes (8 rows and more)
 MARGIN = 0.05  # a setting is chosen only when its passes are this much faster
@@ -40,38 +37,6 @@ OUTGROWN = 2  # a measurement is made again with a target more than this many ti
 CACHED = 256  # tokens in the cache while passes are timed
 _failed: list[str] = []  # targets whose child failed in this process
 TEXT = "def scale(values, factor):\n    return [v * factor for v in values]\n\n"
-
-
-@functools.lru_cache(maxsize=1)
-def key() -> str:
-    """This CPU and llama.cpp version, read without loading llama.cpp (it must not be loaded
-    before cpu_settings has set the environment). Once per process: ~15 ms, and the idle
-    engine asks after every command."""
-    from importlib import metadata
-
-    try:
-        version = metadata.version("llama_cpp_python")
-    except metadata.PackageNotFoundError:
-        version = "unknown"
-    return f"{platform.system()} {platform.machine()} · {cpu_name()} · llama-cpp-python {version}"
-
-
-def _memory() -> dict:
-    return paths.read_json_object(paths.data_dir() / FILE) or {}
-
-
-def remembered() -> dict | None:
-    """What was measured here: {"tiled": "1"/"0", "model": ..., "passes": ...}, or None."""
-    entry = _memory().get(key())
-    if isinstance(entry, dict) and entry.get("tiled") in ("1", "0"):
-        return entry
-    return None
-
-
-def remember(entry: dict) -> None:
-    memory = _memory()
-    memory[key()] = entry
-    paths.write_json_atomic(paths.data_dir() / FILE, memory, indent=1)
 
 
 def free_memory() -> int | None:

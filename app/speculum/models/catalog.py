@@ -18,6 +18,7 @@ from pathlib import Path
 
 from .. import paths
 from ..errors import SpeculumError
+from .names import SHA256_RE, ref_problem  # noqa: F401  (SHA256_RE: kept importable from here)
 
 FAMILIES = {
     # tokenizer family -> substrings one of which every repo/file name in it contains
@@ -34,7 +35,6 @@ MTP = "mtp"
 MTP_FAMILIES = ("qwen35",)
 USES = ("code", "chat", "documents")
 SHARD_RE = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
-SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
 @dataclass(frozen=True)
@@ -149,8 +149,6 @@ def validate(pair: CatalogPair) -> list[str]:
             problems.append(f"the offline pairs are assembled with a draft file; a '{MTP}' entry cannot be one")
         if not pair.source:
             problems.append(f"a '{MTP}' entry names the page its file and size come from (source)")
-    from .remote import ref_problem  # remote imports this module
-
     for role, model in zip(("target", "draft"), pair.models):
         if not re.fullmatch(r"[\w.\-]+/[\w.\-]+", model.repo):
             problems.append(f"{role} repo '{model.repo}' is not OWNER/NAME")

@@ -34,6 +34,7 @@ SHORT = {ACCEPTED: "accepted", REJECTED: "rejected", CORRECTION: "correction", B
 # The window lists the modes in this order.
 MODE_NAMES = {Mode.AUTO: "Auto", Mode.DRAFT: "Draft model", Mode.LOOKUP: "Prompt lookup",
               Mode.MTP: "Built-in (MTP)", Mode.OFF: "Off"}
+BUILT_IN = "builtin:mtp"  # the draft pickers' data for Built-in (MTP): the target's own head, no draft file
 
 LABELS = {
     ACCEPTED: "accepted draft",

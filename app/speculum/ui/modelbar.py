@@ -18,12 +18,11 @@ from ..models.gguf import is_assistant, nextn_layers
 from .modelchoices import local_models
 from .richtext import escaped_tooltip
 from .serve import ServePanel
-from .look import MODE_NAMES
+from .look import BUILT_IN, MODE_NAMES
 from .settings import Settings
 
 NO_DRAFT = "(no draft model)"
-BUILT_IN_MTP = "Built-in (MTP)"  # a target with NextN layers drafts for itself
-BUILT_IN = "builtin:mtp"  # its item's data: no draft file
+BUILT_IN_MTP = MODE_NAMES[Mode.MTP]  # a target with NextN layers drafts for itself (its item's data: BUILT_IN)
 
 
 def models_dialog_class():

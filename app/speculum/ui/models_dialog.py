@@ -33,7 +33,7 @@ from ..models.library import IncompatiblePair, Library, LibraryPair, LocalModel,
 from .downloadrow import DownloadRow, DownloadWorker, leave_running, running_downloads
 from .hubpair import HubPairDialog
 from .look import MODE_NAMES
-from .modelbar import BUILT_IN
+from .look import BUILT_IN
 from .richtext import ask, escaped_tooltip, plain_label, warn
 
 FIT_COLOURS = {Fit.FITS: "#1a7f37", Fit.TIGHT: "#b26a00", Fit.TOO_BIG: "#b42318"}
