@@ -23,7 +23,7 @@ from .native import (_ggml, _local_gpus, _log_lines, _recent_log_error, clear_lo
                      recent_log_error, shipped_library, system_info)
 from ..errors import ContextFullError, SpeculumError
 from ..models.gguf import GGUFHeader, check_gguf_file
-from . import llama_ext
+from . import llama_ext, native
 from . import rpc as rpc_module
 from . import cpu_settings
 from .backend import Backend, ModelFacts, usable_cores
@@ -70,32 +70,16 @@ class LlamaModel(Backend):
         tensor_split: Sequence[float] | None = None,  # llama.cpp's proportions per device, in that order
     ):
         self.path = Path(path)
+        # Native handles first, so that close() (and __del__ after a failed load) finds each one.
+        self._model = self._ctx = self._batch = None
+        self._rpc: tuple[str, ...] = ()
         self._mtp_heads: list[MtpHead] = []  # closed before the weights they run on
         self._assistant = None  # a Gemma 4 assistant's weights (attach_assistant)
         self._assistant_head: MtpHead | None = None  # its one context
         self.assistant_path: Path | None = None
         header = header or check_gguf_file(self.path)
         gpu = gpu_backend()
-        mparams = lc.llama_model_default_params()
-        self._devices = None
-        if rpc or rpc_module.any_registered():
-            # Once a worker is registered llama.cpp would hand its devices to every model by
-            # default: name this model's devices, the workers' only when it is given them.
-            worker_devices = rpc_module.register_workers(rpc) if rpc else []
-            self._devices = rpc_module.device_array(worker_devices + local_gpus(ggml_library()))
-            mparams.devices = ctypes.cast(self._devices, ctypes.c_void_p)
-        offload = bool(gpu or rpc)
-        if n_gpu_layers is None:
-            n_gpu_layers = -1 if offload else 0  # every layer on the GPU (or the workers) when there is one
-        mparams.n_gpu_layers = 0 if not offload else (10**6 if n_gpu_layers < 0 else n_gpu_layers)
-        self._tensor_split = None
-        if tensor_split:
-            if len(tensor_split) > lc.llama_max_devices():
-                raise SpeculumError(f"--tensor-split has {len(tensor_split)} parts; llama.cpp takes at most "
-                                    f"{lc.llama_max_devices()}.")
-            self._tensor_split = (ctypes.c_float * lc.llama_max_devices())(*tensor_split)
-            mparams.tensor_split = self._tensor_split
-        mparams.use_extra_bufts = extra_buffer_types
+        mparams, n_gpu_layers = self._model_params(gpu, n_gpu_layers, rpc, tensor_split, extra_buffer_types)
         # A model with NextN layers is its own drafter: load them when this llama.cpp can run them.
         want_mtp = header.nextn_layers > 0 and bool(llama_ext.support())
         if want_mtp:
@@ -103,65 +87,13 @@ class LlamaModel(Backend):
         # Why MTP mode cannot run although the file has NextN layers ("" when it can, or has none).
         self.mtp_unavailable = "" if want_mtp or not header.nextn_layers else (
             f"{self.path.name} has NextN (MTP) layers, but {llama_ext.support().reason}")
-        self._progress_cb = None
-        if progress is not None:
-            def on_progress(fraction: float, _user: ctypes.c_void_p) -> bool:
-                return bool(progress(float(fraction)))
-            self._progress_cb = lc.llama_progress_callback(on_progress)
-            mparams.progress_callback = self._progress_cb
-        clear_log()
-        self._model = lc.llama_model_load_from_file(str(self.path).encode(), mparams)
-        if not self._model:
-            why = recent_log_error()
-            if progress is not None and "cancel" in why.lower():
-                raise SpeculumError(f"Loading {self.path.name} was cancelled.")
-            raise SpeculumError(
-                f"llama.cpp could not load {self.path.name} (architecture '{header.architecture}')"
-                + (f": {why}" if why else ".")
-            )
-        self._rpc = tuple(rpc)
-        if rpc:
-            rpc_module.hold(rpc, loaded=True)
-            rpc_module.keep_alive(rpc)  # llama.cpp's connections are open now: bound how long a lost one hangs
+        self._load_weights(mparams, header, progress, rpc)
         self._vocab = lc.llama_model_get_vocab(self._model)
         self.n_vocab = lc.llama_vocab_n_tokens(self._vocab)
         n_train = lc.llama_model_n_ctx_train(self._model)
         threads = n_threads or default_threads()
-        cparams = lc.llama_context_default_params()
-        cparams.n_ctx = min(n_ctx, n_train) if n_train > 0 else n_ctx
-        cparams.n_batch = cparams.n_ubatch = n_batch
-        cparams.n_seq_max = 1
-        cparams.n_threads = threads
-        cparams.n_threads_batch = n_threads_batch or threads
-        recurrent = bool(lc.llama_model_is_recurrent(self._model) or lc.llama_model_is_hybrid(self._model))
-        if recurrent:
-            cparams.n_rs_seq = RECURRENT_ROLLBACK  # llama.cpp makes it 0 where the architecture cannot
-        flash_attn, cparams.n_ubatch = cpu_settings.attention(
-            flash_attn, verifies, on_cpu=mparams.n_gpu_layers == 0, mtp=header.nextn_layers > 0,
-            n_ctx=cparams.n_ctx, n_head=lc.llama_model_n_head(self._model), n_ubatch=cparams.n_ubatch)
-        self.flash_attn = flash_attn  # None: llama.cpp's choice (on, where the backend has it)
-        cparams.flash_attn_type = (
-            lc.LLAMA_FLASH_ATTN_TYPE_AUTO if flash_attn is None
-            else lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        )
-        self._ctx = lc.llama_init_from_model(self._model, cparams)
-        if not self._ctx:
-            lc.llama_model_free(self._model)
-            self._model = None
-            rpc_module.hold(self._rpc, loaded=False)
-            why = recent_log_error()
-            raise SpeculumError(
-                f"llama.cpp could not create a context of {cparams.n_ctx} tokens for "
-                f"{self.path.name}" + (f": {why}" if why else " (out of memory?).")
-            )
-        self._mem = lc.llama_get_memory(self._ctx)
-        # Most tokens ``trim`` can drop at once without starting over (None: any number), and
-        # how many of the latest decode's it can drop now (recurrent only).
-        self.max_rollback = int(lc.llama_n_rs_seq(self._ctx)) if recurrent else None
-        self._undoable = 0
-        self.n_ctx = lc.llama_n_ctx(self._ctx)
-        self.n_batch = lc.llama_n_batch(self._ctx)  # llama.cpp caps it at the requested n_ctx
-        self.n_ubatch = lc.llama_n_ubatch(self._ctx)  # what llama.cpp computes at once (cpu_settings.attention)
+        self._create_context(n_ctx, n_train, n_batch, threads, n_threads_batch or threads, flash_attn, verifies,
+                             on_cpu=mparams.n_gpu_layers == 0, mtp=header.nextn_layers > 0)
         self.n_threads = threads
         self.n_past = 0
         self._batch = lc.llama_batch_init(self.n_batch, 0, 1)
@@ -190,12 +122,100 @@ class LlamaModel(Backend):
         )
         self.chat_template = self.meta("tokenizer.chat_template")
         # Width of the NextN hidden rows (llama.cpp's n_embd_out; n_embd where it has no such key).
-        self.n_embd = (lc.llama_model_n_embd_out if hasattr(lc, "llama_model_n_embd_out") else lc.llama_model_n_embd)(
-            self._model)
+        self.n_embd = native.n_embd_out(self._model)
         self.n_nextn = self.facts.nextn_layers
         self._gpu_layers = mparams.n_gpu_layers
         # Called after every decode with (tokens, first position, NextN hidden rows): the MTP drafter.
         self._decode_listeners: list[Callable[[Sequence[int], int, np.ndarray], None]] = []
+
+    def _model_params(self, gpu: str | None, n_gpu_layers: int | None, rpc: Sequence[str],
+                      tensor_split: Sequence[float] | None, extra_buffer_types: bool):
+        """llama.cpp's model parameters: which devices take how many layers; and the layer
+        count asked for, with None made concrete (all of them where there is a device)."""
+        mparams = lc.llama_model_default_params()
+        self._devices = None
+        if rpc or rpc_module.any_registered():
+            # Once a worker is registered llama.cpp would hand its devices to every model by
+            # default: name this model's devices, the workers' only when it is given them.
+            worker_devices = rpc_module.register_workers(rpc) if rpc else []
+            self._devices = rpc_module.device_array(worker_devices + local_gpus(ggml_library()))
+            mparams.devices = ctypes.cast(self._devices, ctypes.c_void_p)
+        offload = bool(gpu or rpc)
+        if n_gpu_layers is None:
+            n_gpu_layers = -1 if offload else 0  # every layer on the GPU (or the workers) when there is one
+        mparams.n_gpu_layers = 0 if not offload else (10**6 if n_gpu_layers < 0 else n_gpu_layers)
+        self._tensor_split = None
+        if tensor_split:
+            if len(tensor_split) > lc.llama_max_devices():
+                raise SpeculumError(f"--tensor-split has {len(tensor_split)} parts; llama.cpp takes at most "
+                                    f"{lc.llama_max_devices()}.")
+            self._tensor_split = (ctypes.c_float * lc.llama_max_devices())(*tensor_split)
+            mparams.tensor_split = self._tensor_split
+        mparams.use_extra_bufts = extra_buffer_types
+        return mparams, n_gpu_layers
+
+    def _load_weights(self, mparams, header: GGUFHeader, progress: LoadProgress | None, rpc: Sequence[str]) -> None:
+        """Load the GGUF's weights (``progress`` may cancel); a clear error when llama.cpp cannot."""
+        self._progress_cb = None
+        if progress is not None:
+            def on_progress(fraction: float, _user: ctypes.c_void_p) -> bool:
+                return bool(progress(float(fraction)))
+            self._progress_cb = lc.llama_progress_callback(on_progress)
+            mparams.progress_callback = self._progress_cb
+        clear_log()
+        self._model = lc.llama_model_load_from_file(str(self.path).encode(), mparams)
+        if not self._model:
+            why = recent_log_error()
+            if progress is not None and "cancel" in why.lower():
+                raise SpeculumError(f"Loading {self.path.name} was cancelled.")
+            raise SpeculumError(
+                f"llama.cpp could not load {self.path.name} (architecture '{header.architecture}')"
+                + (f": {why}" if why else ".")
+            )
+        self._rpc = tuple(rpc)
+        if rpc:
+            rpc_module.hold(rpc, loaded=True)
+            rpc_module.keep_alive(rpc)  # llama.cpp's connections are open now: bound how long a lost one hangs
+
+    def _create_context(self, n_ctx: int, n_train: int, n_batch: int, threads: int, threads_batch: int,
+                        flash_attn: bool | None, verifies: bool, on_cpu: bool, mtp: bool) -> None:
+        """The context holding this model's one sequence, its attention as cpu_settings chooses;
+        the weights are freed again when llama.cpp cannot make it."""
+        cparams = lc.llama_context_default_params()
+        cparams.n_ctx = min(n_ctx, n_train) if n_train > 0 else n_ctx
+        cparams.n_batch = cparams.n_ubatch = n_batch
+        cparams.n_seq_max = 1
+        cparams.n_threads = threads
+        cparams.n_threads_batch = threads_batch
+        recurrent = bool(lc.llama_model_is_recurrent(self._model) or lc.llama_model_is_hybrid(self._model))
+        if recurrent:
+            cparams.n_rs_seq = RECURRENT_ROLLBACK  # llama.cpp makes it 0 where the architecture cannot
+        flash_attn, cparams.n_ubatch = cpu_settings.attention(
+            flash_attn, verifies, on_cpu=on_cpu, mtp=mtp,
+            n_ctx=cparams.n_ctx, n_head=lc.llama_model_n_head(self._model), n_ubatch=cparams.n_ubatch)
+        self.flash_attn = flash_attn  # None: llama.cpp's choice (on, where the backend has it)
+        cparams.flash_attn_type = (
+            lc.LLAMA_FLASH_ATTN_TYPE_AUTO if flash_attn is None
+            else lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        )
+        self._ctx = lc.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            lc.llama_model_free(self._model)
+            self._model = None
+            rpc_module.hold(self._rpc, loaded=False)
+            why = recent_log_error()
+            raise SpeculumError(
+                f"llama.cpp could not create a context of {cparams.n_ctx} tokens for "
+                f"{self.path.name}" + (f": {why}" if why else " (out of memory?).")
+            )
+        self._mem = lc.llama_get_memory(self._ctx)
+        # Most tokens ``trim`` can drop at once without starting over (None: any number), and
+        # how many of the latest decode's it can drop now (recurrent only).
+        self.max_rollback = int(lc.llama_n_rs_seq(self._ctx)) if recurrent else None
+        self._undoable = 0
+        self.n_ctx = lc.llama_n_ctx(self._ctx)
+        self.n_batch = lc.llama_n_batch(self._ctx)  # llama.cpp caps it at the requested n_ctx
+        self.n_ubatch = lc.llama_n_ubatch(self._ctx)  # what llama.cpp computes at once (cpu_settings.attention)
 
     # -- metadata and vocabulary --
 
@@ -381,19 +401,21 @@ class LlamaModel(Backend):
         self._undoable = 0
 
     def close(self) -> None:
-        for head in list(getattr(self, "_mtp_heads", ())):
+        for head in list(self._mtp_heads):
             head.close()
-        if getattr(self, "_assistant", None):
+        if self._assistant:
             lc.llama_model_free(self._assistant)
             self._assistant = self._assistant_head = None
-        if getattr(self, "_ctx", None):
+        if self._batch is not None:
             lc.llama_batch_free(self._batch)
+            self._batch = None
+        if self._ctx:
             lc.llama_free(self._ctx)
             self._ctx = None
-        if getattr(self, "_model", None):
+        if self._model:
             lc.llama_model_free(self._model)
             self._model = None
-            if getattr(self, "_rpc", ()):
+            if self._rpc:
                 rpc_module.hold(self._rpc, loaded=False)
 
     def __del__(self) -> None:
@@ -430,6 +452,7 @@ class MtpHead:
     """
 
     def __init__(self, target: LlamaModel):
+        self._ctx = self._batch = None  # for close(), however far this gets
         self._ext = llama_ext.staging()
         cparams = lc.llama_context_default_params()
         cparams.n_ctx = target.n_ctx
@@ -511,8 +534,10 @@ class MtpHead:
             self.n_past = n
 
     def close(self) -> None:
-        if getattr(self, "_ctx", None):
+        if self._batch is not None:
             lc.llama_batch_ext_free(self._batch)
+            self._batch = None
+        if self._ctx:
             lc.llama_free(self._ctx)
             self._ctx = None
 

@@ -131,6 +131,13 @@ def local_gpus(ggml: ctypes.CDLL) -> list[int]:
     return gpus or igpus[:1]
 
 
+def n_embd_out(model) -> int:
+    """Width of a model's NextN hidden rows: llama.cpp's n_embd_out, n_embd where this
+    llama-cpp-python does not declare it."""
+    width = lc.llama_model_n_embd_out if hasattr(lc, "llama_model_n_embd_out") else lc.llama_model_n_embd
+    return width(model)
+
+
 def default_threads() -> int:
     return max(1, min(usable_cores(), 16))
 
