@@ -46,7 +46,7 @@ def test_bench_repeats_report_the_median_rate(monkeypatch):
 
     monkeypatch.setattr(bench, "run_one", run_one)
     target = SimpleNamespace(apply_chat_template=lambda messages: "", tokenize=lambda text: [1, 2])
-    decoder = SimpleNamespace(target=target, drafters={}, generate=lambda *a, **kw: iter(()))
+    decoder = SimpleNamespace(target=target, drafters={}, policies={}, generate=lambda *a, **kw: iter(()))
     progress = io.StringIO()
     results = bench.run_bench(decoder, [bench.BenchPrompt("p", "hi")], [Mode.OFF, Mode.LOOKUP], repeat=3,
                               progress=progress)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 import json
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, NamedTuple, Sequence, TextIO
 
@@ -200,6 +200,33 @@ def run_order(modes: Sequence[Mode]) -> list[Mode]:
     return [Mode.OFF, others[0], Mode.OFF, *others[1:]]
 
 
+@dataclass
+class ModeRuns:
+    """One prompt in one mode, over the repeats."""
+    stats: Stats = field(default_factory=Stats)  # all runs merged
+    rates: list[float] = field(default_factory=list)  # tokens/s, per run
+    choices: list[list[CycleChoice]] = field(default_factory=list)  # what each cycle chose, per run
+    output: list[int] = field(default_factory=list)  # the tokens the last run wrote
+
+    def add(self, stats: Stats, output: list[int], chosen: list[CycleChoice]) -> None:
+        self.stats.merge(stats)
+        self.rates.append(stats.tokens_per_s)
+        self.choices.append(chosen)
+        self.output = output
+
+    def row(self, name: str, mode: Mode) -> dict:
+        s = self.stats
+        return {
+            "name": name, "mode": mode, "tokens": s.tokens // len(self.rates),
+            "tokens_per_s": round(statistics.median(self.rates), 3),
+            "acceptance_rate": round(s.acceptance_rate, 4),
+            "tokens_per_pass": round(s.tokens_per_pass, 4),
+            "overhead_ms_per_cycle": round(s.overhead_ms_per_cycle, 4),
+            "draft_share": round(s.draft_share, 4),
+            "choices": {source: round(share, 3) for source, share in s.choices.items()},
+        }
+
+
 def run_bench(decoder: Decoder, prompts: list[BenchPrompt], modes: list[Mode], max_tokens: int | None = None,
               repeat: int = 1, k: int | None = None, progress: TextIO | None = None,
               info: dict | None = None) -> list[dict]:
@@ -212,59 +239,59 @@ def run_bench(decoder: Decoder, prompts: list[BenchPrompt], modes: list[Mode], m
         modes = [m for m in modes if m != Mode.DRAFT]
     if Source.MTP not in decoder.drafters:  # no NextN layers: nothing to compare
         modes = [m for m in modes if m != Mode.MTP]
-    merged: dict[tuple[str, Mode], Stats] = {}
-    rates: dict[tuple[str, Mode], list[float]] = {}
-    outputs: dict[tuple[str, Mode], list[int]] = {}
-    choices: dict[tuple[str, Mode], list[list[CycleChoice]]] = {}  # per run
-    passes: dict[str, list[tuple[int, float]]] = {p.name: [] for p in prompts}  # per prompt, all modes
     tokenized = {p.name: decoder.target.tokenize(decoder.target.apply_chat_template(p.messages())) for p in prompts}
-    greedy = {p.name: p.temperature == 0 for p in prompts}
     # Warm-up: the first decode after loading is slower (page faults, thread start).
     list(decoder.generate(tokenized[prompts[0].name], max_tokens=4, policy=Mode.OFF))
     first_mode = next((m for m in modes if m == Mode.AUTO), None)
-    ttft: dict = {}
-    if info is not None and first_mode is not None:
-        ttft["fresh_s"] = cold_ttft(decoder, tokenized[prompts[0].name], first_mode)
-        ttft["plain_s"] = cold_ttft(decoder, tokenized[prompts[0].name], Mode.OFF)
-    runs: dict[tuple[str, Mode], int] = {}
+    ttft = _TimeToFirstToken(decoder, tokenized[prompts[0].name], first_mode) if info is not None and first_mode else None
+    runs: dict[tuple[str, Mode], ModeRuns] = {}
+    passes: dict[str, list[tuple[int, float]]] = {p.name: [] for p in prompts}  # per prompt, all modes
     for r in range(repeat):
         for p in prompts:
             for mode in run_order(modes):
                 chosen: list[CycleChoice] = []
                 stats, output = run_one(decoder, tokenized[p.name], mode, p, max_tokens or p.max_tokens, k,
                                         passes[p.name], chosen)
-                choices.setdefault((p.name, mode), []).append(chosen)
                 if progress:
                     progress.write(f"[{r + 1}/{repeat}] {p.name:<22} {mode:<7} {stats.tokens_per_s:6.1f} tok/s\n")
                     progress.flush()
-                merged.setdefault((p.name, mode), Stats()).merge(stats)
-                rates.setdefault((p.name, mode), []).append(stats.tokens_per_s)
-                runs[p.name, mode] = runs.get((p.name, mode), 0) + 1
-                outputs[p.name, mode] = output
-    if ttft:
-        ttft["calibrated_s"] = cold_ttft(decoder, tokenized[prompts[0].name], first_mode)
-        ttft["plain_after_s"] = cold_ttft(decoder, tokenized[prompts[0].name], Mode.OFF)
-        ttft["fresh_vs_calibrated"] = ttft["fresh_s"] / ttft["calibrated_s"]
-        # A shared machine's speed drifts over a run: each against plain decoding timed next to it.
-        ttft["fresh_vs_calibrated_vs_plain"] = ((ttft["fresh_s"] / ttft["plain_s"])
-                                                / (ttft["calibrated_s"] / ttft["plain_after_s"]))
-        info["ttft"] = {key: round(v, 4) for key, v in ttft.items()}
-    results = []
-    for (name, mode), s in merged.items():
-        results.append({
-            "name": name, "mode": mode, "tokens": s.tokens // runs[name, mode],
-            "tokens_per_s": round(statistics.median(rates[name, mode]), 3),
-            "acceptance_rate": round(s.acceptance_rate, 4),
-            "tokens_per_pass": round(s.tokens_per_pass, 4),
-            "overhead_ms_per_cycle": round(s.overhead_ms_per_cycle, 4),
-            "draft_share": round(s.draft_share, 4),
-            "choices": {source: round(share, 3) for source, share in s.choices.items()},
-        })
+                runs.setdefault((p.name, mode), ModeRuns()).add(stats, output, chosen)
+    if ttft is not None:
+        info["ttft"] = ttft.after_the_run()
+    results = [one.row(name, mode) for (name, mode), one in runs.items()]
+    _compare(results, runs, passes, tokenized, {p.name: p.temperature == 0 for p in prompts}, decoder)
+    return results
+
+
+class _TimeToFirstToken:
+    """The first token's wait, the prompt read from scratch: with the policy fresh (made when
+    this is), then taught by the run; each next to plain decoding timed beside it."""
+
+    def __init__(self, decoder: Decoder, prompt_tokens: list[int], mode: Mode):
+        self.decoder, self.prompt_tokens, self.mode = decoder, prompt_tokens, mode
+        self.fresh_s = cold_ttft(decoder, prompt_tokens, mode)
+        self.plain_s = cold_ttft(decoder, prompt_tokens, Mode.OFF)
+
+    def after_the_run(self) -> dict:
+        calibrated_s = cold_ttft(self.decoder, self.prompt_tokens, self.mode)
+        plain_after_s = cold_ttft(self.decoder, self.prompt_tokens, Mode.OFF)
+        ttft = {"fresh_s": self.fresh_s, "plain_s": self.plain_s, "calibrated_s": calibrated_s,
+                "plain_after_s": plain_after_s, "fresh_vs_calibrated": self.fresh_s / calibrated_s,
+                # A shared machine's speed drifts over a run: each against plain decoding timed next to it.
+                "fresh_vs_calibrated_vs_plain": (self.fresh_s / self.plain_s) / (calibrated_s / plain_after_s)}
+        return {key: round(v, 4) for key, v in ttft.items()}
+
+
+def _compare(results: list[dict], runs: dict[tuple[str, Mode], ModeRuns], passes: dict[str, list],
+             tokenized: dict[str, list[int]], greedy: dict[str, bool], decoder: Decoder) -> None:
+    """Each row against plain decoding of its prompt: speedup, the oracle's and the priced
+    speedup where a verify curve is known, and whether greedy output stayed the same."""
     off = {r["name"]: r["tokens_per_s"] for r in results if r["mode"] == Mode.OFF}
     policy_curve = verify_curve(decoder)
     curves = {name: curve_from_passes(timed) for name, timed in passes.items()}
     spelling = None  # the target's, built at the first oracle
     for r in results:
+        one = runs[r["name"], r["mode"]]
         base = off.get(r["name"])
         r["speedup_vs_off"] = round(r["tokens_per_s"] / base, 3) if base else None
         # The prompt's own passes (its context length, this run's moment) when they give a
@@ -274,21 +301,20 @@ def run_bench(decoder: Decoder, prompts: list[BenchPrompt], modes: list[Mode], m
         curve = curve or policy_curve
         if r["mode"] in (Mode.LOOKUP, Mode.AUTO) and curve is not None:
             spelling = spelling or Spelling.of(decoder.target)
-            oracle = oracle_speedup(tokenized[r["name"]], outputs[r["name"], r["mode"]], curve, spelling=spelling)
+            oracle = oracle_speedup(tokenized[r["name"]], one.output, curve, spelling=spelling)
             r["oracle_speedup"] = round(oracle, 3) if oracle else None
             r["oracle_fraction"] = (round(r["speedup_vs_off"] / oracle, 3)
                                     if oracle and r["speedup_vs_off"] is not None else None)
         if curve is not None:
-            priced = [x for run in choices[r["name"], r["mode"]] if (x := priced_speedup(run, curve))]
+            priced = [x for run in one.choices if (x := priced_speedup(run, curve))]
             r["priced_speedup"] = round(statistics.median(priced), 3) if priced else None
             if r.get("oracle_speedup") and r["priced_speedup"]:
                 r["priced_oracle_fraction"] = round(r["priced_speedup"] / r["oracle_speedup"], 3)
-        plain = outputs.get((r["name"], Mode.OFF))
+        plain = runs.get((r["name"], Mode.OFF))
         if r["mode"] != Mode.OFF and plain is not None and greedy[r["name"]]:
             # Speculation's promise: the target's own answer. Greedy, token for token (a batched
             # pass computes in another order than a single step, so a near tie can flip: shown here).
-            r["same_as_off"], r["departs_at"] = departure(plain, outputs[r["name"], r["mode"]])
-    return results
+            r["same_as_off"], r["departs_at"] = departure(plain.output, one.output)
 
 
 def departure(plain: Sequence[int], other: Sequence[int]) -> tuple[bool, int | None]:
