@@ -1,76 +1,20 @@
 """llama.cpp's CPU settings: two it reads from the environment, set before it loads, and one
-it takes per context.
+it takes per context. Verification sends small batches, and these three decide what they cost.
 
-They matter to Speculum because verification sends small batches: how llama.cpp's threads
-wait for each other, which kernel multiplies those batches, and which computes their attention.
+- How threads wait (``apply``): libgomp's threads spin ``SPIN_COUNT`` times at each barrier,
+  then sleep: a short spin keeps the quiet speed and gives a core away soon when another
+  program takes one (llama.cpp's default spin collapses under load). Where llama.cpp runs on
+  libgomp the policy is ``active`` with GOMP_SPINCOUNT capping both of libgomp's counts: the
+  window and the server decode on several threads, each with a team of its own. libgomp reads
+  this once, when loaded: ``apply`` runs before llama_cpp is imported (``native``).
+- ggml's tiled K-quant matmul (``TILED_MATMUL``): on with AVX-512, off elsewhere, until
+  ``tuning`` has measured both on this machine; from then on the measurement decides.
+- Flash attention (``attention``): off for a target that verifies on the CPU (ggml's path for
+  2-16 query rows walks the whole cache per row), llama.cpp's choice elsewhere, and kept
+  where its attention scores would not fit ``KQ_BUDGET``.
 
-How threads wait
-
-llama.cpp's OpenMP threads meet at a barrier after every operation of the graph, hundreds of
-times per token. By default libgomp lets a waiting thread spin 300,000 times before it
-sleeps. On a desktop, where a browser or an editor takes a core now and then, the thread
-being waited for is preempted while the others spin on, and decoding collapses (measured
-10.8 → 1.4 tok/s with one of two cores busy). Sleeping at once (``OMP_WAIT_POLICY=passive``)
-survives load but loses a quarter of the quiet speed, since every barrier then costs a
-futex wake-up. A short spin keeps the quiet speed (on a quiet machine the others arrive
-within it) and gives the core away soon when they do not. ``scripts/bench_load.py`` measures it;
-on a 2-core machine, Qwen2.5-Coder 1.5B, plain decoding (quiet tok/s, with one core busy):
-libgomp's default 10.9 → 3.4; passive 9.7 → 5.9; 300 spins 10.4 → 5.7; 1,000 spins 10.6 → 5.6;
-3,000 spins 11.8 → 4.7. 1,000 keeps the quiet speed (0.97) and half of it under load.
-
-libgomp has a second, hidden count: once more OpenMP threads exist in the process than it has
-cores, it spins only 100 times (``gomp_throttled_spin_count_var``), unless the wait policy is
-``active``, which makes that 1,000 as well, and never more than GOMP_SPINCOUNT. Every thread that
-calls into llama.cpp keeps a team of its own: the server decodes on a thread per request after
-the load ran on the main thread, and the window's engine serves API clients beside its own
-generations. With 100 spins those decoded at 0.83-0.89x the speed of the same loop in a
-process with one team (SmolLM2, 25 rounds, ``scripts/bench_server.py --overhead-only``).
-So where llama.cpp runs on libgomp, the policy is ``active`` and GOMP_SPINCOUNT caps both
-counts at 1,000. Nowhere else: LLVM's and Intel's runtimes read ``active`` as spin forever,
-the collapse under load that this setting is here to avoid.
-
-libgomp reads its environment once, when it is loaded: this must run before llama_cpp is
-imported. A user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT is left as it is.
-
-The tiled K-quant matmul
-
-ggml (x86 builds) takes a "tiled" path for K-quant weights that are not repacked (Q6_K
-among them: the output head of Q4_K_M files) once a batch has 8 rows or more. It unpacks
-the weights into tiles on every call, and the output head is the largest matrix of all.
-A prompt chunk asks for one row of logits, so only the layers' few Q6_K matrices go tiled
-there; a verification pass asks for every row, and its output head pays the unpacking.
-Measured on a 2-core AVX2 machine, Qwen2.5-Coder 1.5B Q4_K_M (``scripts/bench_curve.py``):
-a verification pass of 8 tokens costs 6.1-6.7 single steps with it, 4.5-5.1 without (the
-copy ceiling rises from 1.89x to 2.01x plain decoding), and lookup ran code editing at
-1.3x instead of 1.6x plain decoding; a 128-token prompt chunk costs 6-13% more without it.
-On CPUs with AVX-512 it is the other way round: on two 2-core AMD EPYC machines with it, same
-model, 16 tokens cost 4.6 / 4.8 single steps with it and 5.5 / 6.5 without, the copy ceiling
-3.5x / 3.3x against 2.9x / 2.5x, and a 128-token prompt chunk took 1.3x as long without it; in
-`speculum bench` on the second (fresh folders, two runs with it, six without) auto mode ran
-verbatim extraction at 2.25-2.28x plain instead of 1.81-2.11x, and the first token came sooner
-(0.42-0.52 s against 0.51-0.73 s). Speculation lives on verification passes, so it is
-on where the CPU has AVX-512 and off elsewhere (most laptops' CPUs: AVX2), also where the CPU's
-flags cannot be read, unless the user set GGML_CPU_TILED_MM themselves. That is the rule until
-it has been measured on this machine (``tuning``: child processes time both settings while the
-engine is idle after a load); from then on the measurement decides.
-ggml reads it once, at the first matmul.
-
-Flash attention for the small batches
-
-ggml's CPU flash attention has three paths (ggml-cpu/ops.cpp): one for a single query row,
-split across threads along the cache; a tiled one for batches of 64 rows or more (prompt
-chunks); and, between them, a loop that walks the whole cache once per query row and head.
-Every verification pass (2-16 rows) takes that loop, so its cost grows with the context far
-faster than a single step's. Without flash attention llama.cpp multiplies the cache as matrices,
-shared by the batch's rows. Measured on a 2-core Zen 5 CPU, Qwen2.5-Coder 1.5B Q4_K_M
-(``scripts/bench_curve.py --setting attention``; ms with / without, three processes each): a
-16-token pass at 1,000 cached tokens 196-213 / 162-176, at 3,000 300-312 / 196-223; a single
-step at 64 cached tokens 29-31 / 28-31, at 2,000 36-39 / 34-35; 1,024 prompt tokens read in
-6.8-7.2 / 6.3-6.9 s. Small models lose a little in single steps without it (SmolLM2 135M:
-7.1 against 8.0 ms at 64 tokens), where they draft; so it is off for a target on the CPU,
-which verifies, and llama.cpp's choice (on) for draft models, GPUs and models with MTP
-heads (whose contexts share the target's cache layout), unless the user chose; also where
-its attention scores would take too much memory (``attention``).
+The user's own setting of any of them wins. The measurements behind each choice are in
+docs/notes/cpu-settings.md.
 """
 
 from __future__ import annotations
