@@ -18,7 +18,7 @@ from speculum import cli
 from speculum.engine.costs import MAX_BATCH
 from speculum.engine.loading import LoadOptions, load_decoder
 from speculum.server.api import create_app
-from speculum.protocol import CycleEvent
+from speculum.protocol import Asker, CycleEvent, Decoded, Failed, Finished, Started
 from speculum.server.service import ServedModel, StopSequences
 
 MODEL = "smol"
@@ -236,6 +236,26 @@ def test_requests_queue_in_order_and_a_full_queue_answers_429(server):
     busy = results["third"]
     assert busy.status_code == 429 and int(busy.headers["Retry-After"]) >= 1
     assert busy.json()["error"]["type"] == "rate_limit_error"
+
+
+def test_an_api_request_tells_its_life_with_the_windows_own_event_types(server):
+    s = server(mode="off")
+    events = []
+    s.served.on_event = events.append
+    reply = s.client().chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=6, temperature=0)
+    kinds = [type(e) for e in events]
+    assert kinds[0] is Started and kinds[-2:] == [Decoded, Finished] and CycleEvent in kinds
+    assert all(e.asker == Asker.API for e in events)  # tagged with who asked
+    cycles = [e for e in events if isinstance(e, CycleEvent)]
+    assert all(e.stage == "API request" for e in cycles)
+    assert cycles[-1].snapshot.prompt_total == events[0].prompt_tokens == reply.usage.prompt_tokens
+    assert cycles[-1].snapshot.tokens == events[-1].usage["completion_tokens"] == reply.usage.completion_tokens
+    # A request that fails in the decoder says so, after letting go of the models.
+    events.clear()
+    s.served.mode = "mtp"  # SmolLM2 has no MTP head
+    assert _post(s, "/v1/chat/completions", {"model": MODEL, "messages": MESSAGES, "max_tokens": 4}).status_code >= 400
+    assert [type(e) for e in events] == [Started, Decoded, Failed] and "MTP" in events[-1].message
+    assert events[-1].asker == Asker.API
 
 
 def test_a_client_that_disconnects_stops_its_generation_within_a_pass(server):

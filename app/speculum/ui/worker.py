@@ -184,8 +184,8 @@ class Engine(QObject):
             Started: self._on_started,
             CycleEvent: self._on_cycle,
             Decoded: lambda e: self._decoded(e.asker, False),
-            Finished: self._on_ended,
-            Failed: self._on_ended,
+            Finished: self._on_finished,
+            Failed: self._on_failed,
             PlainRateMeasured: lambda e: w.plainRateMeasured.emit(e.target, e.tokens_per_s),
             ServingAt: lambda e: w.serving.emit(e.url, e.model_id),
             ServeFailed: lambda e: w.serveFailed.emit(e.message),
@@ -215,7 +215,7 @@ class Engine(QObject):
 
     def _on_started(self, event: Started) -> None:
         self._decoded(event.asker, True)
-        self.worker.servedRequest.emit(event)
+        self._told_the_serve_panel(event)
 
     def _on_cycle(self, event: CycleEvent) -> None:
         if event.asker == Asker.WINDOW:
@@ -224,17 +224,25 @@ class Engine(QObject):
         else:
             self.worker.servedCycle.emit(event)
 
-    def _on_ended(self, event: Finished | Failed) -> None:
-        """A generation finished or failed: the window's own, or an API client's."""
-        if event.asker != Asker.WINDOW:
+    def _on_finished(self, event: Finished) -> None:
+        if not self._told_the_serve_panel(event):
+            self._window_answer_ended()
+            self.worker.finished.emit(event.result)
+
+    def _on_failed(self, event: Failed) -> None:
+        if not self._told_the_serve_panel(event):
+            self._window_answer_ended()
+            self.worker.failed.emit(event.message)
+
+    def _told_the_serve_panel(self, event: Started | Finished | Failed) -> bool:
+        """An API client's request starting or ending goes to the Serve panel; True if it was one."""
+        if event.asker == Asker.API:
             self.worker.servedRequest.emit(event)
-            return
+        return event.asker == Asker.API
+
+    def _window_answer_ended(self) -> None:
         self._activity = ""
         self._decoded(Asker.WINDOW, False)
-        if isinstance(event, Finished):
-            self.worker.finished.emit(event.result)
-        else:
-            self.worker.failed.emit(event.message)
 
     def _on_worker_lost(self, event: WorkerLost) -> None:
         self._last_words = event.words  # the engine's last words before it ends
