@@ -17,10 +17,9 @@ from .engine.sampling import SamplingParams
 from .engine.vocabulary import Finish, Source
 from .errors import SpeculumError
 # The request and result types live in protocol; older callers import them from here.
-from .protocol import (Asker, CycleEvent, Decoded, Event, Failed, Finished, GenerationRequest,  # noqa: F401
-                       GenerationResult, Loaded, LoadFailed, LoadProgress, LoadRequest, PlainRateMeasured,
-                       PromptProgress, ServeFailed, ServingAt, StageChanged, Started, StatsSnapshot,
-                       replay_snapshots, snapshot_of)
+from .protocol import (CycleEvent, Event, Failed, Finished, GenerationRequest, GenerationResult,  # noqa: F401
+                       Loaded, LoadFailed, LoadProgress, LoadRequest, PlainRateMeasured, PromptProgress, ServeFailed,
+                       ServingAt, StageChanged, StatsSnapshot, replay_snapshots, snapshot_of)
 
 
 class PlainRate:
