@@ -134,8 +134,8 @@ class Decoder:
             # Keep: the accepted drafts and the target's own token, cut at end of generation.
             emitted, finish = self._keep(verdict.tokens, generated, max_tokens)
             n_accepted = min(verdict.n_accepted, len(emitted))
-            constraints.follow(rows, emitted, n_accepted)
             scored = rows.logprobs(emitted, logprobs) if logprobs is not None else ([], [], [])
+            constraints.follow(rows, emitted, n_accepted)  # (rows read the answer before it: last)
             context.extend(emitted)
             generated += len(emitted)
 

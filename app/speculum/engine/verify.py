@@ -40,6 +40,7 @@ class TargetRows:
     tokens, masked by the grammar state after them. Grammar states are cloned and walked down
     the draft only as far as rows are asked for; verification never asks past a token the
     grammar forbids (that token is rejected there), so no state ever follows a forbidden one.
+    The rows read the answer's penalties as they stand: ask for them before ``Constraints.follow``.
     """
 
     def __init__(self, logits: np.ndarray, draft: Sequence[int], grammar: GrammarState | None = None,
@@ -199,7 +200,7 @@ class Constraints:
         """The answer went on with ``emitted``: keep the grammar state of the accepted drafts (the
         rejected ones' states are dropped with ``rows``), then follow the target's own token."""
         if self.grammar is not None and emitted:
-            state = rows.state(n_accepted)
+            state = rows.state(n_accepted).clone() if emitted[n_accepted:] else rows.state(n_accepted)
             for token in emitted[n_accepted:]:
                 state.accept(token)
             self.grammar = state
