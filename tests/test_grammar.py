@@ -225,13 +225,15 @@ def test_logprobs_equal_the_plain_runs_at_every_position(vocab, mode):
         plain, plain_cycles = answer(Decoder(JsonSynthetic(vocab, seed=seed)), prompt, max_tokens=60,
                                      grammar=grammar, logprobs=3)
         spec, cycles = answer(Decoder(target, json_draft(target, seed=7, noise=1.0)), prompt, max_tokens=60,
-                              grammar=grammar, logprobs=3, policy=mode, k=4)
+                              grammar=grammar, logprobs=3, policy=mode, k=4, want_probs=True)
         assert spec == plain
         inside += sum(c.n_accepted for c in cycles)  # positions verified after accepted drafts
         flat = lambda cs, name: [x for c in cs for x in getattr(c, name)]  # noqa: E731
         for name in ("logprobs", "top_tokens", "top_logprobs"):
             assert flat(cycles, name) == flat(plain_cycles, name), name
         assert len(flat(cycles, "logprobs")) == len(spec)
+        # what the window shows is the same masked distribution
+        assert np.allclose(flat(cycles, "p_emitted"), np.exp(flat(cycles, "logprobs")), atol=1e-5)
         assert np.allclose(flat(cycles, "logprobs"), _reference_logprobs(target, prompt, grammar, spec), atol=1e-6)
         for tops, token, lp in zip(flat(cycles, "top_tokens"), spec, flat(cycles, "logprobs")):
             assert len(tops) <= 3 and (token in tops or lp <= min(flat(cycles, "top_logprobs")[0]))
@@ -389,3 +391,10 @@ def test_a_deeply_nested_schema_is_refused():
 def test_a_bad_grammar_is_refused_in_words(gbnf, words):
     with pytest.raises(ValueError, match=words):
         Grammar(gbnf)
+
+
+def test_a_grammar_on_a_model_without_a_llama_vocabulary_is_refused_in_words():
+    from synthetic import SyntheticModel
+
+    with pytest.raises(ValueError, match="no llama.cpp vocabulary"):
+        list(Decoder(SyntheticModel()).generate([1, 2], grammar=json_object_grammar()))

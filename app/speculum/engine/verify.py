@@ -50,6 +50,7 @@ class TargetRows:
         self.penalties = penalties
         self._states = [grammar.clone()] if grammar is not None else None  # before row i
         self._shaped: dict[int, np.ndarray] = {}
+        self._best: dict[int, int] = {}
 
     @property
     def plain(self) -> bool:
@@ -79,9 +80,12 @@ class TargetRows:
 
     def best(self, i: int) -> int:
         """The greedy token of row i: for a grammar, only the likeliest tokens' masks are asked."""
-        if i in self._shaped or self._states is None:
-            return int(np.argmax(self.logits(i)))
-        return self.state(i).best(self.penalised(i))
+        if i not in self._best:
+            if i in self._shaped or self._states is None:
+                self._best[i] = int(np.argmax(self.logits(i)))
+            else:
+                self._best[i] = self.state(i).best(self.penalised(i))
+        return self._best[i]
 
     def reachable(self, i: int) -> bool:
         """Whether row i follows only tokens the grammar allows (always, without a grammar)."""
