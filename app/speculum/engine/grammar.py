@@ -23,7 +23,7 @@ import numpy as np
 
 # Pool sizes for the greedy token: the grammar usually allows one of the model's favourites, so
 # the best few are checked before the whole vocabulary.
-_POOLS = (1, 32, 1024)
+_POOLS = (32, 1024)
 
 # Bounds on what a client's schema may ask the grammar to spell out (a repetition is written
 # out once per item): beyond them a schema is refused, not enforced at any cost.
@@ -172,10 +172,13 @@ class GrammarState:
     def best(self, logits: np.ndarray) -> int:
         """The argmax of ``mask(logits)``, lowest id on ties, checking the likeliest tokens first."""
         logits = np.asarray(logits[:self.n_vocab], dtype=np.float32)
+        top = int(np.argmax(logits))  # the lowest id of the largest: the answer whenever allowed
+        if self.allows(top):
+            return top
         for size in _POOLS:
             if size >= len(logits):
                 break
-            threshold = logits.max() if size == 1 else np.partition(logits, len(logits) - size)[len(logits) - size]
+            threshold = np.partition(logits, len(logits) - size)[len(logits) - size]
             pool = np.flatnonzero(logits >= threshold)  # every token tied at the threshold too
             ok = pool[self._candidates.allowed(self._sampler, pool.astype(np.int32))]
             if len(ok):
