@@ -174,21 +174,39 @@ def _exact_answers(target, prompt, grammar, sampling, max_tokens):
     return out
 
 
-@pytest.mark.parametrize("mode", ["off", "draft", "lookup", "errant"])
-def test_sampled_constrained_answers_are_distributed_as_the_masked_target(vocab, mode):
+SAMPLED = [("off", "lazy"), ("draft", "lazy"), ("lookup", "lazy"), ("errant", "lazy"),
+           ("off", "small head"), ("draft", "small head"), ("lookup", "small head"), ("draft", "top-k")]
+
+
+@pytest.mark.parametrize("mode, reading", SAMPLED)
+def test_sampled_constrained_answers_are_distributed_as_the_masked_target(vocab, mode, reading, monkeypatch):
     """At T > 0 the answers are distributed as the masked target's, exactly: with model drafts
-    (q masked as it is drawn), lookup drafts (cut at a forbidden token) and uniform drafts that
-    often hold forbidden tokens (rejected by verification: p = 0 there)."""
+    (their proposal kept to what the grammar allows), lookup drafts (cut at a forbidden token) and
+    uniform drafts that often hold forbidden tokens (rejected by verification: p = 0 there).
+
+    "lazy": the masked rows are read from the likeliest tokens (here: all of them) and sampled by
+    rejection; "small head": only 3 tokens are asked before the whole mask, so the bounds on the
+    allowed mass settle acceptance tests or fall back to the whole mask; "top-k": every row masked
+    whole, then cut."""
+    import speculum.engine.grammar as grammar_module
+
+    if reading == "small head":
+        monkeypatch.setattr(grammar_module, "HEAD_SIZES", (3,))
+    whole_masks = Counter()
+    allowed = grammar_module.GrammarState.allowed
+    monkeypatch.setattr(grammar_module.GrammarState, "allowed",
+                        lambda self: whole_masks.update(["mask"]) or allowed(self))
     grammar = schema_grammar(SCHEMA)
-    sampling_kw = dict(temperature=1.0, top_k=0, top_p=1.0)
+    sampling_kw = dict(temperature=1.0, top_k=4 if reading == "top-k" else 0, top_p=1.0)
     target = JsonSynthetic(vocab, seed=4, sharpness=1.0)
     prompt = target.tokenize(PROMPT)
     exact = _exact_answers(target, prompt, grammar, SamplingParams(**sampling_kw), max_tokens=24)
     assert abs(sum(exact.values()) - 1) < 1e-6
+    whole_masks.clear()
     decoder = Decoder(target, json_draft(target, seed=6, noise=1.0))
     if mode == "errant":
         decoder.drafters[Source.MODEL] = ErrantDrafter(target, 0.0)
-    n = 700
+    n = 600
     seen = Counter()
     drafted = forbidden = 0
     for seed in range(n):
@@ -200,6 +218,10 @@ def test_sampled_constrained_answers_are_distributed_as_the_masked_target(vocab,
                          if c.n_accepted < len(c.drafted) and len(c.emitted) > c.n_accepted)
         assert conforms(json.loads(text_of(out)), SCHEMA)
     assert mode == "off" or (drafted > n and forbidden > 0)
+    if (mode, reading) == ("off", "lazy"):
+        assert not whole_masks  # plain sampling under a grammar asks no whole-vocabulary mask
+    if reading != "lazy":
+        assert whole_masks  # the fallbacks did run
     keys = sorted(exact)
     assert sum(seen[k] for k in keys) == n  # nothing outside the masked target's answers
     assert chi_square_p([seen[k] for k in keys], [exact[k] for k in keys], n) > 0.001

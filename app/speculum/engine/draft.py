@@ -96,7 +96,10 @@ def draft_one_by_one(logits: np.ndarray, k: int, next_logits: Callable[[int, int
             # (unmasked: a lower bound on the masked confidence, without a whole-vocabulary mask)
             c = 1.0 / float(np.exp(np.asarray(logits, np.float32) - logits[tok]).sum())
         else:
-            q = distribution(logits if walk is None else walk.mask(logits), sampling)
+            q = distribution(logits, sampling)
+            if walk is not None:  # the proposal is kept to what the grammar allows
+                head = None if sampling.filtered else walk.masked_head(q)
+                q = head if head is not None else distribution(walk.mask(logits), sampling)
             tok = sample(q, rng)
             qs.append(q)
             c = float(q[tok])

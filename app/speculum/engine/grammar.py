@@ -25,6 +25,14 @@ import numpy as np
 # the best few are checked before the whole vocabulary.
 _POOLS = (32, 1024)
 
+# Sampling without top-k/top-p/min-p, the masked distribution p' = p * allowed / Z is read lazily
+# (``MaskedDistribution``): the grammar is asked about the likeliest tokens only, those holding
+# all but ``HEAD_TAIL`` of the mass where ``HEAD_SIZES`` allow, and the whole vocabulary only
+# when that cannot settle a decision exactly.
+HEAD_SIZES = (256, 4096)
+HEAD_TAIL = 1e-4
+REJECTION_TRIES = 64
+
 # Bounds on what a client's schema may ask the grammar to spell out (a repetition is written
 # out once per item): beyond them a schema is refused, not enforced at any cost.
 MAX_SCHEMA_CHARS = 100_000
@@ -199,6 +207,119 @@ class GrammarState:
             if n + 1 < len(tokens):
                 _lc().llama_sampler_accept(walk._sampler, int(token))
         return len(tokens)
+
+
+    def masked_head(self, p: np.ndarray) -> np.ndarray | None:
+        """A draft's proposal under the grammar without a whole-vocabulary mask: ``p`` kept on its
+        likeliest ``HEAD_SIZES[0]`` tokens the grammar allows, renormalised (None when it allows
+        none of them). Verification is exact for any proposal it is handed, this one included."""
+        m = min(HEAD_SIZES[0], len(p))
+        head = np.argpartition(-p, m - 1)[:m] if m < len(p) else np.arange(len(p))
+        head = head[head < self.n_vocab]
+        ok = head[self._candidates.allowed(self._sampler, head.astype(np.int32))]
+        mass = float(p[ok].sum(dtype=np.float64)) if len(ok) else 0.0
+        if mass <= 0.0:
+            return None
+        out = np.zeros_like(p)
+        out[ok] = p[ok] / mass
+        return out
+
+
+class MaskedDistribution:
+    """One row's grammar-masked distribution p' = p * allowed / Z, with ``p`` a temperature
+    softmax (no top-k/top-p/min-p), read without a whole-vocabulary mask where it can be exactly.
+
+    Z, the allowed mass, is bounded by asking the grammar about the likeliest tokens only: those
+    allowed give Z's lower bound, the untested tail's mass its upper. An acceptance test
+    ``u < p'(x) / q(x)`` is decided from the bounds unless ``u`` falls between them, and sampling
+    is rejection sampling from ``p`` (draw, keep an allowed token); only then, or after
+    ``REJECTION_TRIES`` draws, is the whole mask computed. Every decision is the exact one."""
+
+    def __init__(self, logits: np.ndarray, sampling, state: GrammarState):
+        from .sampling import distribution
+
+        self.logits, self.sampling, self.state = logits, sampling, state
+        self.p = distribution(logits, sampling)
+        self._exact: np.ndarray | None = None
+        self._bounds: tuple[float, float] | None = None
+
+    def bounds(self) -> tuple[float, float]:
+        """(lower, upper) bound of the allowed mass Z."""
+        if self._exact is not None:
+            return self._z, self._z
+        if self._bounds is None:
+            p, total = self.p, float(self.p.sum(dtype=np.float64))
+            for size in HEAD_SIZES:
+                m = min(size, len(p))
+                head = np.argpartition(-p, m - 1)[:m] if m < len(p) else np.arange(len(p))
+                tail = max(0.0, total - float(p[head].sum(dtype=np.float64)))
+                if tail <= HEAD_TAIL * total:
+                    break
+            inside = head[head < self.state.n_vocab]
+            allowed = self.state._candidates.allowed(self.state._sampler, inside.astype(np.int32))
+            ok = inside[allowed]
+            self._forbidden = np.concatenate([inside[~allowed], head[head >= self.state.n_vocab]])
+            self._known = set(ok.tolist())
+            low = float(p[ok].sum(dtype=np.float64))
+            self._bounds = (low, low + tail * (1 + 1e-9) + 1e-30)
+        return self._bounds
+
+    def exact(self) -> np.ndarray:
+        """p' itself (the whole mask: asked only when needed)."""
+        if self._exact is None:
+            from .sampling import distribution
+
+            masked = self.state.mask(self.logits)
+            self._z = float(self.p[np.isfinite(masked)].sum(dtype=np.float64))
+            self._exact = distribution(masked, self.sampling)  # as the whole-mask path defines it
+        return self._exact
+
+    def prob(self, x: int) -> float:
+        """p'(x): exact once the mask is known, else from Z's lower bound (for display)."""
+        if self._exact is not None:
+            return float(self._exact[x])
+        if not self.state.allows(x):
+            return 0.0
+        low = self.bounds()[0]
+        return float(self.p[x]) / low if low > 0 else float(self.exact()[x])
+
+    def accepts(self, x: int, qx: float, u: float) -> bool:
+        """Exactly ``u < min(1, p'(x) / qx)``."""
+        if self._exact is not None:
+            return u < min(1.0, float(self._exact[x]) / qx)
+        if not self.state.allows(x):
+            return False
+        low, high = self.bounds()
+        px = float(self.p[x])
+        if low > 0:
+            if u < min(1.0, px / (high * qx)):
+                return True
+            if u >= min(1.0, px / (low * qx)):
+                return False
+        return u < min(1.0, float(self.exact()[x]) / qx)
+
+    def sample(self, rng: np.random.Generator, exclude: int | None = None) -> int:
+        """A token from p' (with ``exclude`` taken out), by rejection: drawn from p without the
+        likeliest tokens known forbidden (every allowed token keeps its p), kept when allowed."""
+        from .sampling import sample
+
+        if self._exact is None:
+            self.bounds()
+            proposal = self.p.copy()
+            proposal[self._forbidden] = 0.0
+            if exclude is not None:
+                proposal[exclude] = 0.0
+            if proposal.sum(dtype=np.float64) > 0:
+                for _ in range(REJECTION_TRIES):
+                    y = sample(proposal, rng)
+                    if y in self._known or self.state.allows(y):
+                        return y
+        p = self.exact()
+        if exclude is None:
+            return sample(p, rng)
+        rest = p.copy()
+        rest[exclude] = 0.0
+        return sample(rest, rng) if rest.sum() > 0 else sample(p, rng)
 
 
 def _first_best(ids: np.ndarray, values: np.ndarray) -> int:

@@ -35,6 +35,11 @@ class SamplingParams:
         return self.temperature <= 0.0
 
     @property
+    def filtered(self) -> bool:
+        """Whether top-k, top-p or min-p cut the distribution (after a grammar's mask, when one applies)."""
+        return self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0
+
+    @property
     def penalized(self) -> bool:
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repeat_penalty != 1.0
 

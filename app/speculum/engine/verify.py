@@ -23,7 +23,7 @@ from .drafters import Draft
 from .sampling import Penalties, SamplingParams, distribution, log_probs, sample
 
 if TYPE_CHECKING:
-    from .grammar import GrammarState
+    from .grammar import GrammarState, MaskedDistribution
 
 
 @dataclass
@@ -77,6 +77,15 @@ class TargetRows:
             row = self.penalised(i)
             self._shaped[i] = self.state(i).mask(row) if self._states is not None else row
         return self._shaped[i]
+
+    def distribution(self, i: int, sampling: SamplingParams) -> "ExactRow | MaskedDistribution":
+        """Row i as the sampler's distribution: exact, or under a grammar without top-k/top-p/min-p
+        (whose masks would change what they keep), read lazily (grammar.MaskedDistribution)."""
+        if self._states is None or sampling.filtered or i in self._shaped:
+            return ExactRow(distribution(self.logits(i), sampling))
+        from .grammar import MaskedDistribution
+
+        return MaskedDistribution(self.penalised(i), sampling, self.state(i))
 
     def best(self, i: int) -> int:
         """The greedy token of row i: for a grammar, only the likeliest tokens' masks are asked."""
@@ -150,22 +159,44 @@ def _verify_sampled(rows: TargetRows, draft: Draft, sampling: SamplingParams,
     accepted: list[int] = []
     p_drafted: list[float] = []
     for i, x in enumerate(draft.tokens):
-        p = distribution(rows.logits(i), sampling)  # row by row: a rejection ends the work early
-        px = float(p[x])
-        p_drafted.append(px)
+        p = rows.distribution(i, sampling)  # row by row: a rejection ends the work early
+        p_drafted.append(p.prob(x))
         qx = 1.0 if draft.q is None else float(draft.q[i][x])
-        if qx > 0 and rng.random() < min(1.0, px / qx):
+        if qx > 0 and p.accepts(x, qx, rng.random()):
             accepted.append(x)
             continue
         if draft.q is None:
-            residual = p.copy()
-            residual[x] = 0.0
+            fix = p.sample(rng, exclude=x)
         else:
-            residual = np.maximum(p - draft.q[i], 0.0)
-        # p <= q everywhere only if p == q, where rejection cannot happen; guard rounding.
-        fix = sample(residual, rng) if residual.sum() > 0 else sample(p, rng)
+            target = p.exact()
+            residual = np.maximum(target - draft.q[i], 0.0)
+            # p <= q everywhere only if p == q, where rejection cannot happen; guard rounding.
+            fix = sample(residual, rng) if residual.sum() > 0 else sample(target, rng)
         return Verdict(len(accepted), accepted + [fix], p_drafted)
-    return Verdict(len(accepted), accepted + [sample(distribution(rows.logits(k), sampling), rng)], p_drafted)
+    return Verdict(len(accepted), accepted + [rows.distribution(k, sampling).sample(rng)], p_drafted)
+
+
+class ExactRow:
+    """A row's distribution held whole (what ``MaskedDistribution`` reads lazily)."""
+
+    def __init__(self, p: np.ndarray):
+        self.p = p
+
+    def prob(self, x: int) -> float:
+        return float(self.p[x])
+
+    def accepts(self, x: int, qx: float, u: float) -> bool:
+        return u < min(1.0, float(self.p[x]) / qx)
+
+    def exact(self) -> np.ndarray:
+        return self.p
+
+    def sample(self, rng: np.random.Generator, exclude: int | None = None) -> int:
+        if exclude is None:
+            return sample(self.p, rng)
+        rest = self.p.copy()
+        rest[exclude] = 0.0
+        return sample(rest, rng) if rest.sum() > 0 else sample(self.p, rng)
 
 
 class Constraints:
