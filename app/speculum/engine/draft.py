@@ -29,7 +29,7 @@ class Choice:
     min_match: int = 1  # lookup drafts need a suffix match at least this long
     fallback: Source = Source.NONE  # hybrid: the drafter to use when the first has nothing
     # The answer's grammar state at the end of the context (set by the decoder, not the policy):
-    # a model draft is drawn from the grammar-masked distribution.
+    # a model draft is drawn from the model's distribution kept to what the grammar allows.
     grammar: "GrammarState | None" = field(default=None, compare=False)
 
 

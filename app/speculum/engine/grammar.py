@@ -6,6 +6,10 @@ start of an answer: which tokens may come next (``allowed``, ``allows``, ``best`
 follows a token (``accept``). ``clone`` copies it, so a draft can be walked ahead of the
 accepted text and the copy dropped where the target rejects the draft.
 
+A whole-vocabulary mask is the grammar's dear call (about 14 ms for Qwen's 151,936 tokens on
+a 2-core CPU): greedy picks ask the likeliest tokens first (``best``), and sampling without
+top-k/top-p/min-p reads the masked distribution lazily (``MaskedDistribution``), exactly.
+
 The state is llama.cpp's grammar sampler (``llama_sampler_init_grammar``), applied to a reused
 token-data array. llama.cpp aborts the process when a state is made to accept a token it
 forbids, so ``accept`` checks first.
@@ -168,6 +172,11 @@ class GrammarState:
         """A mask over the vocabulary: True where the token may come next."""
         return self._candidates.allowed(self._sampler)
 
+    def allowed_among(self, tokens: np.ndarray) -> np.ndarray:
+        """Which of ``tokens`` (ids within the vocabulary) may come next: the cost of asking grows
+        with how many are asked."""
+        return self._candidates.allowed(self._sampler, tokens.astype(np.int32))
+
     def mask(self, logits: np.ndarray) -> np.ndarray:
         """A copy of ``logits`` with -inf on every token the grammar forbids (rows may be longer or
         shorter than this vocabulary: a draft model's; tokens past it are forbidden)."""
@@ -188,7 +197,7 @@ class GrammarState:
                 break
             threshold = np.partition(logits, len(logits) - size)[len(logits) - size]
             pool = np.flatnonzero(logits >= threshold)  # every token tied at the threshold too
-            ok = pool[self._candidates.allowed(self._sampler, pool.astype(np.int32))]
+            ok = pool[self.allowed_among(pool)]
             if len(ok):
                 return _first_best(ok, logits[ok])
         ok = np.flatnonzero(self.allowed())
@@ -216,7 +225,7 @@ class GrammarState:
         m = min(HEAD_SIZES[0], len(p))
         head = np.argpartition(-p, m - 1)[:m] if m < len(p) else np.arange(len(p))
         head = head[head < self.n_vocab]
-        ok = head[self._candidates.allowed(self._sampler, head.astype(np.int32))]
+        ok = head[self.allowed_among(head)]
         mass = float(p[ok].sum(dtype=np.float64)) if len(ok) else 0.0
         if mass <= 0.0:
             return None
@@ -256,7 +265,7 @@ class MaskedDistribution:
                 if tail <= HEAD_TAIL * total:
                     break
             inside = head[head < self.state.n_vocab]
-            allowed = self.state._candidates.allowed(self.state._sampler, inside.astype(np.int32))
+            allowed = self.state.allowed_among(inside)
             ok = inside[allowed]
             self._forbidden = np.concatenate([inside[~allowed], head[head >= self.state.n_vocab]])
             self._known = set(ok.tolist())
