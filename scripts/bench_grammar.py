@@ -9,7 +9,8 @@ spent in llama.cpp's grammar sampler (masks, clones, accepts), and the cost of o
 whole-vocabulary mask (what every row costs when sampling at T > 0 or asking logprobs).
 
     PYTHONPATH=app ~/.cache/speculum-dev/venv/bin/python scripts/bench_grammar.py
-    (add --target T --draft D, --rounds 3, --modes off,draft,lookup,auto, --temperature 0.7, --json)
+    (add --target T --draft D, --rounds 3, --modes off,draft,lookup,auto, --temperature 0.7, --json;
+     a mode written MODE:free, as draft:free, runs without the grammar, for comparison)
 """
 
 from __future__ import annotations
@@ -78,9 +79,12 @@ class GrammarClock:
 
 
 def run(decoder, prompt, mode, grammar, max_tokens, sampling, clock):
+    """One answer; a mode written ``MODE:free`` runs without the grammar (for comparison)."""
+    policy, _, free = mode.partition(":")
     before = clock.seconds
     start = time.perf_counter()
-    cycles = list(decoder.generate(prompt, max_tokens=max_tokens, policy=mode, grammar=grammar, sampling=sampling))
+    cycles = list(decoder.generate(prompt, max_tokens=max_tokens, policy=policy, grammar=None if free else grammar,
+                                   sampling=sampling))
     seconds = time.perf_counter() - start
     tokens = [t for c in cycles for t in c.emitted]
     return {"tokens": tokens, "seconds": seconds, "grammar_s": clock.seconds - before,
@@ -164,7 +168,8 @@ def _report(results, names, modes, mask_ms, n_vocab, args) -> dict:
                 "tokens_per_pass": round(tokens / max(1, sum(o["passes"] for o in runs)), 2),
                 "grammar_ms_per_token": round(1e3 * sum(o["grammar_s"] for o in runs) / max(1, tokens), 3),
                 "grammar_share": round(sum(o["grammar_s"] for o in runs) / sum(o["seconds"] for o in runs), 4),
-                "same_as_plain": all(o["tokens"] == p["tokens"] for o, p in zip(runs, plain)) if plain else None,
+                "same_as_plain": (all(o["tokens"] == p["tokens"] for o, p in zip(runs, plain))
+                                  if plain and not args.temperature and ":" not in mode else None),
                 "tokens": len(runs[-1]["tokens"]), "finish": runs[-1]["finish"],
             })
     return {"rounds": args.rounds, "temperature": args.temperature, "n_vocab": n_vocab,

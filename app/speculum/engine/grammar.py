@@ -88,7 +88,7 @@ class Grammar:
         try:
             gbnf = json_schema_to_gbnf(json.dumps(schema))
         except RecursionError:
-            raise ValueError("The JSON schema nests too deeply to enforce.") from None
+            raise ValueError("The JSON schema is too deep or too large to enforce.") from None
         except Exception as exc:  # the converter asserts on what it does not know
             raise ValueError(f"The JSON schema cannot be enforced: {_plain(exc)}") from None
         return cls(gbnf)
