@@ -14,6 +14,8 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
+from .promptcache import MIN_GAIN, MIN_SAVED, PromptCache
+
 
 def usable_cores() -> int:
     """The CPU cores this process may run on."""
@@ -88,12 +90,17 @@ class Backend(Protocol):
 class CachedSequence:
     """A backend plus the tokens in its KV cache, so a new request reuses the common prefix.
 
-    A chat's second turn shares the first turn's tokens: only the new ones are decoded.
+    A chat's second turn shares the first turn's tokens: only the new ones are decoded. With
+    a prompt cache (``promptcache.PromptCache``), a new prompt also resumes from the states of
+    earlier sequences this one held (``resume``).
     """
 
-    def __init__(self, model: Backend):
+    def __init__(self, model: Backend, cache: "PromptCache | None" = None, owner: str = "target"):
         self.model = model
         self.tokens: list[int] = []
+        # Saving needs the model's state calls (llama.cpp's); a synthetic model has none.
+        self.cache = cache if hasattr(model, "save_state") else None
+        self.owner = owner  # whose saved states are this sequence's in the shared cache
 
     def common(self, context: Sequence[int]) -> int:
         """How many leading tokens of ``context`` the cache already holds."""
@@ -116,6 +123,37 @@ class CachedSequence:
         if n < len(self.tokens):
             n = self._trim(n)
         return n
+
+    def reusable(self, context: Sequence[int]) -> int:
+        """How many leading tokens of ``context`` ``resume`` would find: live, or saved."""
+        n = self.common(context)
+        if self.cache is not None:
+            n = max(n, self.cache.best(self.owner, context, exact=self._exact)[1])
+        return n
+
+    def resume(self, context: Sequence[int]) -> int:
+        """``sync`` at a new prompt: what the cache would lose is saved first, and a saved state
+        sharing more of ``context`` than the live one is put back. Returns the prefix length held."""
+        n = self.common(context)
+        cache = self.cache
+        if cache is not None:
+            if len(self.tokens) - n >= MIN_SAVED:
+                cache.save(self.owner, self.tokens, self.model)
+            saved, usable = cache.best(self.owner, context, exact=self._exact)
+            if saved is not None and usable >= n + MIN_GAIN:
+                if cache.restore(saved, self.model):
+                    self.tokens = [int(t) for t in saved.tokens]
+                    n = usable
+                else:  # refused: the model's sequence is empty now
+                    self.tokens, n = [], 0
+        if n < len(self.tokens):
+            n = self._trim(n)
+        return n
+
+    @property
+    def _exact(self) -> bool:
+        """A recurrent state cannot be cut back: only a whole saved state serves."""
+        return getattr(self.model, "max_rollback", None) is not None
 
     def _trim(self, n: int) -> int:
         kept = self.model.trim(n)

@@ -20,7 +20,9 @@ from .backend import Backend, CachedSequence
 from .costs import calibrate
 from .cycle import Cycle
 from .drafters import Choice, Draft, Drafter, DrafterInputs, build_drafters
+from .ngrammemory import NgramMemory
 from .policy import FixedPolicy, Policy
+from .promptcache import PromptCache
 from .sampling import RowProbs, SamplingParams
 from .stats import Stats
 from .verify import Verdict, verify
@@ -36,13 +38,18 @@ class Decoder:
     """Owns the target (and optional draft) model and their KV caches across generations."""
 
     def __init__(self, target: Backend, draft: Backend | None = None, max_ngram: int | None = None,
-                 clock=time.perf_counter):
+                 clock=time.perf_counter, prompt_cache: PromptCache | None = None,
+                 memory: NgramMemory | None = None):
         self.clock = clock  # tests pass a fake clock that synthetic models advance
         self.target = target
         self.draft = draft
-        self.sequence = CachedSequence(target)
+        # Saved states of earlier sequences, both models' (None: only the live one is reused).
+        self.prompt_cache = prompt_cache
+        self.sequence = CachedSequence(target, prompt_cache, owner="target")
+        self.memory = memory  # what this machine wrote and read before, for the memory drafter
         # Every registered drafter the models allow, by source (drafters.DRAFTERS).
-        self.drafters: dict[Source, Drafter] = build_drafters(DrafterInputs(target, draft, clock, max_ngram))
+        self.drafters: dict[Source, Drafter] = build_drafters(
+            DrafterInputs(target, draft, clock, max_ngram, prompt_cache, memory))
         self.stats = Stats()
         self.policies: dict[Mode, Policy] = {}
         # A recurrent target rolls back only so many rejected drafts (llama.cpp's snapshots).
@@ -82,6 +89,7 @@ class Decoder:
         want_probs: bool = False,
         on_prompt: Callable[[int, int], None] | None = None,
         prediction: Sequence[int] = (),
+        origin: str = "api",
     ) -> Iterator[Cycle]:
         """Yield one Cycle per target pass until end of generation, max tokens, stop or full context.
 
@@ -89,6 +97,8 @@ class Decoder:
         ``on_prompt(read, total)``: prompt tokens read so far, after each chunk of the prompt (in
         draft mode both models read it, and both reads count).
         ``prediction``: tokens the caller expects the answer to hold (auto mode drafts from them).
+        ``origin``: whose context the n-gram memory keeps it under (a conversation's id), when the
+        generation has ended and its last event been taken.
         Raises ContextFullError before decoding when the prompt alone does not fit.
         """
         if isinstance(policy, str):
@@ -106,6 +116,7 @@ class Decoder:
             if finish:
                 policy.finish()
                 yield self._record(index, policy, Draft(), 0, [], 0, detok.flush(), generated, finish, message=message)
+                self._remember(context, origin)
                 return
 
             # Draft: the policy's choice, never past the context or max tokens.
@@ -139,6 +150,7 @@ class Decoder:
             yield cycle
             if finish:
                 policy.finish()
+                self._remember(context, origin)
                 return
 
     # -- the steps --------------------------------------------------------------------------
@@ -159,7 +171,7 @@ class Decoder:
         stats = self.stats = Stats()
         t0 = self.clock()
         known = context[:-1]  # the last token is decoded by the first cycle, for its logits
-        have = self.sequence.sync(known)
+        have = self.sequence.resume(known)  # live, or put back from the prompt cache
         stats.prompt_cached = have
         to_read = len(known) - have
         last = [t0]
@@ -191,6 +203,12 @@ class Decoder:
         for drafter in self.drafters.values():
             drafter.begin(context)
         return context
+
+    def _remember(self, context: list[int], origin: str) -> None:
+        """Keep the prompt and its answer in the n-gram memory (after the answer is out: it
+        writes a file)."""
+        if self.memory is not None:
+            self.memory.remember(context, origin)
 
     def calibrate(self, interrupted: Callable[[], bool] = lambda: False, mode: Mode = Mode.AUTO) -> bool:
         """Measure the verify curve (and the draft model's cost) for ``mode``'s policy, one pass
