@@ -240,7 +240,7 @@ class AutoPolicy:
     # prediction (there only when a request brings one) is offered in every mode.
     MODE_SOURCES = {Mode.AUTO: (Source.MODEL, Source.LOOKUP, Source.MEMORY, Source.PREDICTION, Source.MTP),
                     Mode.DRAFT: (Source.MODEL, Source.PREDICTION),
-                    Mode.LOOKUP: (Source.LOOKUP, Source.MEMORY, Source.PREDICTION),
+                    Mode.LOOKUP: (Source.LOOKUP, Source.PREDICTION),
                     Mode.MTP: (Source.MTP, Source.PREDICTION)}
     # Copying drafters (``match(context)`` -> Match): acceptance by match-length bucket.
     # A new one is one more entry here.

@@ -89,7 +89,7 @@ class Decoder:
         want_probs: bool = False,
         on_prompt: Callable[[int, int], None] | None = None,
         prediction: Sequence[int] = (),
-        origin: str = "api",
+        origin: str | None = None,
     ) -> Iterator[Cycle]:
         """Yield one Cycle per target pass until end of generation, max tokens, stop or full context.
 
@@ -97,8 +97,8 @@ class Decoder:
         ``on_prompt(read, total)``: prompt tokens read so far, after each chunk of the prompt (in
         draft mode both models read it, and both reads count).
         ``prediction``: tokens the caller expects the answer to hold (auto mode drafts from them).
-        ``origin``: whose context the n-gram memory keeps it under (a conversation's id), when the
-        generation has ended and its last event been taken.
+        ``origin``: whose context the n-gram memory keeps it under (a conversation's id, "api"),
+        once the generation has ended and its last event been taken; None: it is not kept.
         Raises ContextFullError before decoding when the prompt alone does not fit.
         """
         if isinstance(policy, str):
@@ -204,11 +204,20 @@ class Decoder:
             drafter.begin(context)
         return context
 
-    def _remember(self, context: list[int], origin: str) -> None:
+    def _remember(self, context: list[int], origin: str | None) -> None:
         """Keep the prompt and its answer in the n-gram memory (after the answer is out: it
         writes a file)."""
-        if self.memory is not None:
+        if self.memory is not None and origin is not None:
             self.memory.remember(context, origin)
+
+    def forget_prompts(self) -> None:
+        """Nothing of any prompt cached any more, in either model: the next one is read cold."""
+        self.sequence.sync([])
+        drafter = self.drafters.get(Source.MODEL)
+        if drafter is not None:
+            drafter.sequence.sync([])
+        if self.prompt_cache is not None:
+            self.prompt_cache.clear()
 
     def calibrate(self, interrupted: Callable[[], bool] = lambda: False, mode: Mode = Mode.AUTO) -> bool:
         """Measure the verify curve (and the draft model's cost) for ``mode``'s policy, one pass
