@@ -101,6 +101,7 @@ class CachedSequence:
         # Saving needs the model's state calls (llama.cpp's); a synthetic model has none.
         self.cache = cache if hasattr(model, "save_state") else None
         self.owner = owner  # whose saved states are this sequence's in the shared cache
+        self._saved_memo: tuple | None = None  # reusable's: (cache version, context length, its last token, saved)
 
     def common(self, context: Sequence[int]) -> int:
         """How many leading tokens of ``context`` the cache already holds."""
@@ -125,11 +126,18 @@ class CachedSequence:
         return n
 
     def reusable(self, context: Sequence[int]) -> int:
-        """How many leading tokens of ``context`` ``resume`` would find: live, or saved."""
+        """About how many leading tokens of ``context`` ``resume`` would find, live or saved: for
+        cost estimates, asked every cycle. The saved part is worked out again only for a new
+        prompt (not an extension of the last one asked about) or a changed cache."""
         n = self.common(context)
-        if self.cache is not None:
-            n = max(n, self.cache.best(self.owner, context, exact=self._exact)[1])
-        return n
+        if self.cache is None:
+            return n
+        memo = self._saved_memo
+        if (memo is None or memo[0] != self.cache.version or len(context) < memo[1]
+                or context[memo[1] - 1] != memo[2] or memo[3] >= memo[1]):
+            saved = self.cache.best(self.owner, context, exact=self._exact)[1]
+            memo = self._saved_memo = (self.cache.version, len(context), context[-1] if context else None, saved)
+        return max(n, memo[3])
 
     def resume(self, context: Sequence[int]) -> int:
         """``sync`` at a new prompt: what the cache would lose is saved first, and a saved state

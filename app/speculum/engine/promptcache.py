@@ -77,7 +77,7 @@ class PromptCache:
         self.budget = default_budget() if budget is None else max(0, int(budget))
         self._states: OrderedDict[int, SavedState] = OrderedDict()  # by id, oldest use first
         self.size = 0  # bytes held
-        self.restored = 0  # tokens put back from saved states, since this cache was made
+        self.version = 0  # changes whenever a state is kept or dropped
 
     def __len__(self) -> int:
         return len(self._states)
@@ -107,6 +107,7 @@ class PromptCache:
         saved = SavedState(owner, held, state, size)
         self._states[id(saved)] = saved
         self.size += size
+        self.version += 1
         return True
 
     def best(self, owner: str, context: Sequence[int], exact: bool = False) -> tuple[SavedState | None, int]:
@@ -139,6 +140,8 @@ class PromptCache:
     def clear(self) -> None:
         self._states.clear()
         self.size = 0
+        self.version += 1
 
     def _drop(self, key: int) -> None:
         self.size -= self._states.pop(key).size
+        self.version += 1
