@@ -152,7 +152,9 @@ def _engine_main(conn, stop, cancel_load) -> None:
                     profile, why = profiles.remembered()
                 report("profile", profile.name, why)
                 options = profile.apply(LoadOptions(n_ctx=request.n_ctx, target_gpu_layers=request.target_gpu_layers,
-                                                    draft_gpu_layers=request.draft_gpu_layers, rpc=request.rpc))
+                                                    draft_gpu_layers=request.draft_gpu_layers, rpc=request.rpc,
+                                                    prompt_cache_mib=request.prompt_cache_mib,
+                                                    ngram_memory=request.ngram_memory))
                 fresh = runner.load(request, options)
             elif command == "generate":
                 runner.generate(args[0], on_cycle)

@@ -64,6 +64,17 @@ def _hashes(tokens: np.ndarray, n: int) -> np.ndarray:
     return h
 
 
+def _hash(tokens: Sequence[int]) -> int:
+    """``_hashes`` of one n-gram, in plain integers (a few numpy calls cost more, per cycle)."""
+    h = 0
+    for t in tokens:
+        h = (h * _MULT_INT + int(t)) & _MASK
+    return h
+
+
+_MULT_INT, _MASK = int(_MULT), (1 << 64) - 1
+
+
 @dataclass(eq=False)
 class _Text:
     origin: str
@@ -128,7 +139,7 @@ class NgramMemory:
             if len(context) < n:
                 continue
             keys, ends = self._index[n]
-            h = _hashes(np.asarray(context[-n:], dtype=np.int64), n)[0]
+            h = np.uint64(_hash(context[-n:]))
             lo, hi = np.searchsorted(keys, h, "left"), np.searchsorted(keys, h, "right")
             for end in ends[max(lo, hi - CANDIDATES):hi][::-1]:  # latest first
                 text = self._text_at(int(end))
