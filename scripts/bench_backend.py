@@ -35,7 +35,7 @@ def high_level(llm: Llama, prompt: list[int], n: int) -> tuple[float, list[int]]
 
 
 def speculum_plain(decoder: Decoder, prompt: list[int], n: int) -> tuple[float, list[int]]:
-    decoder.sequence.sync([])  # no cached prompt: the same work as the high-level API
+    decoder.forget_prompts()  # no cached prompt: the same work as the high-level API
     out = []
     start = None
     for cycle in decoder.generate(prompt, max_tokens=n + 1, policy="off"):

@@ -55,7 +55,9 @@ class LiveServer:
 def decoder(smollm_path):
     # With flash attention SmolLM2 Q4_1's logits are bit-identical whatever the batch (without
     # it, the default on the CPU, answers may part at numerical ties): compared token for token.
-    d = load_decoder(smollm_path, None, LoadOptions(n_ctx=1024, flash_attn=True))
+    # No n-gram memory: these tests count what each request drafts, and repeated requests would
+    # draft from the earlier ones (test_ngram_memory.py, test_prompt_cache.py serve with it).
+    d = load_decoder(smollm_path, None, LoadOptions(n_ctx=1024, flash_attn=True, ngram_memory=False))
     yield d
     d.target.close()
 

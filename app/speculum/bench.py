@@ -183,7 +183,7 @@ def verify_curve(decoder) -> Callable[[int], float] | None:
 
 def cold_ttft(decoder: Decoder, prompt_tokens: list[int], mode: Mode) -> float:
     """Time to the first token with nothing of the prompt cached."""
-    decoder.sequence.sync([])
+    decoder.forget_prompts()
     stats, _ = run_one(decoder, prompt_tokens, mode, BenchPrompt("ttft", ""), 1)
     return time_to_first_token(stats)
 

@@ -28,6 +28,11 @@ def _add_model_options(p: argparse.ArgumentParser, draft: bool = True) -> None:
     p.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto",
                    help="flash attention (default auto: off for a target on the CPU, where verification "
                         "passes run faster without it; llama.cpp's choice elsewhere)")
+    p.add_argument("--cache-ram", type=int, metavar="MIB",
+                   help="memory for the KV state of recent prompts (default: a quarter of free memory, "
+                        "at most 8192; 0: none)")
+    p.add_argument("--no-ngram-memory", action="store_true",
+                   help="do not draft from (or keep) what this machine wrote and read before")
     p.add_argument("--rpc", metavar="HOST:PORT[,HOST:PORT...]",
                    help="put the target's layers on these `speculum rpc-worker`s; the draft stays here")
     p.add_argument("--tensor-split", metavar="P1,P2,...",
@@ -63,8 +68,16 @@ def _load(args):
     options = LoadOptions(n_ctx=args.ctx, n_threads=args.threads, target_gpu_layers=args.gpu_layers,
                           draft_gpu_layers=getattr(args, "draft_gpu_layers", None),
                           flash_attn={"on": True, "off": False}.get(getattr(args, "flash_attn", "auto")),
+                          prompt_cache_mib=_cache_ram(args), ngram_memory=not getattr(args, "no_ngram_memory", False),
                           **_rpc_options(args))
     return load_decoder(args.target, getattr(args, "draft", None), profile.apply(options))
+
+
+def _cache_ram(args) -> int | None:
+    mib = getattr(args, "cache_ram", None)
+    if mib is not None and mib < 0:
+        raise SpeculumError(f"--cache-ram is a size in MiB (0 for none), not {mib}.")
+    return mib
 
 
 def _rpc_options(args) -> dict:
@@ -106,7 +119,7 @@ def cmd_generate(args) -> int:
     def generate(messages):
         prompt = decoder.target.tokenize(decoder.target.apply_chat_template(messages))
         return decoder.generate(prompt, max_tokens=args.max_tokens, sampling=sampling, policy=Mode(args.mode),
-                                k=_fixed_k(args), on_prompt=reading)
+                                k=_fixed_k(args), on_prompt=reading, origin="cli")
 
     if document is None:
         generation = generate(build_messages(user, args.system))

@@ -160,7 +160,9 @@ class _EngineLoop:
         self.report(ProfileChosen(profile.name, why))
         request = command.request
         options = profile.apply(LoadOptions(n_ctx=request.n_ctx, target_gpu_layers=request.target_gpu_layers,
-                                            draft_gpu_layers=request.draft_gpu_layers, rpc=request.rpc))
+                                            draft_gpu_layers=request.draft_gpu_layers, rpc=request.rpc,
+                                            prompt_cache_mib=request.prompt_cache_mib,
+                                            ngram_memory=request.ngram_memory))
         self.fresh = self.runner.load(request, options)
 
     def run(self) -> None:

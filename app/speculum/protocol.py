@@ -33,6 +33,8 @@ class LoadRequest:
     target_gpu_layers: int | None = None  # None: all on the GPU when there is one
     draft_gpu_layers: int | None = None
     rpc: tuple[str, ...] = ()  # RPC workers (HOST:PORT) that take the target's layers; the draft stays local
+    prompt_cache_mib: int | None = None  # saved states of recent prompts (None: from free memory; 0: none)
+    ngram_memory: bool = True  # draft from what this machine wrote and read before
 
 
 @dataclass

@@ -163,7 +163,8 @@ class EngineRunner:
         sampling = SamplingParams(temperature=request.temperature, top_p=request.top_p)
         return self.decoder.generate(prompt, max_tokens=request.max_tokens, sampling=sampling,
                                      policy=request.mode, k=request.k,
-                                     stop=self.stop, want_probs=True, on_prompt=self._prompt_progress)
+                                     stop=self.stop, want_probs=True, on_prompt=self._prompt_progress,
+                                     origin=request.conversation_id)  # the n-gram memory's, forgotten with it
 
     def _prompt_progress(self, read: int, total: int) -> None:
         """Prompt tokens read so far: the window shows them while a long prompt is read."""

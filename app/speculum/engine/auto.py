@@ -102,6 +102,10 @@ SHORT_SURE_AFTER = 2
 # summary 12%).
 EXPLORE_MATCH = 3
 CHEAP_PROBE = 0.25
+# The n-gram memory: the same buckets, warier below 9 tokens (an earlier text shares phrases
+# with this one more often than it goes on the same way); lookup in the context at hand is
+# right more often at a short match, and its n-grams are the memory's too.
+MEMORY_PRIORS = (0.1, 0.2, 0.3, 0.4, 0.55, 0.85, 0.95)
 # A client's prediction: acceptance by how many output tokens in a row followed it
 # (bucket lower bounds: 1, 2-3, 4-7, 8-15, 16+). One token in common with it means little
 # (unrelated text shares newlines and brackets); a long run is an edit copying the file,
@@ -234,12 +238,13 @@ class AutoPolicy:
 
     # auto: any drafter or none; draft / lookup / mtp: that drafter, always drafting. A client's
     # prediction (there only when a request brings one) is offered in every mode.
-    MODE_SOURCES = {Mode.AUTO: (Source.MODEL, Source.LOOKUP, Source.PREDICTION, Source.MTP),
-                    Mode.DRAFT: (Source.MODEL, Source.PREDICTION), Mode.LOOKUP: (Source.LOOKUP, Source.PREDICTION),
+    MODE_SOURCES = {Mode.AUTO: (Source.MODEL, Source.LOOKUP, Source.MEMORY, Source.PREDICTION, Source.MTP),
+                    Mode.DRAFT: (Source.MODEL, Source.PREDICTION),
+                    Mode.LOOKUP: (Source.LOOKUP, Source.PREDICTION),
                     Mode.MTP: (Source.MTP, Source.PREDICTION)}
     # Copying drafters (``match(context)`` -> Match): acceptance by match-length bucket.
     # A new one is one more entry here.
-    MATCH_TABLES = {Source.LOOKUP: (LOOKUP_BUCKETS, LOOKUP_PRIORS),
+    MATCH_TABLES = {Source.LOOKUP: (LOOKUP_BUCKETS, LOOKUP_PRIORS), Source.MEMORY: (LOOKUP_BUCKETS, MEMORY_PRIORS),
                     Source.PREDICTION: (PREDICTION_BUCKETS, PREDICTION_PRIORS)}
     # Sources whose acceptance belongs to one request (each brings its own prediction).
     PER_REQUEST = (Source.PREDICTION,)
@@ -463,7 +468,7 @@ class AutoPolicy:
             return seen >= SURE_EVIDENCE or o.choice.k == 1
 
         def explored(o: Option) -> bool:  # may be tried on this cycle's draws, within the budget
-            return (o.choice.source != Source.LOOKUP or (o.choice.min_match or 0) >= EXPLORE_MATCH
+            return (o.choice.source not in (Source.LOOKUP, Source.MEMORY) or (o.choice.min_match or 0) >= EXPLORE_MATCH
                     or o.seconds - step <= CHEAP_PROBE * step)
 
         return [o for o in options

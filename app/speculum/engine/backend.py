@@ -15,6 +15,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from .promptcache import MIN_GAIN, MIN_SAVED, PromptCache
+
 
 def usable_cores() -> int:
     """The CPU cores this process may run on."""
@@ -134,12 +136,18 @@ class Backend(TokenPieces):
 class CachedSequence:
     """A backend plus the tokens in its KV cache, so a new request reuses the common prefix.
 
-    A chat's second turn shares the first turn's tokens: only the new ones are decoded.
+    A chat's second turn shares the first turn's tokens: only the new ones are decoded. With
+    a prompt cache (``promptcache.PromptCache``), a new prompt also resumes from the states of
+    earlier sequences this one held (``resume``).
     """
 
-    def __init__(self, model: Backend):
+    def __init__(self, model: Backend, cache: "PromptCache | None" = None, owner: str = "target"):
         self.model = model
         self.tokens: list[int] = []
+        # Saving needs the model's state calls (llama.cpp's); a synthetic model has none.
+        self.cache = cache if hasattr(model, "save_state") else None
+        self.owner = owner  # whose saved states are this sequence's in the shared cache
+        self._saved_memo: tuple | None = None  # reusable's: (cache version, context length, its last token, saved)
 
     def common(self, context: Sequence[int]) -> int:
         """How many leading tokens of ``context`` the cache already holds."""
@@ -162,6 +170,44 @@ class CachedSequence:
         if n < len(self.tokens):
             n = self._trim(n)
         return n
+
+    def reusable(self, context: Sequence[int]) -> int:
+        """About how many leading tokens of ``context`` ``resume`` would find, live or saved: for
+        cost estimates, asked every cycle. The saved part is worked out again only for a new
+        prompt (not an extension of the last one asked about) or a changed cache."""
+        n = self.common(context)
+        if self.cache is None:
+            return n
+        memo = self._saved_memo
+        if (memo is None or memo[0] != self.cache.version or len(context) < memo[1]
+                or context[memo[1] - 1] != memo[2] or memo[3] >= memo[1]):
+            saved = self.cache.best(self.owner, context, exact=self._exact)[1]
+            memo = self._saved_memo = (self.cache.version, len(context), context[-1] if context else None, saved)
+        return max(n, memo[3])
+
+    def resume(self, context: Sequence[int]) -> int:
+        """``sync`` at a new prompt: what the cache would lose is saved first, and a saved state
+        sharing more of ``context`` than the live one is put back. Returns the prefix length held."""
+        n = self.common(context)
+        cache = self.cache
+        if cache is not None:
+            if len(self.tokens) - n >= MIN_SAVED:
+                cache.save(self.owner, self.tokens, self.model)
+            saved, usable = cache.best(self.owner, context, exact=self._exact)
+            if saved is not None and usable >= n + MIN_GAIN:
+                if cache.restore(saved, self.model):
+                    self.tokens = [int(t) for t in saved.tokens]
+                    n = usable
+                else:  # refused: the model's sequence is empty now
+                    self.tokens, n = [], 0
+        if n < len(self.tokens):
+            n = self._trim(n)
+        return n
+
+    @property
+    def _exact(self) -> bool:
+        """A recurrent state cannot be cut back: only a whole saved state serves."""
+        return getattr(self.model, "max_rollback", None) is not None
 
     def _trim(self, n: int) -> int:
         kept = self.model.trim(n)

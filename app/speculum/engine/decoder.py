@@ -20,7 +20,9 @@ from .backend import Backend, CachedSequence
 from .costs import calibrate
 from .cycle import Cycle
 from .drafters import Choice, Draft, Drafter, DrafterInputs, build_drafters
+from .ngrammemory import NgramMemory
 from .policy import FixedPolicy, Policy
+from .promptcache import PromptCache
 from .sampling import RowProbs, SamplingParams
 from .stats import Stats
 from .verify import Constraints, TargetRows, Verdict, verify
@@ -55,13 +57,18 @@ class Decoder:
     """Owns the target (and optional draft) model and their KV caches across generations."""
 
     def __init__(self, target: Backend, draft: Backend | None = None, max_ngram: int | None = None,
-                 clock=time.perf_counter):
+                 clock=time.perf_counter, prompt_cache: PromptCache | None = None,
+                 memory: NgramMemory | None = None):
         self.clock = clock  # tests pass a fake clock that synthetic models advance
         self.target = target
         self.draft = draft
-        self.sequence = CachedSequence(target)
+        # Saved states of earlier sequences, both models' (None: only the live one is reused).
+        self.prompt_cache = prompt_cache
+        self.sequence = CachedSequence(target, prompt_cache, owner="target")
+        self.memory = memory  # what this machine wrote and read before, for the memory drafter
         # Every registered drafter the models allow, by source (drafters.DRAFTERS).
-        self.drafters: dict[Source, Drafter] = build_drafters(DrafterInputs(target, draft, clock, max_ngram))
+        self.drafters: dict[Source, Drafter] = build_drafters(
+            DrafterInputs(target, draft, clock, max_ngram, prompt_cache, memory))
         self.latest = Generation(iter(()), Stats(), 0)  # the last generation asked for
         self.policies: dict[Mode, Policy] = {}
         # A recurrent target rolls back only so many rejected drafts (llama.cpp's snapshots).
@@ -107,6 +114,7 @@ class Decoder:
         prediction: Sequence[int] = (),
         grammar: Grammar | None = None,
         logprobs: int | None = None,
+        origin: str | None = None,
     ) -> Generation:
         """One Cycle per target pass until end of generation, max tokens, stop or full context,
         with the generation's own Stats and prompt size (``Generation``).
@@ -117,16 +125,18 @@ class Decoder:
         ``prediction``: tokens the caller expects the answer to hold (auto mode drafts from them).
         ``grammar``: the answer follows it (engine.grammar), and ends where it allows only the end.
         ``logprobs``: None, or n: each emitted token's log-probability and the n likeliest (Cycle).
+        ``origin``: whose context the n-gram memory keeps it under (a conversation's id, "api"),
+        once the generation has ended and its last event been taken; None: it is not kept.
         Raises ContextFullError before decoding when the prompt alone does not fit.
         """
         stats = Stats()
         self.latest = Generation(self._cycles(prompt, stats, max_tokens, sampling, policy, k, stop, want_probs,
-                                              on_prompt, prediction, grammar, logprobs), stats,
+                                              on_prompt, prediction, grammar, logprobs, origin), stats,
                                  len(prompt))
         return self.latest
 
     def _cycles(self, prompt, stats, max_tokens, sampling, policy, k, stop, want_probs, on_prompt,
-                prediction, grammar, logprobs) -> Iterator[Cycle]:
+                prediction, grammar, logprobs, origin) -> Iterator[Cycle]:
         if isinstance(policy, str):
             policy = self.policy_for(policy, k)
         predicted = self.drafters.get(Source.PREDICTION)
@@ -143,6 +153,7 @@ class Decoder:
             if finish:
                 policy.finish()
                 yield self._record(index, policy, Draft(), 0, [], 0, detok.flush(), generated, finish, message=message)
+                self._remember(context, origin)
                 return
 
             # Draft: the policy's choice, never past the context or max tokens.
@@ -180,6 +191,7 @@ class Decoder:
             yield cycle
             if finish:
                 policy.finish()
+                self._remember(context, origin)
                 return
 
     # -- the steps --------------------------------------------------------------------------
@@ -200,7 +212,7 @@ class Decoder:
         stats = stats if stats is not None else Stats()  # the generation's own
         t0 = self.clock()
         known = context[:-1]  # the last token is decoded by the first cycle, for its logits
-        have = self.sequence.sync(known)
+        have = self.sequence.resume(known)  # live, or put back from the prompt cache
         stats.prompt_cached = have
         to_read = len(known) - have
         last = [t0]
@@ -232,6 +244,21 @@ class Decoder:
         for drafter in self.drafters.values():
             drafter.begin(context)
         return context
+
+    def _remember(self, context: list[int], origin: str | None) -> None:
+        """Keep the prompt and its answer in the n-gram memory (after the answer is out: it
+        writes a file)."""
+        if self.memory is not None and origin is not None:
+            self.memory.remember(context, origin)
+
+    def forget_prompts(self) -> None:
+        """Nothing of any prompt cached any more, in either model: the next one is read cold."""
+        self.sequence.sync([])
+        drafter = self.drafters.get(Source.MODEL)
+        if drafter is not None:
+            drafter.sequence.sync([])
+        if self.prompt_cache is not None:
+            self.prompt_cache.clear()
 
     def calibrate(self, interrupted: Callable[[], bool] = lambda: False, mode: Mode = Mode.AUTO) -> bool:
         """Measure the verify curve (and the draft model's cost) for ``mode``'s policy, one pass

@@ -74,6 +74,8 @@ class DrafterInputs:
     draft: Backend | None = None  # a second model of the same tokenizer
     clock: Callable[[], float] = time.perf_counter
     max_ngram: int | None = None  # lookup: cap on the match length (None: as long as the text allows)
+    prompt_cache: object | None = None  # promptcache.PromptCache: a drafting model's saved states too
+    memory: object | None = None  # ngrammemory.NgramMemory: what this machine wrote and read before
 
 
 def draft_one_by_one(logits: np.ndarray, k: int, next_logits: Callable[[int, int], np.ndarray], choice: Choice,

@@ -8,6 +8,7 @@ each cycle, ``accept(context)`` once the target has kept what it kept.
   with the target (synced to the accepted context before every proposal).
 - ``PromptLookup``: copies the continuation of the latest earlier occurrence of the
   context's longest repeated suffix (a suffix automaton over prompt + generated tokens).
+- ``MemoryLookup``: the same from what this machine wrote and read before (``ngrammemory``).
 - ``MtpDrafter`` (``mtp.py``): the target's own multi-token prediction head.
 - ``PredictionDrafter``: the client's predicted output, kept aligned
   with what the target writes.
@@ -36,15 +37,24 @@ from .vocabulary import Source
 class ModelDrafter:
     source = Source.MODEL
 
-    def __init__(self, model: Backend, clock=time.perf_counter):
+    def __init__(self, model: Backend, clock=time.perf_counter, prompt_cache=None):
         self.model = model
-        self.sequence = CachedSequence(model)
+        self.sequence = CachedSequence(model, prompt_cache, owner="draft")
         self.clock = clock
         self._drafted = False  # since the last accept: only then is there anything to drop
+        # A new prompt since the draft model last read: its first read resumes from the prompt
+        # cache. Not before: auto mode may never draft with the model on this prompt.
+        self._new_prompt = True
 
     @classmethod
     def build(cls, inputs: DrafterInputs) -> "ModelDrafter | None":
-        return cls(inputs.draft, inputs.clock) if inputs.draft is not None else None
+        return cls(inputs.draft, inputs.clock, inputs.prompt_cache) if inputs.draft is not None else None
+
+    def _sync(self, context: Sequence[int]) -> int:
+        if self._new_prompt:
+            self._new_prompt = False
+            return self.sequence.resume(context)
+        return self.sequence.sync(context)
 
     def propose(self, context: Sequence[int], k: int, choice: Choice, sampling: SamplingParams,
                 rng: np.random.Generator) -> Draft:
@@ -52,7 +62,7 @@ class ModelDrafter:
         if k <= 0:
             return Draft(source=self.source)
         seq = self.sequence
-        have = seq.sync(context)
+        have = self._sync(context)
         if have == len(context):  # nothing new to decode: step back one to get logits
             seq.trim(have - 1)
             have -= 1
@@ -77,7 +87,7 @@ class ModelDrafter:
         # The whole common prefix, not a guess from its end: with a longer earlier prompt in its
         # cache, a guess read a new 1,300-token document as 8 tokens behind, and auto mode
         # tried the draft model there and paid seconds to read it (0.95x plain).
-        return len(context) - self.sequence.common(context)
+        return len(context) - self.sequence.reusable(context)
 
     def read(self, context: Sequence[int], stop=None, on_chunk=None, chunk: int | None = None) -> None:
         """Read ``context`` into the draft model's cache now, as part of reading the prompt
@@ -85,14 +95,15 @@ class ModelDrafter:
         otherwise read a whole new document inside the first cycle, seconds with no progress
         shown. Nothing is read that its own context could not hold."""
         if self.holds(context):
-            self.sequence.feed(context[self.sequence.sync(context):], stop, on_chunk, chunk=chunk)
+            self.sequence.feed(context[self.sequence.resume(context):], stop, on_chunk, chunk=chunk)
 
     def holds(self, context: Sequence[int]) -> bool:
         """Whether the draft model's own context (it may be smaller than the target's) holds this."""
         return len(context) < self.model.n_ctx
 
     def begin(self, context: Sequence[int]) -> None:
-        """Nothing to prepare: ``propose`` syncs the KV cache to the context it is given."""
+        """Nothing to read yet: ``propose`` syncs the KV cache to the context it is given."""
+        self._new_prompt = True
 
     def accept(self, context: Sequence[int]) -> None:
         """Drop drafted tokens the target rejected (the next propose syncs anyway)."""
@@ -474,6 +485,38 @@ class PromptLookup:
     def accept(self, context: Sequence[int]) -> None:
         self.extend(context[len(self.tokens):])
 
+class MemoryLookup:
+    """Prompt lookup in the n-gram memory (``ngrammemory``): copies what followed the end of
+    the context where this machine wrote or read it before (a regenerated answer, a document
+    quoted again). The match length is how far back the memory agrees with the context."""
+
+    source = Source.MEMORY
+
+    def __init__(self, memory) -> None:
+        self.memory = memory
+
+    @classmethod
+    def build(cls, inputs: DrafterInputs) -> "MemoryLookup | None":
+        return cls(inputs.memory) if inputs.memory is not None else None
+
+    def begin(self, context: Sequence[int]) -> None:
+        self.memory.refresh()  # the window may have forgotten a conversation since
+
+    def match(self, context: Sequence[int]) -> Match:
+        return Match(*self.memory.match(context))
+
+    def propose(self, context: Sequence[int], k: int, choice: Choice, sampling: SamplingParams,
+                rng: np.random.Generator) -> Draft:
+        end, n, _ = self.match(context) if k > 0 else NO_MATCH
+        if end < 0 or n < choice.min_match:
+            return Draft(source=self.source)
+        tokens = self.memory.copy(end, k)
+        return Draft(tokens, self.source, None, [1.0] * len(tokens), n)
+
+    def accept(self, context: Sequence[int]) -> None:
+        """Nothing to keep: the memory learns a context when its generation ends."""
+
+
 class PredictionDrafter:
     """Predicted Outputs as drafts: the client says what it expects back, we propose it.
 
@@ -568,6 +611,7 @@ class PredictionDrafter:
 DRAFTERS: dict[Source, type] = {
     Source.MODEL: ModelDrafter,
     Source.LOOKUP: PromptLookup,
+    Source.MEMORY: MemoryLookup,  # needs an n-gram memory
     Source.PREDICTION: PredictionDrafter,
     Source.MTP: MtpDrafter,  # needs a target with NextN layers
 }

@@ -400,6 +400,25 @@ class LlamaModel(Backend):
             self.n_past = n
         return self.n_past
 
+    def save_state(self) -> ctypes.Array | None:
+        """A copy of the sequence's KV (or recurrent) state, for ``load_state``; None when
+        llama.cpp could not write it."""
+        size = lc.llama_state_seq_get_size(self._ctx, 0)
+        if not size:
+            return None
+        state = (ctypes.c_uint8 * size)()
+        return state if lc.llama_state_seq_get_data(self._ctx, state, size, 0) == size else None
+
+    def load_state(self, state: ctypes.Array, n_tokens: int) -> bool:
+        """Put back a state ``save_state`` made when the sequence held ``n_tokens`` tokens.
+        False when llama.cpp refused it: the sequence is then empty."""
+        if not lc.llama_state_seq_set_data(self._ctx, state, len(state), 0):
+            self.reset()
+            return False
+        self.n_past = n_tokens
+        self._undoable = 0  # a recurrent model's snapshots belonged to the state replaced
+        return True
+
     def reset(self) -> None:
         lc.llama_memory_clear(self._mem, True)
         self.n_past = 0

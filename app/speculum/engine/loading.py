@@ -10,6 +10,8 @@ from ..errors import SpeculumError
 from ..models.compat import check_headers
 from ..models.gguf import VOCAB_KEYS, check_gguf_file
 from .decoder import Decoder
+from .ngrammemory import NgramMemory
+from .promptcache import MIB, PromptCache
 
 
 @dataclass
@@ -22,6 +24,8 @@ class LoadOptions:
     extra_buffer_types: bool = True  # off in the safe engine profile
     rpc: tuple[str, ...] = ()  # RPC workers (HOST:PORT) for the target's layers; the draft stays local
     tensor_split: tuple[float, ...] | None = None  # the target's proportions per device: workers, then local GPUs
+    prompt_cache_mib: int | None = None  # saved states of recent prompts (None: from free memory; 0: none)
+    ngram_memory: bool = True  # draft from what this machine wrote and read before (ngrammemory)
 
 
 def load_decoder(target: str | os.PathLike, draft: str | os.PathLike | None = None,
@@ -70,4 +74,6 @@ def load_decoder(target: str | os.PathLike, draft: str | os.PathLike | None = No
         except BaseException:
             t.close()
             raise
-    return Decoder(t, d)
+    budget = None if options.prompt_cache_mib is None else options.prompt_cache_mib * MIB
+    memory = NgramMemory.for_model(t) if options.ngram_memory else None
+    return Decoder(t, d, prompt_cache=PromptCache(budget) if budget != 0 else None, memory=memory)

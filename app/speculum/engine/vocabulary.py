@@ -32,6 +32,7 @@ class Source(Word):
 
     MODEL = "model"
     LOOKUP = "lookup"
+    MEMORY = "memory"  # prompt lookup in what this machine wrote and read before (ngrammemory)
     MTP = "mtp"  # the target's own NextN head
     PREDICTION = "prediction"  # the client's expected output (OpenAI Predicted Outputs)
     NONE = "none"  # nothing drafted: a plain step

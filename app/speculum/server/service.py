@@ -4,8 +4,9 @@ The decoder is synchronous and owns one KV cache, so requests take turns (a FIFO
 bounded number may wait; beyond that the caller is told to come back (``Busy``). Each
 generation runs on a thread of its own and hands its cycles to the event loop; a consumer
 that goes away (a client disconnecting) sets the stop event, and the decoder stops within
-one target pass. A request that extends an earlier conversation finds its prefix in the KV
-cache: the decoder reuses the longest common prefix by itself.
+one target pass. A request that shares a prefix with an earlier one (its conversation so far,
+a system prompt and document resent) finds it in the KV cache or the decoder's prompt cache:
+the decoder reuses the longest one by itself.
 """
 
 from __future__ import annotations
@@ -106,6 +107,8 @@ def usage(prompt_tokens: int, completion_tokens: int, stats: Stats) -> dict:
     drafted, accepted = stats.by_source.get(Source.PREDICTION, (0, 0))
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
+            # OpenAI's count of prompt tokens not read again: the prompt cache's
+            "prompt_tokens_details": {"cached_tokens": stats.prompt_cached or 0},
             "completion_tokens_details": {"reasoning_tokens": 0, "accepted_prediction_tokens": accepted,
                                           "rejected_prediction_tokens": drafted - accepted}}
 
@@ -189,7 +192,8 @@ class ServedModel:
                         prediction = self.predicted_tokens(completion.prediction)
                         generation = self.decoder.generate(completion.prompt, max_tokens=completion.max_tokens,
                                                            sampling=completion.sampling, policy=self.mode,
-                                                           stop=stop, prediction=prediction)
+                                                           stop=stop, prediction=prediction,
+                                                           origin="api")  # for the n-gram memory
                         for cycle in generation:
                             if self.on_event is not None:
                                 snapshot = snapshot_of(generation.stats, cycle, self.plain_rate(),
