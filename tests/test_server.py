@@ -17,6 +17,7 @@ import uvicorn
 from speculum import cli
 from speculum.engine.costs import MAX_BATCH
 from speculum.engine.loading import LoadOptions, load_decoder
+from speculum.server import listen
 from speculum.server.api import create_app
 from speculum.server.service import ServedModel, StopSequences
 
@@ -25,15 +26,15 @@ KEY = "test-key-123"
 
 
 class LiveServer:
-    def __init__(self, served: ServedModel, api_key: str | None = None):
+    def __init__(self, served: ServedModel, api_key: str | None = None, cors_origins: list[str] | None = None,
+                 **listening):
         self.served = served
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
         sock.close()
-        config = uvicorn.Config(create_app(served, api_key=api_key), host="127.0.0.1", port=self.port,
-                                log_level="warning", access_log=False)
-        self.server = uvicorn.Server(config)
+        app = create_app(served, api_key=api_key, cors_origins=cors_origins, bind_host="127.0.0.1")
+        self.server = uvicorn.Server(listen.config(app, "127.0.0.1", self.port, **listening))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 30
@@ -63,8 +64,8 @@ def decoder(smollm_path):
 def server(decoder):
     servers = []
 
-    def start(api_key=None, mode="lookup", max_waiting=8):
-        s = LiveServer(ServedModel(decoder, MODEL, mode=mode, max_waiting=max_waiting), api_key)
+    def start(api_key=None, mode="lookup", max_waiting=8, **listening):
+        s = LiveServer(ServedModel(decoder, MODEL, mode=mode, max_waiting=max_waiting), api_key, **listening)
         servers.append(s)
         return s
 
@@ -147,7 +148,7 @@ def test_stop_sequences_hold_back_a_possible_start():
 
 
 def _post(server, path, body, key=None):
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
     data = body if isinstance(body, (bytes, str)) else json.dumps(body)
     return httpx.post(server.url + path, content=data, headers=headers, timeout=120)
 

@@ -237,6 +237,7 @@ def cmd_serve(args) -> int:
     """An OpenAI-compatible API over the loaded pair, until Ctrl-C."""
     import uvicorn
 
+    from .server import listen
     from .server.api import create_app
     from .server.service import ServedModel
 
@@ -249,9 +250,10 @@ def cmd_serve(args) -> int:
     decoder.policy_for(args.mode)  # a mode these models cannot run (mtp without NextN layers) stops here
     model_id = args.model_id or Path(args.target).stem
     served = ServedModel(decoder, model_id, mode=args.mode, max_waiting=args.max_waiting)
-    app = create_app(served, api_key=args.api_key, cors_origins=args.cors_origin or None)
+    app = create_app(served, api_key=args.api_key, cors_origins=args.cors_origin or None, bind_host=args.host)
     print(f"Serving {model_id} ({args.mode} mode) at http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    uvicorn.Server(listen.config(app, args.host, args.port, header_timeout=args.header_timeout,
+                                 max_connections=args.max_connections)).run()
     return 0
 
 
@@ -313,6 +315,8 @@ def cmd_gui(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .server import listen
+
     parser = argparse.ArgumentParser(prog="speculum", description="Local LLMs with speculative decoding, made visible.")
     parser.add_argument("--version", action="version", version=f"speculum {__version__}")
     parser.add_argument("--self-test", metavar="MODEL", help="check a model loads and generates; exit 0 when it does")
@@ -355,7 +359,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--api-key", help="required as 'Authorization: Bearer KEY' (needed to listen beyond this machine)")
     s.add_argument("--model-id", help="the model name clients use (default: the target file's name)")
     s.add_argument("--max-waiting", type=int, default=8, help="requests that may wait for the model (then 429)")
-    s.add_argument("--cors-origin", action="append", help="allow browser pages from this origin (repeatable)")
+    s.add_argument("--cors-origin", action="append", metavar="ORIGIN",
+                   help="let web pages from this origin (https://app.example) call the API; repeatable, '*' for any "
+                        "(default: none: a page on another site cannot drive the model)")
+    s.add_argument("--header-timeout", type=float, default=listen.HEADER_TIMEOUT_S, metavar="S",
+                   help="close a connection whose request headers take longer than this "
+                        f"(default {listen.HEADER_TIMEOUT_S:g} s)")
+    s.add_argument("--max-connections", type=int, default=listen.MAX_CONNECTIONS, metavar="N",
+                   help=f"open connections at most; more are closed at once (default {listen.MAX_CONNECTIONS})")
     s.set_defaults(func=cmd_serve)
 
     d = sub.add_parser("doctor", help="versions, compute backend, folders")

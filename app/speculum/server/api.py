@@ -8,6 +8,7 @@ shape, and the server keeps serving. Streaming answers are server-sent events en
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import math
@@ -22,10 +23,15 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..engine.sampling import SamplingParams
+from ..errors import SpeculumError
+from . import listen
+from .guard import Guard
 from .service import BadRequest, Busy, Completion, Delta, Done, ServedModel
 
 MAX_STOP_SEQUENCES = 4
-MAX_BODY_BYTES = 32 * 1024 * 1024
+MAX_BODY_BYTES = 8 * 1024 * 1024  # far above any context's worth of text (~4 bytes a token)
+BODY_TIMEOUT_S = 60.0  # a body trickled slower than this holds a connection for nothing
+MAX_JSON_DEPTH = 64  # the deepest real request (tools' JSON schemas) is well within this
 
 
 def error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
@@ -102,16 +108,55 @@ def _completion(served: ServedModel, body: dict, prompt: list[int]) -> Completio
 
 
 async def _json_body(request: Request) -> dict:
-    raw = await request.body()
-    if len(raw) > MAX_BODY_BYTES:
+    """The request's JSON object, read within bounds of size, time and nesting; text checked."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise BadRequest(f"The request is larger than {MAX_BODY_BYTES // (1024 * 1024)} MB.")
     try:
+        raw = await asyncio.wait_for(_read_body(request), BODY_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        raise BadRequest(f"The request body did not arrive within {BODY_TIMEOUT_S:g} seconds.") from None
+    try:
         body = json.loads(raw)
+    except RecursionError:
+        raise BadRequest(f"The request's JSON is nested more than {MAX_JSON_DEPTH} levels deep.") from None
     except (ValueError, UnicodeDecodeError):
         raise BadRequest("The request body is not valid JSON.") from None
     if not isinstance(body, dict):
         raise BadRequest("The request body must be a JSON object.")
+    _check_json(body)
     return body
+
+
+async def _read_body(request: Request) -> bytes:
+    raw = bytearray()
+    async for part in request.stream():
+        raw += part
+        if len(raw) > MAX_BODY_BYTES:
+            raise BadRequest(f"The request is larger than {MAX_BODY_BYTES // (1024 * 1024)} MB.")
+    return bytes(raw)
+
+
+def _check_json(body: dict) -> None:
+    """Refuse nesting deeper than any request needs, and text that is not Unicode (lone surrogates)."""
+    stack: list[tuple[Any, str, int]] = [(body, "", 0)]
+    while stack:
+        value, path, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise BadRequest(f"The request's JSON is nested more than {MAX_JSON_DEPTH} levels deep.")
+        if isinstance(value, str):
+            if not value.isascii():
+                try:
+                    value.encode("utf-8")
+                except UnicodeEncodeError as exc:
+                    raise BadRequest(f"'{path}' holds a lone surrogate ({value[exc.start]!a}), which is not "
+                                     "text: encode it as a pair or as UTF-8.", param=path or None) from None
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                stack.append((key, path, depth + 1))
+                stack.append((item, f"{path}.{key}" if path else str(key), depth + 1))
+        elif isinstance(value, list):
+            stack.extend((item, f"{path}[{i}]", depth + 1) for i, item in enumerate(value))
 
 
 def _check_model(served: ServedModel, body: dict) -> None:
@@ -123,10 +168,36 @@ def _check_model(served: ServedModel, body: dict) -> None:
                          param="model", code="model_not_found")
 
 
+class PromptBound:
+    """Refuses, before tokenizing, a text too long for the context whatever its tokens.
+
+    No token covers more characters than the vocabulary's longest piece, so a text longer than
+    that many characters per context position cannot fit; tokenizing megabytes first would
+    hold the event loop for seconds."""
+
+    def __init__(self, served: ServedModel):
+        self.served = served
+        self.longest = 0
+
+    def check(self, chars: int, param: str) -> None:
+        target = self.served.decoder.target
+        if chars <= target.n_ctx * 16:  # (no vocabulary has shorter longest pieces)
+            return
+        if not self.longest:
+            self.longest = max(32, max(len(target.token_bytes(t)) for t in range(target.n_vocab)))
+        if chars > target.n_ctx * self.longest:
+            raise BadRequest(f"The prompt is {chars:,} characters, far more than the model's context of "
+                             f"{target.n_ctx:,} tokens holds. Shorten it.", param=param,
+                             code="context_length_exceeded")
+
+
 # --- answering ------------------------------------------------------------------------------------
 
-def create_app(served: ServedModel, api_key: str | None = None, cors_origins: list[str] | None = None) -> Starlette:
+def create_app(served: ServedModel, api_key: str | None = None, cors_origins: list[str] | None = None,
+               bind_host: str | None = "127.0.0.1") -> Starlette:
+    """The API's routes; ``bind_host``: where it listens (on loopback only loopback host names are served)."""
     created = int(time.time())
+    bound = PromptBound(served)
 
     def authorised(request: Request) -> bool:
         if api_key is None:
@@ -167,7 +238,12 @@ def create_app(served: ServedModel, api_key: str | None = None, cors_origins: li
                 raise BadRequest(f"messages[{i}] needs a role of system, user or assistant.", param="messages")
             role = "system" if m["role"] == "developer" else m["role"]
             clean.append({"role": role, "content": _text(m.get("content", ""), f"messages[{i}].content")})
-        completion = _completion(served, body, served.chat_prompt(clean))
+        bound.check(sum(len(m["content"]) for m in clean), "messages")
+        try:
+            prompt = served.chat_prompt(clean)
+        except SpeculumError as exc:  # the template could not render these messages
+            raise BadRequest(str(exc), param="messages") from None
+        completion = _completion(served, body, prompt)
         return await respond(request, body, completion, chat=True)
 
     @guarded
@@ -179,6 +255,7 @@ def create_app(served: ServedModel, api_key: str | None = None, cors_origins: li
             prompt = prompt[0]
         if not isinstance(prompt, str) or not prompt:
             raise BadRequest("'prompt' must be a non-empty string.", param="prompt")
+        bound.check(len(prompt), "prompt")
         completion = _completion(served, body, served.text_prompt(prompt))
         return await respond(request, body, completion, chat=False)
 
@@ -256,12 +333,7 @@ def create_app(served: ServedModel, api_key: str | None = None, cors_origins: li
     async def failed(request: Request, exc: Exception) -> Response:
         return error(500, f"The server failed on this request: {exc.__class__.__name__}: {exc}", kind="server_error")
 
-    middleware = []
-    if cors_origins:
-        from starlette.middleware.cors import CORSMiddleware
-
-        middleware.append(Middleware(CORSMiddleware, allow_origins=cors_origins, allow_methods=["GET", "POST"],
-                                     allow_headers=["Authorization", "Content-Type"]))
+    middleware = [Middleware(Guard, bind_host=bind_host, cors_origins=cors_origins or ())]
     routes = [Route("/v1/models", models, methods=["GET"]),
               Route("/v1/chat/completions", chat, methods=["POST"]),
               Route("/v1/completions", completions, methods=["POST"])]
@@ -269,47 +341,23 @@ def create_app(served: ServedModel, api_key: str | None = None, cors_origins: li
                      exception_handlers={404: not_found, 405: not_found, Exception: failed})
 
 
-class Serving:
-    """A server on a thread of its own (the window's engine process serves while it chats)."""
+class Serving(listen.Serving):
+    """The API over ``served`` on a thread of its own (the window's engine process serves while it chats)."""
 
     def __init__(self, served: ServedModel, host: str, port: int, api_key: str | None = None):
-        import threading
-
-        import uvicorn
-
-        config = uvicorn.Config(create_app(served, api_key=api_key), host=host, port=port,
-                                log_level="warning", access_log=False)
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, name="speculum-serve", daemon=True)
-        self.url = f"http://{'[' + host + ']' if ':' in host else host}:{port}/v1"
-
-    def start(self, timeout: float = 20.0) -> None:
-        """Start listening; SpeculumError in plain words when the port cannot be had."""
-        from ..errors import SpeculumError
-
-        self.thread.start()
-        deadline = time.monotonic() + timeout
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise SpeculumError(f"Could not serve on {self.url}: the port is in use or not allowed.")
-            time.sleep(0.02)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
+        super().__init__(create_app(served, api_key=api_key, bind_host=host), host, port)
 
 
 async def _until_disconnected(request: Request, pieces):
     """The pieces of a non-streaming answer; stops (and so stops the generation) if the client leaves."""
-    import asyncio
-
     watcher = asyncio.ensure_future(_wait_disconnect(request))
     try:
         while True:
             step = asyncio.ensure_future(pieces.__anext__())
             await asyncio.wait({step, watcher}, return_when=asyncio.FIRST_COMPLETED)
-            if not step.done():
+            if not step.done():  # the client left: end the generation before closing it
                 step.cancel()
+                await asyncio.gather(step, return_exceptions=True)
                 return
             try:
                 yield step.result()
