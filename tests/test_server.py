@@ -328,3 +328,37 @@ def test_an_unrelated_prediction_changes_nothing_but_its_counts(server):
     assert other.choices[0].message.content == plain.choices[0].message.content
     accepted, rejected = prediction_usage(other.usage)
     assert accepted <= 2  # a word or bracket in common at most
+
+
+def test_a_streaming_client_gone_before_its_first_token_stops_the_prompt_within_a_chunk(server, decoder):
+    s = server(mode="off")
+    reads, read_in_request, first_chunk = [], [], threading.Event()
+
+    def on_prompt(read, total):  # on the engine thread, after each chunk of the prompt
+        reads.append((read, total))
+        if len(reads) == 2:  # the first chunk is in: the client leaves now
+            first_chunk.set()
+            deadline = time.monotonic() + 60
+            while not s.served.stopping:  # until the server has seen it go
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+
+    s.served.on_prompt = on_prompt
+    s.served.on_request = lambda kind, payload: (read_in_request.append(decoder.stats.prompt_tokens)
+                                                 if kind == "decoded" else None)
+    body = json.dumps({"model": MODEL, "stream": True, "max_tokens": 8,
+                       "messages": [{"role": "user", "content": "Summarise: " + "many words here " * 220}]})
+    with socket.create_connection(("127.0.0.1", s.port), timeout=60) as sock:
+        sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(body)}\r\n\r\n{body}".encode())
+        assert first_chunk.wait(120)
+    deadline = time.monotonic() + 60
+    while not read_in_request:
+        assert time.monotonic() < deadline, "the prompt's reading did not stop"
+        time.sleep(0.02)
+    first, total = reads[0][0], reads[0][1]
+    assert total - first > 3 * (reads[1][0] - first)  # the prompt was several chunks long...
+    assert read_in_request == [reads[1][0] - first]  # ...and one was read: the one under way when the client left
+    # The model is free at once for the next client.
+    stream = s.client().chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)

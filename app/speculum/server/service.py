@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator
 
@@ -20,6 +19,7 @@ from ..engine.sampling import SamplingParams
 from ..engine.stats import Stats
 from ..engine.vocabulary import Source
 from ..errors import ContextFullError, SpeculumError
+from .pace import Pace
 
 
 class Busy(SpeculumError):
@@ -119,9 +119,21 @@ class ServedModel:
         self.max_waiting = max_waiting
         self._turn = asyncio.Lock()  # FIFO: requests run in arrival order
         self._waiting = 0
-        self._last_seconds = 5.0  # how long the last request took: the Retry-After guess
+        self._stop: threading.Event | None = None  # the running request's
+        self.pace = Pace()  # reading and writing rates: the Retry-After estimate
+        self.state, self.state_message = "ready", ""  # what GET /health says: ready, loading, worker_lost
         self.on_cycle = None  # optional observer of every cycle (the window's live view)
         self.on_request = None  # optional observer: ("started", prompt tokens) / ("finished", Done) / ("decoded", None)
+        self.on_prompt = None  # optional observer, on the engine thread: (prompt tokens read, of total)
+
+    @property
+    def stopping(self) -> bool:
+        """Whether the running request has been told to stop (its client left)."""
+        return self._stop is not None and self._stop.is_set()
+
+    @property
+    def waiting(self) -> int:
+        return self._waiting
 
     # -- prompts --
 
@@ -152,7 +164,7 @@ class ServedModel:
         """Text as it is generated, then one Done; raises Busy when too many wait."""
         self.check_fits(completion)
         if self._waiting >= self.max_waiting:
-            raise Busy(self._waiting, max(1, round(self._last_seconds * self._waiting)))
+            raise Busy(self._waiting, self.pace.retry_after())
         self._waiting += 1
         try:
             await self._turn.acquire()
@@ -167,8 +179,13 @@ class ServedModel:
     async def _generate(self, completion: Completion) -> AsyncIterator[Delta | Done]:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
-        stop = threading.Event()
-        started = time.perf_counter()
+        stop = self._stop = threading.Event()
+        self.pace.started(len(completion.prompt), completion.max_tokens)
+
+        def prompt_read(read: int, total: int) -> None:
+            self.pace.prompt_read(read, total)
+            if self.on_prompt is not None:
+                self.on_prompt(read, total)
 
         def produce() -> None:
             try:
@@ -179,7 +196,8 @@ class ServedModel:
                         prediction = self.predicted_tokens(completion.prediction)
                         for cycle in self.decoder.generate(completion.prompt, max_tokens=completion.max_tokens,
                                                            sampling=completion.sampling, policy=self.mode,
-                                                           stop=stop, prediction=prediction):
+                                                           stop=stop, prediction=prediction,
+                                                           on_prompt=prompt_read):  # (a stop within one chunk)
                             if self.on_cycle is not None:
                                 self.on_cycle(cycle)
                             loop.call_soon_threadsafe(queue.put_nowait, cycle)
@@ -204,6 +222,7 @@ class ServedModel:
                         raise BadRequest(str(item), param="messages", code="context_length_exceeded")
                     raise item
                 generated += len(item.emitted)
+                self.pace.wrote(len(item.emitted))
                 if item.finish == "eog":
                     finish = "stop"
                 text = stops.feed(item.text) if not stops.stopped else ""
@@ -223,4 +242,4 @@ class ServedModel:
         finally:
             stop.set()  # a consumer that left (client gone) stops the generation
             await asyncio.to_thread(thread.join)
-            self._last_seconds = time.perf_counter() - started
+            self.pace.finished()
