@@ -79,9 +79,12 @@ def test_a_foreign_origin_is_refused_before_any_generation(server):
         "Origin": "http://evil.example", "Access-Control-Request-Method": "POST",
         "Access-Control-Request-Headers": "content-type"})
     assert preflight.status_code == 403 and "access-control-allow-origin" not in preflight.headers
+    other_port = post(s, BODY, Origin="http://localhost:1")  # another program's page on this machine
+    assert other_port.status_code == 403
     assert started == []  # not one request reached the model
-    # The server's own origin (a page it served) is its own.
+    # The server's own origin, under any loopback name, is its own.
     assert post(s, BODY, Origin=s.url).status_code == 200 and len(started) == 1
+    assert post(s, BODY, Origin=f"http://localhost:{s.port}").status_code == 200 and len(started) == 2
 
 
 def test_an_allowed_origin_passes_preflight_and_gets_cors_headers(server):

@@ -6,8 +6,9 @@ lets a page on another site read the answers under its own host name. So, before
 
 - on a loopback bind, the ``Host`` must be a loopback name or address (``localhost``,
   ``*.localhost``, 127.0.0.0/8, ``[::1]``, or the bound address): a rebound name is not;
-- a browser's ``Origin`` must be the server's own or one the user allowed (``--cors-origin``),
-  and a cross-site request that hides its origin (``Sec-Fetch-Site``) is refused;
+- a browser's ``Origin`` must be the server's own (under any loopback name, on its port) or one
+  the user allowed (``--cors-origin``), and a cross-site request that hides its origin
+  (``Sec-Fetch-Site``) is refused;
 - a ``POST`` must say ``Content-Type: application/json``: a browser cannot send that
   cross-site without a preflight, which is answered per the same origins.
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 import ipaddress
 import json
 from typing import Iterable
+from urllib.parse import urlsplit
 
 ALLOWED_METHODS = "GET, POST, OPTIONS"
 PREFLIGHT_MAX_AGE_S = 600
@@ -106,7 +108,18 @@ class Guard:
 
     def _origin_allowed(self, origin: str, scope, headers: dict) -> bool:
         origin = origin.rstrip("/").lower()
-        return self.any_origin or origin in self.origins or origin == self._own_origin(scope, headers)
+        return (self.any_origin or origin in self.origins or origin == self._own_origin(scope, headers)
+                or self._same_server(origin, scope))
+
+    def _same_server(self, origin: str, scope) -> bool:
+        """A page from this very server under another loopback name (localhost for 127.0.0.1)."""
+        try:
+            url = urlsplit(origin)
+            port = url.port or {"http": 80, "https": 443}.get(url.scheme)
+        except ValueError:
+            return False
+        server_port = (scope.get("server") or (None, None))[1]
+        return self.check_host and bool(url.hostname) and is_loopback(url.hostname) and port == server_port
 
     def _preflight_headers(self, origin: str | None, headers: dict) -> dict:
         answer = {"allow": ALLOWED_METHODS}
