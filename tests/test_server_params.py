@@ -4,6 +4,8 @@ client against a real server on 127.0.0.1 over SmolLM2 (and Qwen2.5-Coder 0.5B f
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import openai
 import pytest
@@ -166,3 +168,39 @@ def test_retry_after_is_the_running_requests_expected_remaining_time():
     # Not the last request's 4 s times the queue: 250 tokens to read and ~9 to write.
     assert pace.remaining_s() == pytest.approx(250 / 500 + 9 / 4)
     assert pace.retry_after() == 3
+
+
+def test_a_generation_that_fails_midway_ends_its_stream_with_an_error_and_done(server):
+    s = server(mode="off")
+    cycles = []
+
+    def failing_view(cycle):  # an observer of the engine (the window's live view) that breaks
+        cycles.append(cycle)
+        if len(cycles) == 3:
+            raise RuntimeError("the live view broke")
+
+    s.served.on_cycle = failing_view
+    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 40, "stream": True}
+    with httpx.stream("POST", s.url + "/v1/chat/completions", json=body, timeout=120) as response:
+        lines = [line for line in response.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]"
+    error = json.loads(lines[-2][len("data: "):])["error"]
+    assert "the live view broke" in error["message"] and error["type"] == "server_error"
+    # The official client reports it as an error, not as a short answer.
+    cycles.clear()
+    with pytest.raises(openai.APIError, match="live view broke"):
+        for _ in s.client().chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=40, stream=True):
+            pass
+    s.served.on_cycle = None
+    assert s.client().chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4).choices[0].message.content
+
+
+def test_requests_wait_for_a_model_that_is_loading(server):
+    s = server()
+    s.served.state = "loading"
+    with pytest.raises(openai.InternalServerError) as loading:
+        s.client().chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4)
+    assert loading.value.status_code == 503 and loading.value.response.headers["Retry-After"]
+    assert httpx.get(s.url + "/health", timeout=30).json()["status"] == "loading"
+    s.served.state = "ready"
+    assert s.client().chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4).choices

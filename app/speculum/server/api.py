@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
 import time
 import uuid
 
@@ -21,10 +22,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from ..errors import SpeculumError
 from . import listen
 from .guard import Guard
 from .params import PromptBound, chat_request, json_body, text_request
 from .service import BadRequest, Busy, Completion, Delta, Done, ServedModel
+
+log = logging.getLogger("speculum.serve")
 
 CLIENT_GONE = 499  # (nginx's code: never seen by the client, which has left)
 
@@ -77,7 +81,16 @@ class Api:
                              headers={"Retry-After": str(exc.retry_after)})
             except BadRequest as exc:
                 return error(400, str(exc), param=exc.param, code=exc.code)
+            except SpeculumError as exc:  # the engine's own failure, in plain words: this request ends
+                return error(500, str(exc), kind="server_error")
         return route
+
+    def unavailable(self) -> Response | None:
+        """503 while the models load (the routes that need them wait for ready)."""
+        if self.served.state != "loading":
+            return None
+        return error(503, self.served.state_message or "The model is still loading; retry shortly.",
+                     kind="server_error", code="model_loading", headers={"Retry-After": "5"})
 
     # -- the routes --
 
@@ -103,10 +116,14 @@ class Api:
         return JSONResponse(self._card())
 
     async def chat(self, request: Request) -> Response:
+        if (loading := self.unavailable()) is not None:
+            return loading
         body = await json_body(request)
         return await self.answer(request, body, chat_request(self.served, body, self.bound), chat=True)
 
     async def completions(self, request: Request) -> Response:
+        if (loading := self.unavailable()) is not None:
+            return loading
         body = await json_body(request)
         return await self.answer(request, body, text_request(self.served, body, self.bound), chat=False)
 
@@ -157,6 +174,13 @@ class Reply:
             choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
         return self.event({"choices": [choice]})
 
+    def failure(self, exc: Exception) -> list[str]:
+        """A generation that failed midway: an error event in OpenAI's shape, then [DONE]."""
+        message = str(exc) if isinstance(exc, SpeculumError) else f"{exc.__class__.__name__}: {exc}"
+        body = {"error": {"message": f"The answer failed midway: {message}", "type": "server_error",
+                          "param": None, "code": "generation_failed"}}
+        return [f"data: {json.dumps(body)}\n\n", "data: [DONE]\n\n"]
+
     def last(self, done: Done, usage: bool) -> list[str]:
         """The finishing chunk (with Speculum's numbers), the usage chunk if asked for, and [DONE]."""
         events = [self.event({"choices": [{"index": 0, **({"delta": {}} if self.chat else {"text": ""}),
@@ -189,6 +213,11 @@ async def _events(reply: Reply, first, pieces, usage: bool):
             try:
                 piece = await pieces.__anext__()
             except StopAsyncIteration:  # the client left: no more to say
+                return
+            except Exception as exc:  # noqa: BLE001 - the request fails, the stream still ends properly
+                log.error("A streamed answer failed: %s", exc, exc_info=not isinstance(exc, SpeculumError))
+                for event in reply.failure(exc):
+                    yield event
                 return
         for event in reply.last(piece, usage):
             yield event
