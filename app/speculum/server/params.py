@@ -90,7 +90,7 @@ def _completion(served: ServedModel, body: dict, prompt: list[int]) -> Completio
                               top_p=_number(body, "top_p", 1.0, 0, 1) or 1.0,
                               top_k=_integer(body, "top_k", 0) or 0, min_p=_number(body, "min_p", 0.0, 0, 1),
                               seed=_integer(body, "seed", -2**63, 2**63 - 1))
-    if not isinstance(body.get("stream", False), bool):
+    if not isinstance(body.get("stream", False), bool) and body.get("stream") is not None:
         raise BadRequest("'stream' must be true or false.", param="stream")
     if not isinstance(body.get("stream_options") or {}, dict):
         raise BadRequest("'stream_options' must be an object.", param="stream_options")
