@@ -86,12 +86,6 @@ class Serving:
                 raise SpeculumError(f"Could not serve on {self.url}: the port is in use or not allowed.")
             time.sleep(0.02)
 
-    @property
-    def port(self) -> int:
-        """The port listened on (the one the system chose, for port 0)."""
-        sockets = [s for server in self.server.servers for s in server.sockets]
-        return sockets[0].getsockname()[1] if sockets else self.server.config.port
-
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(10)
