@@ -50,6 +50,9 @@ class PolicyReport:
         return cls(**values)
 
 
+_ONLY_WHEN_ASKED = ("logprobs", "top_tokens", "top_logprobs")
+
+
 def _word(enum, value):
     """The member for a stored string; an unknown string (a newer drafter) stays as it is."""
     try:
@@ -71,6 +74,12 @@ class Cycle:
     text: str  # text this cycle adds to the answer (partial UTF-8 held back)
     p_drafted: list[float] = field(default_factory=list)  # target p of each drafted token
     p_emitted: list[float] = field(default_factory=list)  # target p of each emitted token
+    # When asked for (``Decoder.generate(logprobs=n)``): per emitted token, its log-probability
+    # in the target's distribution there (temperature 1, after penalties and the grammar's mask),
+    # and the n likeliest tokens there with theirs, likeliest first.
+    logprobs: list[float] = field(default_factory=list)
+    top_tokens: list[list[int]] = field(default_factory=list)
+    top_logprobs: list[list[float]] = field(default_factory=list)
     draft_confidence: list[float] = field(default_factory=list)  # the drafter's own p of each draft
     match_length: int = 0  # lookup: length of the context suffix the draft was copied after
     draft_s: float = 0.0
@@ -101,6 +110,9 @@ class Cycle:
         d = {f.name: (list(v) if isinstance(v := getattr(self, f.name), list) else v) for f in fields(self)}
         d["policy"] = self.policy.to_json() if self.policy is not None else {}
         d["rejected"] = self.rejected
+        for name in _ONLY_WHEN_ASKED:  # a record without them reads and saves as before they existed
+            if not d[name]:
+                del d[name]
         return d
 
     @classmethod

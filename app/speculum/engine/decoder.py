@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from typing import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -23,8 +23,11 @@ from .drafters import Choice, Draft, Drafter, DrafterInputs, build_drafters
 from .policy import FixedPolicy, Policy
 from .sampling import RowProbs, SamplingParams
 from .stats import Stats
-from .verify import Verdict, verify
+from .verify import Constraints, TargetRows, Verdict, verify
 from .vocabulary import Finish, Mode, Source
+
+if TYPE_CHECKING:
+    from .grammar import Grammar
 
 
 # Prompt tokens per decode while someone watches the progress: small enough for a steady
@@ -82,6 +85,8 @@ class Decoder:
         want_probs: bool = False,
         on_prompt: Callable[[int, int], None] | None = None,
         prediction: Sequence[int] = (),
+        grammar: Grammar | None = None,
+        logprobs: int | None = None,
     ) -> Iterator[Cycle]:
         """Yield one Cycle per target pass until end of generation, max tokens, stop or full context.
 
@@ -89,6 +94,8 @@ class Decoder:
         ``on_prompt(read, total)``: prompt tokens read so far, after each chunk of the prompt (in
         draft mode both models read it, and both reads count).
         ``prediction``: tokens the caller expects the answer to hold (auto mode drafts from them).
+        ``grammar``: the answer follows it (engine.grammar), and ends where it allows only the end.
+        ``logprobs``: None, or n: each emitted token's log-probability and the n likeliest (Cycle).
         Raises ContextFullError before decoding when the prompt alone does not fit.
         """
         if isinstance(policy, str):
@@ -97,6 +104,7 @@ class Decoder:
         if predicted is not None:
             predicted.expect(prediction)  # empty clears the previous generation's
         context = self._prefill(prompt, policy, stop, on_prompt)
+        constraints = Constraints.start(self.target, grammar, sampling, context)
         rng = np.random.default_rng(sampling.seed)
         detok = self.target.detokenizer()
         generated = 0
@@ -109,21 +117,25 @@ class Decoder:
                 return
 
             # Draft: the policy's choice, never past the context or max tokens.
-            choice = policy.choose(context)
+            choice = constraints.guide(policy.choose(context))
             k_now = min(choice.k, self.target.n_ctx - len(context) - 1, max_tokens - generated - 1,
                         self.max_draft)
-            draft = self._propose(choice, context, k_now, sampling, rng) if k_now > 0 else Draft()
+            draft = self._propose(choice, context, k_now, sampling, rng, constraints) if k_now > 0 else Draft()
             t_drafted = self.clock()
 
-            # Verify: one target pass over the pending last token and the draft.
+            # Verify: one target pass over the pending last token and the draft, each row shaped
+            # (penalties, grammar) by what precedes it.
             logits = self.sequence.decode([context[-1]] + draft.tokens, rows=range(len(draft) + 1))
             t_verified = self.clock()
-            verdict = verify(logits, draft, sampling, rng)
-            probs = _display_probs(logits, draft, verdict) if want_probs else (verdict.p_drafted, [])
+            rows = constraints.rows(logits, draft)
+            verdict = verify(rows, draft, sampling, rng)
+            probs = _display_probs(rows, draft, verdict) if want_probs else (verdict.p_drafted, [])
 
             # Keep: the accepted drafts and the target's own token, cut at end of generation.
             emitted, finish = self._keep(verdict.tokens, generated, max_tokens)
             n_accepted = min(verdict.n_accepted, len(emitted))
+            scored = rows.logprobs(emitted, logprobs) if logprobs is not None else ([], [], [])
+            constraints.follow(rows, emitted, n_accepted)  # (rows read the answer before it: last)
             context.extend(emitted)
             generated += len(emitted)
 
@@ -134,7 +146,7 @@ class Decoder:
             text += detok.flush() if finish else ""
             policy.observe(draft, n_accepted, t_drafted - start, t_verified - t_drafted)
             cycle = self._record(index, policy, draft, k_now, emitted, n_accepted, text, generated, finish,
-                                 times=(start, t_drafted, t_verified), probs=probs)
+                                 times=(start, t_drafted, t_verified), probs=probs, scored=scored)
             self.stats.add(cycle)
             yield cycle
             if finish:
@@ -222,11 +234,13 @@ class Decoder:
         return None, ""
 
     def _propose(self, choice: Choice, context: list[int], k: int, sampling: SamplingParams,
-                 rng: np.random.Generator) -> Draft:
-        """The chosen drafter's draft; when it has none, the fallback's (hybrid)."""
+                 rng: np.random.Generator, constraints: Constraints = Constraints()) -> Draft:
+        """The chosen drafter's draft, within the grammar; when it has none, the fallback's (hybrid)."""
         for source in (choice.source, choice.fallback):
             drafter = self.drafters.get(source)
             draft = drafter.propose(context, k, choice, sampling, rng) if drafter is not None else None
+            if draft is not None:
+                draft = constraints.within(draft)
             if draft is not None and draft.tokens:
                 return draft
         return Draft()
@@ -251,7 +265,8 @@ class Decoder:
     def _record(self, index: int, policy: Policy, draft: Draft, k: int, emitted: list[int], n_accepted: int, text: str,
                 generated: int, finish: Finish | None, message: str = "",
                 times: tuple[float, float, float] | None = None,
-                probs: tuple[list[float], list[float]] = ([], [])) -> Cycle:
+                probs: tuple[list[float], list[float]] = ([], []),
+                scored: tuple[list[float], list[list[int]], list[list[float]]] = ([], [], [])) -> Cycle:
         """The Cycle event; ``times`` = (start, drafted, verified) clock readings, None for the end event."""
         start, t_drafted, t_verified = times or (0.0, 0.0, 0.0)
         token_text = self.target.token_text
@@ -261,6 +276,7 @@ class Decoder:
             n_accepted=n_accepted,
             emitted=emitted, emitted_text=[token_text(t, special=False) for t in emitted], text=text,
             p_drafted=probs[0], p_emitted=probs[1][: len(emitted)],
+            logprobs=scored[0], top_tokens=scored[1], top_logprobs=scored[2],
             draft_confidence=draft.confidence, match_length=draft.match_length,
             draft_s=t_drafted - start, draft_first_s=draft.first_s, verify_s=t_verified - t_drafted,
             n_generated=generated, finish=finish, message=message, policy=policy.report(),
@@ -269,11 +285,12 @@ class Decoder:
         )
 
 
-def _display_probs(logits: np.ndarray, draft: Draft, verdict: Verdict) -> tuple[list[float], list[float]]:
+def _display_probs(rows: TargetRows, draft: Draft, verdict: Verdict) -> tuple[list[float], list[float]]:
     """Target p of each drafted and each emitted token, for display (temperature 1 when greedy)."""
     p_drafted = verdict.p_drafted
     look_up_drafts = not p_drafted and draft.tokens
-    probs = RowProbs(logits[:max(len(verdict.tokens), len(draft.tokens) if look_up_drafts else 0)])
+    n = max(len(verdict.tokens), len(draft.tokens) if look_up_drafts else 0)
+    probs = RowProbs(rows.raw[:n] if rows.plain else np.stack([rows.shown(i) for i in range(n)]))
     if look_up_drafts:
         p_drafted = probs.at(draft.tokens)
     return p_drafted, probs.at(verdict.tokens)

@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 import numpy as np
 
 from .backend import Backend
 from .sampling import SamplingParams, distribution, sample
 from .vocabulary import Source
+
+if TYPE_CHECKING:
+    from .grammar import GrammarState
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,9 @@ class Choice:
     min_confidence: float = 0.0  # model drafts stop below this draft probability
     min_match: int = 1  # lookup drafts need a suffix match at least this long
     fallback: Source = Source.NONE  # hybrid: the drafter to use when the first has nothing
+    # The answer's grammar state at the end of the context (set by the decoder, not the policy):
+    # a model draft is drawn from the model's distribution kept to what the grammar allows.
+    grammar: "GrammarState | None" = field(default=None, compare=False)
 
 
 @dataclass
@@ -83,12 +89,17 @@ def draft_one_by_one(logits: np.ndarray, k: int, next_logits: Callable[[int, int
     conf: list[float] = []
     first_s = 0.0
     steps = 0
+    walk = choice.grammar.clone() if choice.grammar is not None else None  # the grammar down the draft
     for i in range(k):
         if sampling.greedy:
-            tok = int(np.argmax(logits))
+            tok = int(np.argmax(logits)) if walk is None else walk.best(logits)
+            # (unmasked: a lower bound on the masked confidence, without a whole-vocabulary mask)
             c = 1.0 / float(np.exp(np.asarray(logits, np.float32) - logits[tok]).sum())
         else:
             q = distribution(logits, sampling)
+            if walk is not None:  # the proposal is kept to what the grammar allows
+                head = None if sampling.filtered else walk.masked_head(q)
+                q = head if head is not None else distribution(walk.mask(logits), sampling)
             tok = sample(q, rng)
             qs.append(q)
             c = float(q[tok])
@@ -99,6 +110,8 @@ def draft_one_by_one(logits: np.ndarray, k: int, next_logits: Callable[[int, int
         if i == 0:
             first_s = clock() - since
         if i + 1 < k:
+            if walk is not None:
+                walk.accept(tok)
             logits = next_logits(i, tok)
             steps += 1
     return tokens, np.stack(qs[: len(tokens)]) if qs else None, conf, first_s, steps

@@ -357,6 +357,11 @@ class LlamaModel(TokenPieces):
     def is_eog(self, token: int) -> bool:
         return bool(lc.llama_vocab_is_eog(self._vocab, token))
 
+    @property
+    def llama_vocab(self):
+        """llama.cpp's vocabulary handle, for a grammar (engine.grammar) to read tokens with."""
+        return self._vocab
+
     def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
         return render_chat(self, messages, add_generation_prompt)
 

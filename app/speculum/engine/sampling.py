@@ -7,6 +7,7 @@ go through ``distribution`` below.
 
 from __future__ import annotations
 
+from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -24,10 +25,62 @@ class SamplingParams:
     top_p: float = 1.0
     min_p: float = 0.0
     seed: int | None = None
+    presence_penalty: float = 0.0  # OpenAI's: subtracted once from every token the answer holds
+    frequency_penalty: float = 0.0  # OpenAI's: subtracted once per time the answer holds it
+    repeat_penalty: float = 1.0  # llama.cpp's: divides (multiplies, when negative) recent tokens' logits
+    repeat_last_n: int = 64  # how many of the latest context tokens the repeat penalty looks at
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+    @property
+    def filtered(self) -> bool:
+        """Whether top-k, top-p or min-p cut the distribution (after a grammar's mask, when one applies)."""
+        return self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0
+
+    @property
+    def penalized(self) -> bool:
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repeat_penalty != 1.0
+
+
+class Penalties:
+    """The penalties of ``SamplingParams`` for one answer, applied row by row.
+
+    Presence and frequency count the answer's tokens (OpenAI: "how often the token was sampled
+    prior to the current position"); the repeat penalty looks at the last ``repeat_last_n``
+    tokens of the whole context, prompt included, as llama.cpp's. A verified row is penalised
+    by the answer so far plus the draft tokens before it, so a speculative answer is shaped
+    exactly as one decoded a token at a time.
+    """
+
+    def __init__(self, params: SamplingParams, context: Sequence[int]):
+        self.params = params
+        self.counts: Counter[int] = Counter()
+        n = max(0, params.repeat_last_n)
+        self.recent: deque[int] = deque(list(context)[-n:] if n else [], maxlen=n)
+
+    def add(self, tokens: Sequence[int]) -> None:
+        """The answer went on with ``tokens``."""
+        self.counts.update(int(t) for t in tokens)
+        self.recent.extend(int(t) for t in tokens)
+
+    def apply(self, logits: np.ndarray, before: Sequence[int] = ()) -> np.ndarray:
+        """A penalised copy of one row of logits, with ``before`` following the answer so far."""
+        params = self.params
+        out = np.array(logits, dtype=np.float32)
+        if params.repeat_penalty != 1.0 and self.recent.maxlen:
+            window = (list(self.recent) + [int(t) for t in before])[-self.recent.maxlen:]
+            ids = np.fromiter(set(window), dtype=np.int64)
+            v = out[ids]
+            out[ids] = np.where(v > 0, v / params.repeat_penalty, v * params.repeat_penalty)
+        if params.presence_penalty or params.frequency_penalty:
+            counts = self.counts + Counter(int(t) for t in before) if len(before) else self.counts
+            if counts:
+                ids = np.fromiter(counts.keys(), dtype=np.int64, count=len(counts))
+                times = np.fromiter(counts.values(), dtype=np.float32, count=len(counts))
+                out[ids] -= times * params.frequency_penalty + params.presence_penalty
+        return out
 
 
 def distribution(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
@@ -68,6 +121,13 @@ def _top_p_set(p: np.ndarray, top_p: float) -> np.ndarray:
             cut = int(np.searchsorted(cum, top_p, side="left")) + 1
             return order[:cut]
     raise AssertionError("unreachable")
+
+
+def log_probs(logits: np.ndarray) -> np.ndarray:
+    """Log-probabilities of one row at temperature 1 (float64; -inf stays -inf: a masked token)."""
+    x = np.asarray(logits, dtype=np.float64)
+    top = x.max()
+    return x - (top + np.log(np.exp(x - top).sum()))
 
 
 _BLOCK = 1024

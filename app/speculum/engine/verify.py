@@ -5,16 +5,25 @@ token. Sampling (Leviathan et al. 2023): accept token x with probability
 min(1, p(x)/q(x)); on the first rejection resample from max(0, p - q), normalised;
 when all k pass, draw a bonus token from p. The output is distributed exactly as the
 target's. A lookup draft is a point mass (q(x) = 1), so it is accepted with p(x).
+
+The target's p at a verified position is shaped by what comes before it (``TargetRows``):
+penalties count the answer plus the draft tokens before the position, and a grammar masks it
+with its state after them. So row i of a pass is exactly the row a plain decoder would have
+had, had the draft's first i tokens been its own: a token the grammar forbids has p = 0.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from .drafters import Draft
-from .sampling import SamplingParams, distribution, sample
+from .sampling import Penalties, SamplingParams, distribution, log_probs, sample
+
+if TYPE_CHECKING:
+    from .grammar import GrammarState, MaskedDistribution
 
 
 @dataclass
@@ -24,42 +33,211 @@ class Verdict:
     p_drafted: list[float]  # sampling: target p of each drafted token; greedy: empty
 
 
-def verify(logits: np.ndarray, draft: Draft, sampling: SamplingParams,
+class TargetRows:
+    """The target's logits at each position of one pass, as a plain decoder would shape them.
+
+    Row i follows the context and ``draft[:i]``: penalised by the answer so far plus those
+    tokens, masked by the grammar state after them. Grammar states are cloned and walked down
+    the draft only as far as rows are asked for; verification never asks past a token the
+    grammar forbids (that token is rejected there), so no state ever follows a forbidden one.
+    The rows read the answer's penalties as they stand: ask for them before ``Constraints.follow``.
+    """
+
+    def __init__(self, logits: np.ndarray, draft: Sequence[int], grammar: GrammarState | None = None,
+                 penalties: Penalties | None = None):
+        self.raw = logits
+        self.draft = list(draft)
+        self.penalties = penalties
+        self._states = [grammar.clone()] if grammar is not None else None  # before row i
+        self._shaped: dict[int, np.ndarray] = {}
+        self._best: dict[int, int] = {}
+
+    @property
+    def plain(self) -> bool:
+        return self._states is None and self.penalties is None
+
+    def penalised(self, i: int) -> np.ndarray:
+        if self.penalties is None:
+            return self.raw[i]
+        return self.penalties.apply(self.raw[i], self.draft[:i])
+
+    def state(self, i: int) -> GrammarState:
+        """The grammar state after ``draft[:i]`` (ValueError if the grammar forbids one of them)."""
+        while len(self._states) <= i:
+            walked = self._states[-1].clone()
+            walked.accept(self.draft[len(self._states) - 1])
+            self._states.append(walked)
+        return self._states[i]
+
+    def logits(self, i: int) -> np.ndarray:
+        """Row i, penalised and masked: what sampling and logprobs read."""
+        if self.plain:
+            return self.raw[i]
+        if i not in self._shaped:
+            row = self.penalised(i)
+            self._shaped[i] = self.state(i).mask(row) if self._states is not None else row
+        return self._shaped[i]
+
+    def distribution(self, i: int, sampling: SamplingParams) -> "ExactRow | MaskedDistribution":
+        """Row i as the sampler's distribution: exact, or under a grammar without top-k/top-p/min-p
+        (whose masks would change what they keep), read lazily (grammar.MaskedDistribution)."""
+        if self._states is None or sampling.filtered or i in self._shaped:
+            return ExactRow(distribution(self.logits(i), sampling))
+        from .grammar import MaskedDistribution
+
+        return MaskedDistribution(self.penalised(i), sampling, self.state(i))
+
+    def best(self, i: int) -> int:
+        """The greedy token of row i: for a grammar, only the likeliest tokens' masks are asked."""
+        if i not in self._best:
+            if i in self._shaped or self._states is None:
+                self._best[i] = int(np.argmax(self.logits(i)))
+            else:
+                self._best[i] = self.state(i).best(self.penalised(i))
+        return self._best[i]
+
+    def reachable(self, i: int) -> bool:
+        """Whether row i follows only tokens the grammar allows (always, without a grammar)."""
+        if self._states is None:
+            return True
+        try:
+            self.state(i)
+        except ValueError:
+            return False
+        return True
+
+    def shown(self, i: int) -> np.ndarray:
+        """Row i for display: shaped where reachable, else only penalised (past a forbidden draft)."""
+        return self.logits(i) if self.reachable(i) else self.penalised(i)
+
+    def logprobs(self, tokens: Sequence[int], top: int) -> tuple[list[float], list[list[int]], list[list[float]]]:
+        """Log-probability of ``tokens[i]`` in row i at temperature 1 (penalised, masked), and each
+        row's ``top`` likeliest tokens with theirs."""
+        chosen, top_ids, top_values = [], [], []
+        for i, token in enumerate(tokens):
+            lp = log_probs(self.logits(i))
+            chosen.append(float(lp[token]))
+            if top > 0:
+                ids = np.argpartition(-lp, min(top, len(lp) - 1))[:top]
+                ids = ids[np.isfinite(lp[ids])]
+                ids = ids[np.lexsort((ids, -lp[ids]))]
+                top_ids.append(ids.tolist())
+                top_values.append(lp[ids].astype(float).tolist())
+            else:
+                top_ids.append([])
+                top_values.append([])
+        return chosen, top_ids, top_values
+
+
+def verify(rows: TargetRows | np.ndarray, draft: Draft, sampling: SamplingParams,
            rng: np.random.Generator) -> Verdict:
-    """``logits`` has one row per position: after the last context token and after each draft."""
+    """``rows``: one per position, after the last context token and after each draft token
+    (plain logits, or ``TargetRows`` to shape them by penalties and a grammar)."""
+    if not isinstance(rows, TargetRows):
+        rows = TargetRows(rows, draft.tokens)
     if sampling.greedy:
-        return _verify_greedy(logits, draft)
-    return _verify_sampled(logits, draft, sampling, rng)
+        return _verify_greedy(rows, draft)
+    return _verify_sampled(rows, draft, sampling, rng)
 
 
-def _verify_greedy(logits: np.ndarray, draft: Draft) -> Verdict:
-    best = logits.argmax(axis=1)
+def _verify_greedy(rows: TargetRows, draft: Draft) -> Verdict:
+    if rows.plain:
+        best = rows.raw.argmax(axis=1)
+        pick = best.__getitem__
+    else:
+        pick = rows.best
     n = 0
     k = len(draft.tokens)
-    while n < k and best[n] == draft.tokens[n]:
+    while n < k and pick(n) == draft.tokens[n]:
         n += 1
-    return Verdict(n, list(draft.tokens[:n]) + [int(best[n])], [])
+    return Verdict(n, list(draft.tokens[:n]) + [int(pick(n))], [])
 
 
-def _verify_sampled(logits: np.ndarray, draft: Draft, sampling: SamplingParams,
+def _verify_sampled(rows: TargetRows, draft: Draft, sampling: SamplingParams,
                     rng: np.random.Generator) -> Verdict:
     k = len(draft.tokens)
     accepted: list[int] = []
     p_drafted: list[float] = []
     for i, x in enumerate(draft.tokens):
-        p = distribution(logits[i], sampling)  # row by row: a rejection ends the work early
-        px = float(p[x])
-        p_drafted.append(px)
+        p = rows.distribution(i, sampling)  # row by row: a rejection ends the work early
+        p_drafted.append(p.prob(x))
         qx = 1.0 if draft.q is None else float(draft.q[i][x])
-        if qx > 0 and rng.random() < min(1.0, px / qx):
+        if qx > 0 and p.accepts(x, qx, rng.random()):
             accepted.append(x)
             continue
         if draft.q is None:
-            residual = p.copy()
-            residual[x] = 0.0
+            fix = p.sample(rng, exclude=x)
         else:
-            residual = np.maximum(p - draft.q[i], 0.0)
-        # p <= q everywhere only if p == q, where rejection cannot happen; guard rounding.
-        fix = sample(residual, rng) if residual.sum() > 0 else sample(p, rng)
+            target = p.exact()
+            residual = np.maximum(target - draft.q[i], 0.0)
+            # p <= q everywhere only if p == q, where rejection cannot happen; guard rounding.
+            fix = sample(residual, rng) if residual.sum() > 0 else sample(target, rng)
         return Verdict(len(accepted), accepted + [fix], p_drafted)
-    return Verdict(len(accepted), accepted + [sample(distribution(logits[k], sampling), rng)], p_drafted)
+    return Verdict(len(accepted), accepted + [rows.distribution(k, sampling).sample(rng)], p_drafted)
+
+
+class ExactRow:
+    """A row's distribution held whole (what ``MaskedDistribution`` reads lazily)."""
+
+    def __init__(self, p: np.ndarray):
+        self.p = p
+
+    def prob(self, x: int) -> float:
+        return float(self.p[x])
+
+    def accepts(self, x: int, qx: float, u: float) -> bool:
+        return u < min(1.0, float(self.p[x]) / qx)
+
+    def exact(self) -> np.ndarray:
+        return self.p
+
+    def sample(self, rng: np.random.Generator, exclude: int | None = None) -> int:
+        if exclude is None:
+            return sample(self.p, rng)
+        rest = self.p.copy()
+        rest[exclude] = 0.0
+        return sample(rest, rng) if rest.sum() > 0 else sample(self.p, rng)
+
+
+class Constraints:
+    """What shapes the target's distribution within one answer beyond the sampling filters: the
+    grammar's state after the answer so far, and the penalties the answer has earned."""
+
+    def __init__(self, grammar: GrammarState | None = None, penalties: Penalties | None = None):
+        self.grammar = grammar
+        self.penalties = penalties
+
+    @classmethod
+    def start(cls, target, grammar, sampling: SamplingParams, context: Sequence[int]) -> "Constraints":
+        """For an answer after ``context``: ``grammar`` (an engine.grammar.Grammar, or None) over the
+        target's vocabulary, and the penalties ``sampling`` asks for."""
+        return cls(grammar.start(target) if grammar is not None else None,
+                   Penalties(sampling, context) if sampling.penalized else None)
+
+    def guide(self, choice):
+        """The policy's choice, with the grammar state a model drafter masks its draft by."""
+        return choice if self.grammar is None else replace(choice, grammar=self.grammar)
+
+    def within(self, draft: Draft) -> Draft:
+        """A point-mass draft (lookup, prediction, greedy) cut before its first token the grammar
+        forbids: that token would be rejected anyway, and the rest could not follow it. A sampled
+        draft is left whole: its q was masked when drawn, and cutting it would bias verification."""
+        if self.grammar is None or draft.q is not None or not draft.tokens:
+            return draft
+        n = self.grammar.allowed_prefix(draft.tokens)
+        return draft if n == len(draft.tokens) else replace(draft, tokens=draft.tokens[:n],
+                                                              confidence=draft.confidence[:n])
+
+    def rows(self, logits: np.ndarray, draft: Draft) -> TargetRows:
+        return TargetRows(logits, draft.tokens, self.grammar, self.penalties)
+
+    def follow(self, rows: TargetRows, emitted: Sequence[int], n_accepted: int) -> None:
+        """The answer went on with ``emitted``: keep the grammar state of the accepted drafts (the
+        rejected ones' states are dropped with ``rows``), then follow the target's own token."""
+        if self.grammar is not None and emitted:
+            state = rows.state(n_accepted).clone() if emitted[n_accepted:] else rows.state(n_accepted)
+            for token in emitted[n_accepted:]:
+                state.accept(token)
+            self.grammar = state
+        if self.penalties is not None:
+            self.penalties.add(emitted)
