@@ -27,6 +27,7 @@ from . import listen
 from .guard import Guard
 from .params import PromptBound, chat_request, json_body, text_request
 from .service import BadRequest, Busy, Completion, Delta, Done, ServedModel
+from .tools import CallStream, argument_fragments, parse_calls
 
 log = logging.getLogger("speculum.serve")
 
@@ -132,7 +133,7 @@ class Api:
     async def answer(self, request: Request, body: dict, completion: Completion, chat: bool) -> Response:
         """The completion as one JSON answer or as server-sent events; either stops when the client leaves."""
         self.served.check_fits(completion)
-        reply = Reply(self.served.model_id, chat)
+        reply = Reply(self.served.model_id, chat, completion, self.served.decoder.target)
         pieces = _until_disconnected(request, self.served.run(completion))
         if body.get("stream") is not True:
             return await _whole(reply, pieces)
@@ -148,31 +149,68 @@ class Api:
 
 
 class Reply:
-    """OpenAI's shapes for one answer, whole or in chunks."""
+    """OpenAI's shapes for one answer, whole or in chunks: text, tool calls, log-probabilities."""
 
-    def __init__(self, model_id: str, chat: bool):
+    def __init__(self, model_id: str, chat: bool, completion: Completion | None = None, target=None):
         self.chat = chat
         self.head = {"id": ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24], "created": int(time.time()),
                      "model": model_id}
         self.chunk_kind = "chat.completion.chunk" if chat else "text_completion"
+        self.tools = completion.tools if completion is not None else None
+        self.scores = Scores(target, chat) if completion is not None and completion.logprobs is not None else None
+        self.calls = CallStream(self.tools) if self.tools is not None else None
+        self.held: list = []  # scored tokens of text held back (a call, maybe) until it is sent
 
-    def whole(self, text: str, done: Done) -> dict:
-        choice = ({"index": 0, "message": {"role": "assistant", "content": text},
-                   "finish_reason": done.finish_reason, "logprobs": None} if self.chat else
-                  {"index": 0, "text": text, "finish_reason": done.finish_reason, "logprobs": None})
+    def whole(self, text: str, done: Done, scored: list | None = None) -> dict:
+        logprobs = self.scores.shape(scored or [], 0) if self.scores is not None else None
+        if not self.chat:
+            choice = {"index": 0, "text": text, "finish_reason": done.finish_reason, "logprobs": logprobs}
+        else:
+            content, calls = parse_calls(text, self.tools) if self.tools is not None else (text, [])
+            message = {"role": "assistant", "content": content if calls else text}
+            if calls:
+                message["tool_calls"] = [call.as_openai() for call in calls]
+            choice = {"index": 0, "message": message, "finish_reason": "tool_calls" if calls else done.finish_reason,
+                      "logprobs": logprobs}
         return {**self.head, "object": "chat.completion" if self.chat else "text_completion",
                 "choices": [choice], "usage": done.usage, "speculum": done.speculum}
 
     def event(self, payload: dict) -> str:
         return f"data: {json.dumps({**self.head, 'object': self.chunk_kind, **payload}, ensure_ascii=False)}\n\n"
 
-    def chunk(self, text: str | None, finish: str | None = None, role: bool = False) -> str:
+    def chunk(self, text: str | None, finish: str | None = None, role: bool = False, scored: list | None = None,
+              offset: int = 0) -> str:
+        logprobs = self.scores.shape(scored, offset) if self.scores is not None and scored else None
         if self.chat:
             delta = {"role": "assistant", "content": ""} if role else {"content": text} if text is not None else {}
-            choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+            choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
         else:
-            choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+            choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": logprobs}
         return self.event({"choices": [choice]})
+
+    def pieces(self, delta: Delta, offset: int) -> list[str]:
+        """The chunks one piece of text makes: text now, held back (a call, maybe), or calls."""
+        if self.calls is None:
+            return [self.chunk(delta.text, scored=delta.scored, offset=offset)]
+        self.held += delta.scored
+        return self._sent(*self.calls.feed(delta.text), offset)
+
+    def _sent(self, text: str, calls: list, offset: int) -> list[str]:
+        events = []
+        if text:
+            events.append(self.chunk(text, scored=self.held, offset=offset))
+            self.held = []
+        first = len(self.calls.calls) - len(calls)
+        for index, call in enumerate(calls, start=first):
+            events.append(self._call_event({"index": index, "id": call.id, "type": "function",
+                                            "function": {"name": call.name, "arguments": ""}}))
+            events += [self._call_event({"index": index, "function": {"arguments": fragment}})
+                       for fragment in argument_fragments(call.arguments)]
+        return events
+
+    def _call_event(self, call: dict) -> str:
+        return self.event({"choices": [{"index": 0, "delta": {"tool_calls": [call]}, "finish_reason": None,
+                                        "logprobs": None}]})
 
     def failure(self, exc: Exception) -> list[str]:
         """A generation that failed midway: an error event in OpenAI's shape, then [DONE]."""
@@ -181,35 +219,74 @@ class Reply:
                           "param": None, "code": "generation_failed"}}
         return [f"data: {json.dumps(body)}\n\n", "data: [DONE]\n\n"]
 
-    def last(self, done: Done, usage: bool) -> list[str]:
-        """The finishing chunk (with Speculum's numbers), the usage chunk if asked for, and [DONE]."""
-        events = [self.event({"choices": [{"index": 0, **({"delta": {}} if self.chat else {"text": ""}),
-                                           "finish_reason": done.finish_reason, "logprobs": None}],
-                              "speculum": done.speculum})]
+    def last(self, done: Done, usage: bool, offset: int = 0) -> list[str]:
+        """What was held back, the finishing chunk (with Speculum's numbers), the usage chunk if
+        asked for, and [DONE]."""
+        events = self._sent(*self.calls.finish(), offset) if self.calls is not None else []
+        finish = "tool_calls" if self.calls is not None and self.calls.calls else done.finish_reason
+        events.append(self.event({"choices": [{"index": 0, **({"delta": {}} if self.chat else {"text": ""}),
+                                               "finish_reason": finish, "logprobs": None}],
+                                  "speculum": done.speculum}))
         if usage:
             events.append(self.event({"choices": [], "usage": done.usage}))
         return events + ["data: [DONE]\n\n"]
 
 
+class Scores:
+    """Tokens' log-probabilities in OpenAI's shapes: chat's ``content`` list, completions' legacy one."""
+
+    def __init__(self, target, chat: bool):
+        self.target = target
+        self.chat = chat
+
+    def _token(self, token: int) -> tuple[str, list[int]]:
+        raw = self.target.token_bytes(token)
+        return raw.decode("utf-8", errors="replace"), list(raw)
+
+    def shape(self, scored: list, offset: int) -> dict:
+        """``scored``: (token, logprob, top ids, top logprobs); ``offset``: the text's length before them."""
+        if self.chat:
+            content = []
+            for token, logprob, ids, values in scored:
+                text, raw = self._token(token)
+                top = [dict(zip(("token", "bytes"), self._token(i)), logprob=v) for i, v in zip(ids, values)]
+                content.append({"token": text, "logprob": logprob, "bytes": raw,
+                                "top_logprobs": [{"token": t["token"], "logprob": t["logprob"], "bytes": t["bytes"]}
+                                                 for t in top]})
+            return {"content": content, "refusal": None}
+        tokens, offsets = [], []
+        for token, *_ in scored:
+            offsets.append(offset)
+            tokens.append(self._token(token)[0])
+            offset += len(tokens[-1])
+        return {"tokens": tokens, "token_logprobs": [lp for _, lp, _, _ in scored],
+                "top_logprobs": [{self._token(i)[0]: v for i, v in zip(ids, values)} for _, _, ids, values in scored],
+                "text_offset": offsets}
+
+
 async def _whole(reply: Reply, pieces) -> Response:
-    text, done = [], None
+    text, scored, done = [], [], None
     async for piece in pieces:
         if isinstance(piece, Delta):
             text.append(piece.text)
+            scored += piece.scored
         else:
             done = piece
     if done is None:  # the client went away
         return Response(status_code=CLIENT_GONE)
-    return JSONResponse(reply.whole("".join(text), done))
+    return JSONResponse(reply.whole("".join(text), done, scored))
 
 
 async def _events(reply: Reply, first, pieces, usage: bool):
+    offset = 0
     try:
         if reply.chat:
             yield reply.chunk(None, role=True)
         piece = first
         while not isinstance(piece, Done):
-            yield reply.chunk(piece.text)
+            for event in reply.pieces(piece, offset):
+                yield event
+            offset += len(piece.text)
             try:
                 piece = await pieces.__anext__()
             except StopAsyncIteration:  # the client left: no more to say
@@ -219,7 +296,7 @@ async def _events(reply: Reply, first, pieces, usage: bool):
                 for event in reply.failure(exc):
                     yield event
                 return
-        for event in reply.last(piece, usage):
+        for event in reply.last(piece, usage, offset):
             yield event
     finally:
         await pieces.aclose()  # the model's turn passes on as soon as the answer is out

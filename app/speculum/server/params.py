@@ -16,9 +16,11 @@ from typing import Any
 
 from starlette.requests import Request
 
+from ..engine.grammar import grammar_for_response_format
 from ..engine.sampling import SamplingParams
 from ..errors import SpeculumError
 from .service import BadRequest, Completion, ServedModel
+from .tools import tool_use
 
 MAX_STOP_SEQUENCES = 4
 MAX_BODY_BYTES = 8 * 1024 * 1024  # far above any context's worth of text (~4 bytes a token)
@@ -81,7 +83,10 @@ def _prediction(body: dict) -> str | None:
     return _text(prediction.get("content"), "prediction.content")
 
 
-def _completion(served: ServedModel, body: dict, prompt: list[int]) -> Completion:
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound (5 for completions' legacy logprobs)
+
+
+def _completion(served: ServedModel, body: dict, prompt: list[int], chat: bool) -> Completion:
     n_ctx = served.decoder.target.n_ctx
     max_tokens = _integer(body, "max_completion_tokens", 1, n_ctx) or _integer(body, "max_tokens", 1, n_ctx) or 256
     _integer(body, "n", 1, 1)
@@ -89,12 +94,37 @@ def _completion(served: ServedModel, body: dict, prompt: list[int]) -> Completio
     sampling = SamplingParams(temperature=_number(body, "temperature", 1.0 if "temperature" in body else 0.0, 0, 2),
                               top_p=_number(body, "top_p", 1.0, 0, 1) or 1.0,
                               top_k=_integer(body, "top_k", 0) or 0, min_p=_number(body, "min_p", 0.0, 0, 1),
-                              seed=_integer(body, "seed", -2**63, 2**63 - 1))
+                              seed=_integer(body, "seed", -2**63, 2**63 - 1),
+                              presence_penalty=_number(body, "presence_penalty", 0.0, -2, 2),
+                              frequency_penalty=_number(body, "frequency_penalty", 0.0, -2, 2),
+                              repeat_penalty=_number(body, "repeat_penalty", 1.0, 0.01, 10))
     if not isinstance(body.get("stream", False), bool) and body.get("stream") is not None:
         raise BadRequest("'stream' must be true or false.", param="stream")
     if not isinstance(body.get("stream_options") or {}, dict):
         raise BadRequest("'stream_options' must be an object.", param="stream_options")
-    return Completion(prompt, max_tokens, sampling, _stop(body), _prediction(body))
+    return Completion(prompt, max_tokens, sampling, _stop(body), _prediction(body),
+                      grammar=_response_grammar(body), logprobs=_logprobs(body, chat))
+
+
+def _logprobs(body: dict, chat: bool) -> int | None:
+    """None, or how many likeliest tokens to give with each token's log-probability."""
+    if not chat:  # completions: 'logprobs' is itself the count
+        return _integer(body, "logprobs", 0, 5)
+    asked = body.get("logprobs")
+    if asked is not None and not isinstance(asked, bool):
+        raise BadRequest("'logprobs' must be true or false.", param="logprobs")
+    top = _integer(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+    if top and not asked:
+        raise BadRequest("'top_logprobs' needs 'logprobs': true.", param="top_logprobs")
+    return (top or 0) if asked else None
+
+
+def _response_grammar(body: dict):
+    """The grammar an answer in ``response_format`` follows (None: free text)."""
+    try:
+        return grammar_for_response_format(body.get("response_format"))
+    except ValueError as exc:
+        raise BadRequest(f"'response_format' cannot be enforced: {exc}", param="response_format") from None
 
 
 # --- which parameters mean what ----------------------------------------------------------------------
@@ -106,25 +136,18 @@ def _off(*values):
 
 # OpenAI's chat completions and completions parameters, plus llama.cpp's sampling extensions.
 IMPLEMENTED = {"model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p", "n",
-               "stop", "seed", "stream", "stream_options", "prediction"}
-CHAT_ONLY = {"messages"}
+               "stop", "seed", "stream", "stream_options", "prediction", "response_format", "logprobs",
+               "presence_penalty", "frequency_penalty", "repeat_penalty"}
+CHAT_ONLY = {"messages", "tools", "tool_choice", "top_logprobs"}
 TEXT_ONLY = {"prompt", "best_of"}
 # Harmless to ignore: bookkeeping for OpenAI's platform that changes no answer.
 IGNORED = {"user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key",
            "prompt_cache_retention", "prompt_cache_options",  # (this server's prompt cache is its own)
-           "parallel_tool_calls"}  # (it qualifies tools, which are refused)
+           "parallel_tool_calls"}  # (a model may call several tools at once; one is never forced)
 # Refused unless off: ignoring them would answer something other than what was asked.
 REFUSED = {
-    "tools": (_off(None, []), "tool calls are not supported here yet"),
-    "tool_choice": (_off(None, "none", "auto"), "tool calls are not supported here yet"),
     "functions": (_off(None, []), "function calls are not supported here"),
     "function_call": (_off(None, "none", "auto"), "function calls are not supported here"),
-    "response_format": (_off(None, {"type": "text"}), "only {\"type\": \"text\"} answers are supported here yet"),
-    "logprobs": (_off(None, False), "log-probabilities are not returned here yet"),
-    "top_logprobs": (_off(None, 0), "log-probabilities are not returned here yet"),
-    "presence_penalty": (_off(None, 0, 0.0), "penalties are not applied here yet"),
-    "frequency_penalty": (_off(None, 0, 0.0), "penalties are not applied here yet"),
-    "repeat_penalty": (_off(None, 1, 1.0), "penalties are not applied here yet"),
     "logit_bias": (_off(None, {}), "logit biases are not applied here"),
     "audio": (_off(None), "audio answers are not supported"),
     "modalities": (_off(None, ["text"]), "only text answers are supported"),
@@ -133,6 +156,7 @@ REFUSED = {
     "web_search_options": (_off(None), "web search is not supported"),
     "moderation": (_off(None), "moderation is not applied here"),
     "echo": (_off(None, False), "echoing the prompt is not supported"),
+    "tools": (_off(None, []), "completions take no tools: use chat completions"),
     "suffix": (_off(None, ""), "insertion (suffix) is not supported"),
 }
 
@@ -224,13 +248,22 @@ def _tool_calls(calls: Any, at: str) -> list[dict]:
 def chat_request(served: ServedModel, body: dict, bound: "PromptBound") -> Completion:
     _check_model(served, body)
     check_parameters(body, chat=True)
-    messages = chat_messages(body, served.decoder.target.chat_template)
+    template = served.decoder.target.chat_template
+    messages = chat_messages(body, template)
     bound.check(sum(len(m["content"]) for m in messages), "messages")
+    use = tool_use(body, template)
+    if use is not None and use.choice != "auto" and body.get("response_format") not in (None, {"type": "text"}):
+        raise BadRequest("'response_format' cannot be enforced while 'tool_choice' requires a call.",
+                         param="response_format")
     try:
-        prompt = served.chat_prompt(messages)
+        prompt = served.chat_prompt(messages, use.tools if use is not None else None)
     except SpeculumError as exc:  # the template could not render these messages
         raise BadRequest(str(exc), param="messages") from None
-    return _completion(served, body, prompt)
+    completion = _completion(served, body, prompt, chat=True)
+    if use is not None:
+        completion.tools = use
+        completion.grammar = use.grammar() or completion.grammar
+    return completion
 
 
 def text_request(served: ServedModel, body: dict, bound: "PromptBound") -> Completion:
@@ -242,7 +275,7 @@ def text_request(served: ServedModel, body: dict, bound: "PromptBound") -> Compl
     if not isinstance(prompt, str) or not prompt:
         raise BadRequest("'prompt' must be a non-empty string.", param="prompt")
     bound.check(len(prompt), "prompt")
-    return _completion(served, body, served.text_prompt(prompt))
+    return _completion(served, body, served.text_prompt(prompt), chat=False)
 
 
 async def json_body(request: Request) -> dict:

@@ -13,13 +13,17 @@ from __future__ import annotations
 import asyncio
 import threading
 from dataclasses import dataclass, field
-from typing import AsyncIterator
+from typing import TYPE_CHECKING, AsyncIterator
 
 from ..engine.sampling import SamplingParams
 from ..engine.stats import Stats
 from ..engine.vocabulary import Source
 from ..errors import ContextFullError, SpeculumError
 from .pace import Pace
+
+if TYPE_CHECKING:
+    from ..engine.grammar import Grammar
+    from .tools import ToolUse
 
 
 class Busy(SpeculumError):
@@ -47,11 +51,15 @@ class Completion:
     sampling: SamplingParams
     stop: list[str] = field(default_factory=list)
     prediction: str | None = None
+    grammar: Grammar | None = None  # the answer follows it (response_format, required tool calls)
+    logprobs: int | None = None  # None, or how many likeliest tokens to give at each position
+    tools: ToolUse | None = None  # tools shown to the model: its calls are read back from its text
 
 
 @dataclass
 class Delta:
     text: str
+    scored: list[tuple[int, float, list[int], list[float]]] = field(default_factory=list)  # (token, logprob, top)
 
 
 @dataclass
@@ -137,9 +145,10 @@ class ServedModel:
 
     # -- prompts --
 
-    def chat_prompt(self, messages: list[dict]) -> list[int]:
+    def chat_prompt(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         target = self.decoder.target
-        return target.tokenize(target.apply_chat_template(messages))
+        return target.tokenize(target.apply_chat_template(messages, tools=tools) if tools else
+                               target.apply_chat_template(messages))
 
     def predicted_tokens(self, prediction: str | None) -> list[int]:
         """The prediction as the model would write it: plain text, no BOS, specials not parsed."""
@@ -157,6 +166,12 @@ class ServedModel:
         if len(completion.prompt) >= n_ctx:
             raise BadRequest(f"The prompt is {len(completion.prompt):,} tokens but the model's context holds "
                              f"{n_ctx:,}. Shorten it.", param="messages", code="context_length_exceeded")
+
+    def _scored(self, cycle) -> list:
+        """The cycle's tokens with their log-probabilities, when asked for (end of generation left out)."""
+        target = self.decoder.target
+        return [(t, lp, ids, lps) for t, lp, ids, lps in
+                zip(cycle.emitted, cycle.logprobs, cycle.top_tokens, cycle.top_logprobs) if not target.is_eog(t)]
 
     # -- running --
 
@@ -197,6 +212,7 @@ class ServedModel:
                         for cycle in self.decoder.generate(completion.prompt, max_tokens=completion.max_tokens,
                                                            sampling=completion.sampling, policy=self.mode,
                                                            stop=stop, prediction=prediction,
+                                                           grammar=completion.grammar, logprobs=completion.logprobs,
                                                            on_prompt=prompt_read):  # (a stop within one chunk)
                             if self.on_cycle is not None:
                                 self.on_cycle(cycle)
@@ -226,8 +242,8 @@ class ServedModel:
                 if item.finish == "eog":
                     finish = "stop"
                 text = stops.feed(item.text) if not stops.stopped else ""
-                if text:
-                    yield Delta(text)
+                if text or (item.logprobs and not stops.stopped):
+                    yield Delta(text, self._scored(item))
                 if stops.stopped and not stop.is_set():
                     finish = "stop"
                     stop.set()  # the rest of this pass is not wanted: end within one pass
