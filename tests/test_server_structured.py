@@ -130,16 +130,37 @@ def _use(fmt):
 def test_calls_are_read_in_each_format_whole_and_streamed(fmt, text):
     content, calls = tools.parse_calls(text, _use(fmt))
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Paris"})]
-    stream, sent, found = tools.CallStream(_use(fmt)), [], []
-    for i in range(0, len(text), 5):
-        piece, calls = stream.feed(text[i:i + 5])
+    for size in (1, 5, 1000):
+        sent, deltas = _streamed(fmt, text, size)
+        assert [d["function"]["name"] for d in deltas if "id" in d] == ["get_weather"]
+        assert deltas[0]["index"] == 0 and deltas[0]["type"] == "function" and deltas[0]["function"]["arguments"] == ""
+        assert json.loads("".join(d["function"]["arguments"] for d in deltas)) == {"city": "Paris"}
+        assert sent.strip() == (content or "")
+
+
+def _streamed(fmt, text, size):
+    stream, sent, deltas = tools.CallStream(_use(fmt)), [], []
+    for i in range(0, len(text), size):
+        piece, found = stream.feed(text[i:i + size])
         sent.append(piece)
-        found += calls
-    piece, calls = stream.finish()
-    sent.append(piece)
-    found += calls
-    assert [(c.name, json.loads(c.arguments)) for c in found] == [("get_weather", {"city": "Paris"})]
-    assert "".join(sent).strip() == (content or "")
+        deltas += found
+    piece, found = stream.finish()
+    return "".join(sent) + piece, deltas + found
+
+
+def test_a_hermes_call_streams_its_arguments_as_they_are_written():
+    head = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa'
+    stream = tools.CallStream(_use(tools.HERMES))
+    text, deltas = stream.feed(head)
+    assert text == "" and deltas[0]["function"] == {"name": "get_weather", "arguments": ""}
+    assert "".join(d["function"]["arguments"] for d in deltas) == '{"city": "Pa'
+    text, deltas = stream.feed('ris"}}\n</tool_')
+    assert "".join(d["function"]["arguments"] for d in deltas) == 'ris"}'
+    assert stream.feed("call>")[1] == [] and stream.finish() == ("", [])
+    # Cut short by max_tokens: what was written is sent.
+    stream = tools.CallStream(_use(tools.HERMES))
+    sent = stream.feed(head + 'ris"}')[1] + stream.finish()[1]
+    assert json.loads("".join(d["function"]["arguments"] for d in sent)) == {"city": "Paris"}
 
 
 @pytest.mark.parametrize("fmt, text", [
@@ -151,9 +172,9 @@ def test_calls_are_read_in_each_format_whole_and_streamed(fmt, text):
 def test_text_that_is_no_call_stays_text(fmt, text):
     content, calls = tools.parse_calls(text, _use(fmt))
     assert calls == [] and content == text
-    stream = tools.CallStream(_use(fmt))
-    sent = [stream.feed(text[i:i + 4])[0] for i in range(0, len(text), 4)] + [stream.finish()[0]]
-    assert "".join(sent) == text
+    for size in (1, 4, 1000):
+        sent, deltas = _streamed(fmt, text, size)
+        assert sent == text and deltas == []
 
 
 def test_which_templates_have_which_call_format():

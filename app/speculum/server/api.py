@@ -27,7 +27,7 @@ from . import listen
 from .guard import Guard
 from .params import PromptBound, chat_request, json_body, text_request
 from .service import BadRequest, Busy, Completion, Delta, Done, ServedModel
-from .tools import CallStream, argument_fragments, parse_calls
+from .tools import CallStream, parse_calls
 
 log = logging.getLogger("speculum.serve")
 
@@ -195,18 +195,12 @@ class Reply:
         self.held += delta.scored
         return self._sent(*self.calls.feed(delta.text), offset)
 
-    def _sent(self, text: str, calls: list, offset: int) -> list[str]:
+    def _sent(self, text: str, calls: list[dict], offset: int) -> list[str]:
         events = []
         if text:
             events.append(self.chunk(text, scored=self.held, offset=offset))
             self.held = []
-        first = len(self.calls.calls) - len(calls)
-        for index, call in enumerate(calls, start=first):
-            events.append(self._call_event({"index": index, "id": call.id, "type": "function",
-                                            "function": {"name": call.name, "arguments": ""}}))
-            events += [self._call_event({"index": index, "function": {"arguments": fragment}})
-                       for fragment in argument_fragments(call.arguments)]
-        return events
+        return events + [self._call_event(call) for call in calls]
 
     def _call_event(self, call: dict) -> str:
         return self.event({"choices": [{"index": 0, "delta": {"tool_calls": [call]}, "finish_reason": None,
@@ -223,7 +217,7 @@ class Reply:
         """What was held back, the finishing chunk (with Speculum's numbers), the usage chunk if
         asked for, and [DONE]."""
         events = self._sent(*self.calls.finish(), offset) if self.calls is not None else []
-        finish = "tool_calls" if self.calls is not None and self.calls.calls else done.finish_reason
+        finish = "tool_calls" if self.calls is not None and self.calls.count else done.finish_reason
         events.append(self.event({"choices": [{"index": 0, **({"delta": {}} if self.chat else {"text": ""}),
                                                "finish_reason": finish, "logprobs": None}],
                                   "speculum": done.speculum}))

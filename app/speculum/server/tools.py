@@ -206,22 +206,30 @@ def parse_calls(text: str, use: ToolUse) -> tuple[str | None, list[ToolCall]]:
     return None, calls
 
 
-class CallStream:
-    """Splits a streamed answer into text to send now and calls, as they complete.
+_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
+# The head of a Hermes call, up to where its arguments begin: the name is known from here on.
+_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]*)"\s*,\s*"arguments"\s*:\s*')
 
-    Text that may be the start of a call is held back; a call is sent once it is whole (its name,
-    then its arguments in fragments: OpenAI's chunk shape). Formats without a closing marker
-    (Mistral, Llama 3.x) are held from their first character to the end when they look like calls.
+
+class CallStream:
+    """Splits a streamed answer into text to send now and tool-call deltas in OpenAI's chunk
+    shape: a call's index, id, type and name first, then its arguments in fragments.
+
+    Hermes calls stream as they are written: the name once the call's head is read, then the
+    arguments, holding back only what may be the call's end. Text that may start a call is held
+    back. Formats without a closing marker (Mistral, Llama 3.x) and bare JSON calls are held
+    from their first character to the end when they look like calls, and sent whole then.
     """
 
     def __init__(self, use: ToolUse):
         self.use = use
         self.pending = ""
-        self.calls: list[ToolCall] = []
+        self.count = 0  # calls sent (begun)
         self.whole = False  # holding everything to the end (an answer that starts like a call)
         self.started = False  # any text seen that is not whitespace
+        self.streaming: str | None = None  # inside a Hermes call: the arguments sent so far
 
-    def feed(self, text: str) -> tuple[str, list[ToolCall]]:
+    def feed(self, text: str) -> tuple[str, list[dict]]:
         self.pending += text
         fmt = self.use.format
         if not self.started and self.pending.strip():
@@ -236,43 +244,74 @@ class CallStream:
             return out, []
         return self._hermes()
 
-    def _hermes(self) -> tuple[str, list[ToolCall]]:
-        out, calls = [], []
+    def _hermes(self) -> tuple[str, list[dict]]:
+        out, deltas = [], []
         while True:
-            start = self.pending.find("<tool_call>")
-            if start < 0:
-                hold = max((n for n in range(min(len("<tool_call>") - 1, len(self.pending)), 0, -1)
-                            if self.pending.endswith("<tool_call>"[:n])), default=0)
-                out.append(self.pending[:len(self.pending) - hold])
-                self.pending = self.pending[len(self.pending) - hold:]
-                break
-            end = self.pending.find("</tool_call>", start)
-            if end < 0:
+            if self.streaming is None:
+                start = self.pending.find(_OPEN)
+                if start < 0:
+                    hold = _partial_tail(self.pending, _OPEN)
+                    out.append(self.pending[:len(self.pending) - hold])
+                    self.pending = self.pending[len(self.pending) - hold:]
+                    break
+                head = _HEAD.match(self.pending, start + len(_OPEN))
+                if head is None or head.group(1) not in self.use.parameters:
+                    if _CLOSE in self.pending[start:] or (head is None and len(self.pending) - start > 200):
+                        end = self.pending.find(_CLOSE, start)
+                        end = len(self.pending) if end < 0 else end + len(_CLOSE)
+                        out.append(self.pending[:end])  # not a call after all: text
+                        self.pending = self.pending[end:]
+                        continue
+                    out.append(self.pending[:start])
+                    self.pending = self.pending[start:]
+                    break
                 out.append(self.pending[:start])
-                self.pending = self.pending[start:]
+                deltas.append(self._begin(head.group(1)))
+                self.pending, self.streaming = self.pending[head.end():], ""
+            end = self.pending.find(_CLOSE)
+            body = self.pending[:end] if end >= 0 else self.pending[:len(self.pending) - _partial_tail(self.pending, _CLOSE)]
+            # The arguments end before the call object's last "}": held back until the call closes.
+            cut = body.rstrip()
+            cut = cut[:-1] if cut.endswith("}") else cut
+            if len(cut) > len(self.streaming):
+                deltas.append({"index": self.count - 1, "function": {"arguments": cut[len(self.streaming):]}})
+                self.streaming = cut
+            if end < 0:
                 break
-            whole = self.pending[start:end + len("</tool_call>")]
-            content, found = parse_calls(whole, self.use)
-            out.append(whole if not found else "")
-            calls += found
-            self.pending = self.pending[end + len("</tool_call>"):]
-        self.calls += calls
+            self.pending, self.streaming = self.pending[end + len(_CLOSE):].lstrip("\n"), None
         text = "".join(out)
-        if self.calls and not text.strip():
-            text = ""
-        return text, calls
+        return ("" if self.count and not text.strip() else text), deltas
 
-    def finish(self) -> tuple[str, list[ToolCall]]:
+    def _begin(self, name: str) -> dict:
+        self.count += 1
+        return {"index": self.count - 1, "id": "call_" + uuid.uuid4().hex[:24], "type": "function",
+                "function": {"name": name, "arguments": ""}}
+
+    def finish(self) -> tuple[str, list[dict]]:
         """What was held back, at the end of the answer."""
         rest, self.pending = self.pending, ""
+        if self.streaming is not None:  # a call cut short (max_tokens): its arguments as they stand
+            sent, self.streaming = self.streaming, None
+            more = rest[len(sent):]
+            return "", [{"index": self.count - 1, "function": {"arguments": more}}] if more else []
         if not rest:
             return "", []
         content, calls = parse_calls(rest, self.use)
-        self.calls += calls
-        return content or "", calls
+        deltas = []
+        for call in calls:
+            first = self._begin(call.name)
+            first["id"] = call.id
+            deltas.append(first)
+            deltas += [{"index": self.count - 1, "function": {"arguments": fragment}}
+                       for fragment in argument_fragments(call.arguments)]
+        return content or "", deltas
+
+
+def _partial_tail(text: str, marker: str) -> int:
+    """How many of ``text``'s last characters are the start of ``marker``."""
+    return max((n for n in range(min(len(marker) - 1, len(text)), 0, -1) if text.endswith(marker[:n])), default=0)
 
 
 def argument_fragments(arguments: str, size: int = 16) -> list[str]:
     """A call's arguments in pieces, as OpenAI streams them."""
     return [arguments[i:i + size] for i in range(0, len(arguments), size)] or [""]
-
