@@ -72,7 +72,7 @@ def test_openai_tool_call_required_streamed_in_openais_chunk_shape(live):
     client = live.client()
     chunks = list(client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "Hello! How are you?"}], tools=[WEATHER],
-        tool_choice="required", max_tokens=40, temperature=0, stream=True))
+        tool_choice="required", parallel_tool_calls=False, max_tokens=40, temperature=0, stream=True))
     deltas = [d for c in chunks if c.choices for d in (c.choices[0].delta.tool_calls or [])]
     assert deltas[0].index == 0 and deltas[0].id and deltas[0].type == "function"
     assert deltas[0].function.name == "get_weather"

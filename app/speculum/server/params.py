@@ -138,12 +138,11 @@ def _off(*values):
 IMPLEMENTED = {"model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p", "n",
                "stop", "seed", "stream", "stream_options", "prediction", "response_format", "logprobs",
                "presence_penalty", "frequency_penalty", "repeat_penalty"}
-CHAT_ONLY = {"messages", "tools", "tool_choice", "top_logprobs"}
+CHAT_ONLY = {"messages", "tools", "tool_choice", "parallel_tool_calls", "top_logprobs"}
 TEXT_ONLY = {"prompt", "best_of"}
 # Harmless to ignore: bookkeeping for OpenAI's platform that changes no answer.
 IGNORED = {"user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key",
-           "prompt_cache_retention", "prompt_cache_options",  # (this server's prompt cache is its own)
-           "parallel_tool_calls"}  # (a model may call several tools at once; one is never forced)
+           "prompt_cache_retention", "prompt_cache_options"}  # (this server's prompt cache is its own)
 # Refused unless off: ignoring them would answer something other than what was asked.
 REFUSED = {
     "functions": (_off(None, []), "function calls are not supported here"),

@@ -57,6 +57,7 @@ class ToolUse:
     choice: str  # "auto", "required", or "function" (the one named in ``required_name``)
     required_name: str | None = None
     parameters: dict[str, dict] = field(default_factory=dict)  # each function's JSON schema
+    parallel: bool = True  # whether a required call may be followed by more
 
     def grammar(self) -> Grammar | None:
         """For required or named calls: the grammar of one or more calls in the model's format."""
@@ -71,10 +72,14 @@ class ToolUse:
             body = Grammar.from_json_schema(call).gbnf
             fmt = self.format
             if fmt.in_list:
-                wrap = f'tool-calls ::= {_gbnf(fmt.opening)} "[" root ("," " "? root)* "]"\n'
+                more = '("," " "? root)*' if self.parallel else ""
+                wrap = f'tool-calls ::= {_gbnf(fmt.opening)} "[" root {more} "]"\n'
+            elif fmt.opening:
+                one = f'{_gbnf(fmt.opening)} root {_gbnf(fmt.closing)}'
+                more = f'("\\n" {one})*' if self.parallel else ""
+                wrap = f"tool-calls ::= {one} {more}\n"
             else:
-                one = f'{_gbnf(fmt.opening)} root {_gbnf(fmt.closing)}' if fmt.opening else "root"
-                wrap = f'tool-calls ::= {one} ("\\n" {one})*\n' if fmt.opening else f"tool-calls ::= {one}\n"
+                wrap = "tool-calls ::= root\n"
             return Grammar(body + "\n" + wrap, root="tool-calls")
         except ValueError as exc:
             raise BadRequest(f"The tools' parameters cannot be enforced: {exc}", param="tools") from None
@@ -114,7 +119,8 @@ def tool_use(body: dict, template: str | None) -> ToolUse | None:
         raise BadRequest("This model's chat template has no tool support, so it cannot be given 'tools'.",
                          param="tools", code="unsupported_parameter")
     return ToolUse(tools=[{"type": "function", "function": t["function"]} for t in tools], format=fmt,
-                   choice=kind, required_name=name, parameters=parameters)
+                   choice=kind, required_name=name, parameters=parameters,
+                   parallel=body.get("parallel_tool_calls") is not False)
 
 
 def _choice(choice: Any, parameters: dict) -> tuple[str, str | None]:
