@@ -25,7 +25,8 @@ passes (median time per pass size, at the edit's context length, in this run).
 
     SPECULUM_MODELS_DIR=~/.cache/speculum-dev/models python scripts/bench_server.py
     (add --target T --draft D, --mode auto, --max-tokens N, --repeat N, --json; --overhead-only
-    runs the two plain-decoding chat rows alone, for more rounds in the same time)
+    runs the two plain-decoding chat rows alone, for more rounds in the same time; --structured
+    runs only a JSON-schema extraction and a required tool call, speculative vs plain constrained)
 """
 
 from __future__ import annotations
@@ -61,7 +62,9 @@ def client(url: str, body: dict) -> dict:
                 continue
             chunk = json.loads(line[6:])
             for choice in chunk.get("choices", []):
-                pieces.append(choice.get("delta", {}).get("content") or "")
+                delta = choice.get("delta", {})
+                pieces.append((delta.get("content") or "")
+                              + "".join(c["function"].get("arguments") or "" for c in delta.get("tool_calls") or []))
                 first = first or (time.perf_counter() if pieces[-1] else None)
             usage = chunk.get("usage") or usage
             numbers = chunk.get("speculum") or numbers
@@ -81,6 +84,8 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--overhead-only", action="store_true", help="only the server-overhead rows in plain decoding")
+    parser.add_argument("--structured", action="store_true",
+                        help="only a JSON-schema extraction and a required tool call: speculative vs plain constrained")
     parser.add_argument("--client", nargs=2, metavar=("URL", "BODY"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.client:
@@ -112,6 +117,11 @@ def main() -> int:
     while not server.started:
         time.sleep(0.05)
     url = f"http://127.0.0.1:{port}/v1"
+    if args.structured:
+        try:
+            return structured(args, served, url)
+        finally:
+            server.should_exit = True
 
     passes = []  # (tokens in the pass, seconds) of the edit rows' cycles: the live verify curve
 
@@ -236,6 +246,70 @@ def main() -> int:
     for name, value in ratios.items():
         print(f"{name}: {value:.3f}")
     return 0
+
+
+def structured(args, served, url) -> int:
+    """Constrained answers through the server: bench_grammar's invoice extraction as a
+    ``json_schema`` response_format, and the same fields as a required call of a tool. Each
+    round runs plain constrained decoding (mode off) and speculation (draft, and --mode) one
+    after another; rates are the engine's own (decoding, the prompt apart)."""
+    from bench_grammar import WORKLOADS
+
+    schema, ask, max_tokens = WORKLOADS["invoice"]
+    tool = {"type": "function", "function": {"name": "record_invoice", "description": "Record an invoice.",
+                                             "parameters": schema}}
+    requests = {
+        "json_schema extraction": {"messages": [{"role": "user", "content": ask}], "response_format": {
+            "type": "json_schema", "json_schema": {"name": "invoice", "strict": True, "schema": schema}}},
+        "tool call (required)": {"messages": [{"role": "user", "content": ask.replace("Extract this invoice as JSON",
+                                                                                          "Record this invoice")}],
+                                 "tools": [tool], "tool_choice": "required"}}
+    modes = list(dict.fromkeys(["off", "draft", args.mode]))
+    runs: dict[tuple[str, str], list[dict]] = {}
+
+    def through_server(body: dict, mode: str) -> dict:
+        served.mode = mode
+        body = {"model": "bench", "max_tokens": max_tokens, "temperature": 0, **body}
+        out = subprocess.run([sys.executable, __file__, "--client", url, json.dumps(body)],
+                             capture_output=True, text=True, check=True)
+        return json.loads(out.stdout)
+
+    for body in requests.values():
+        through_server(body, "off")  # warm-up: prompts read once
+    for i in range(args.repeat):
+        print(f"  round {i + 1} of {args.repeat}", file=sys.stderr)
+        for name, body in requests.items():
+            for mode in modes[i % len(modes):] + modes[:i % len(modes)]:
+                runs.setdefault((name, mode), []).append(through_server(body, mode))
+    rows = []
+    for (name, mode), results in runs.items():
+        plain = runs[(name, "off")]
+        rate = [r["speculum"]["tokens_per_s"] for r in results]
+        numbers = results[-1]["speculum"]
+        rows.append({"request": name, "mode": mode, "tokens_per_s": round(statistics.median(rate), 2),
+                     "ratio_to_plain": round(statistics.median(r / p["speculum"]["tokens_per_s"]
+                                                               for r, p in zip(rate, plain)), 3),
+                     "acceptance_rate": numbers.get("acceptance_rate"),
+                     "tokens_per_pass": numbers.get("tokens_per_pass"), "tokens": results[-1]["tokens"],
+                     "valid_json": _is_json(results[-1]["text"]),
+                     "same_as_plain": results[-1]["text"] == plain[-1]["text"]})
+    if args.json:
+        print(json.dumps({"repeat": args.repeat, "rows": rows}, indent=1))
+        return 0
+    print(f"{'request':<24}{'mode':<7}{'tok/s':>7}{'x plain':>9}{'accepted':>10}{'tok/pass':>10}{'tokens':>8}  json  same")
+    for r in rows:
+        acc = "" if r["acceptance_rate"] is None or r["mode"] == "off" else f"{100 * r['acceptance_rate']:.0f}%"
+        print(f"{r['request']:<24}{r['mode']:<7}{r['tokens_per_s']:>7.2f}{r['ratio_to_plain']:>9.2f}{acc:>10}"
+              f"{r['tokens_per_pass']:>10.2f}{r['tokens']:>8}  {r['valid_json']!s:<5} {r['same_as_plain']}")
+    return 0
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+        return True
+    except ValueError:
+        return False
 
 
 if __name__ == "__main__":

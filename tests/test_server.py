@@ -17,6 +17,7 @@ import uvicorn
 from speculum import cli
 from speculum.engine.costs import MAX_BATCH
 from speculum.engine.loading import LoadOptions, load_decoder
+from speculum.server import listen
 from speculum.server.api import create_app
 from speculum.protocol import Asker, CycleEvent, Decoded, Failed, Finished, Started
 from speculum.server.service import ServedModel, StopSequences
@@ -26,15 +27,15 @@ KEY = "test-key-123"
 
 
 class LiveServer:
-    def __init__(self, served: ServedModel, api_key: str | None = None):
+    def __init__(self, served: ServedModel, api_key: str | None = None, cors_origins: list[str] | None = None,
+                 **listening):
         self.served = served
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
         sock.close()
-        config = uvicorn.Config(create_app(served, api_key=api_key), host="127.0.0.1", port=self.port,
-                                log_level="warning", access_log=False)
-        self.server = uvicorn.Server(config)
+        app = create_app(served, api_key=api_key, cors_origins=cors_origins, bind_host="127.0.0.1")
+        self.server = uvicorn.Server(listen.config(app, "127.0.0.1", self.port, **listening))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 30
@@ -66,8 +67,8 @@ def decoder(smollm_path):
 def server(decoder):
     servers = []
 
-    def start(api_key=None, mode="lookup", max_waiting=8):
-        s = LiveServer(ServedModel(decoder, MODEL, mode=mode, max_waiting=max_waiting), api_key)
+    def start(api_key=None, mode="lookup", max_waiting=8, **listening):
+        s = LiveServer(ServedModel(decoder, MODEL, mode=mode, max_waiting=max_waiting), api_key, **listening)
         servers.append(s)
         return s
 
@@ -150,7 +151,7 @@ def test_stop_sequences_hold_back_a_possible_start():
 
 
 def _post(server, path, body, key=None):
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
     data = body if isinstance(body, (bytes, str)) else json.dumps(body)
     return httpx.post(server.url + path, content=data, headers=headers, timeout=120)
 
@@ -350,3 +351,37 @@ def test_an_unrelated_prediction_changes_nothing_but_its_counts(server):
     assert other.choices[0].message.content == plain.choices[0].message.content
     accepted, rejected = prediction_usage(other.usage)
     assert accepted <= 2  # a word or bracket in common at most
+
+
+def test_a_streaming_client_gone_before_its_first_token_stops_the_prompt_within_a_chunk(server, decoder):
+    s = server(mode="off")
+    reads, read_in_request, first_chunk = [], [], threading.Event()
+
+    def on_prompt(read, total):  # on the engine thread, after each chunk of the prompt
+        reads.append((read, total))
+        if len(reads) == 2:  # the first chunk is in: the client leaves now
+            first_chunk.set()
+            deadline = time.monotonic() + 60
+            while not s.served.stopping:  # until the server has seen it go
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+
+    s.served.on_prompt = on_prompt
+    s.served.on_event = lambda event: (read_in_request.append(decoder.stats.prompt_tokens)
+                                       if isinstance(event, Decoded) else None)
+    body = json.dumps({"model": MODEL, "stream": True, "max_tokens": 8,
+                       "messages": [{"role": "user", "content": "Summarise: " + "many words here " * 220}]})
+    with socket.create_connection(("127.0.0.1", s.port), timeout=60) as sock:
+        sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(body)}\r\n\r\n{body}".encode())
+        assert first_chunk.wait(120)
+    deadline = time.monotonic() + 60
+    while not read_in_request:
+        assert time.monotonic() < deadline, "the prompt's reading did not stop"
+        time.sleep(0.02)
+    first, total = reads[0][0], reads[0][1]
+    assert total - first > 3 * (reads[1][0] - first)  # the prompt was several chunks long...
+    assert read_in_request == [reads[1][0] - first]  # ...and one was read: the one under way when the client left
+    # The model is free at once for the next client.
+    stream = s.client().chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)

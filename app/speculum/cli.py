@@ -251,6 +251,7 @@ def cmd_serve(args) -> int:
     """An OpenAI-compatible API over the loaded pair, until Ctrl-C."""
     import uvicorn
 
+    from .server import listen
     from .server.api import create_app
     from .server.service import ServedModel
 
@@ -263,9 +264,10 @@ def cmd_serve(args) -> int:
     decoder.policy_for(args.mode)  # a mode these models cannot run (mtp without NextN layers) stops here
     model_id = args.model_id or Path(args.target).stem
     served = ServedModel(decoder, model_id, mode=args.mode, max_waiting=args.max_waiting)
-    app = create_app(served, api_key=args.api_key, cors_origins=args.cors_origin or None)
+    app = create_app(served, api_key=args.api_key, cors_origins=args.cors_origin or None, bind_host=args.host)
     print(f"Serving {model_id} ({args.mode} mode) at http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    uvicorn.Server(listen.config(app, args.host, args.port, header_timeout=args.header_timeout,
+                                 max_connections=args.max_connections)).run()
     return 0
 
 
@@ -326,6 +328,27 @@ def cmd_gui(args) -> int:
     return run_app(args)
 
 
+def _add_serve_options(s: argparse.ArgumentParser) -> None:
+    from .server import listen
+
+    _add_model_options(s)
+    s.add_argument("--n-ctx", type=int, help="context size in tokens (same as --ctx)")
+    s.add_argument("--mode", choices=("auto", "off", "draft", "lookup", "mtp"), default="auto")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    s.add_argument("--port", type=int, default=8080)
+    s.add_argument("--api-key", help="required as 'Authorization: Bearer KEY' (needed to listen beyond this machine)")
+    s.add_argument("--model-id", help="the model name clients use (default: the target file's name)")
+    s.add_argument("--max-waiting", type=int, default=8, help="requests that may wait for the model (then 429)")
+    s.add_argument("--cors-origin", action="append", metavar="ORIGIN",
+                   help="let web pages from this origin (https://app.example) call the API; repeatable, '*' for any "
+                        "(default: none: a page on another site cannot drive the model)")
+    s.add_argument("--header-timeout", type=float, default=listen.HEADER_TIMEOUT_S, metavar="S",
+                   help="close a connection whose request headers take longer than this "
+                        f"(default {listen.HEADER_TIMEOUT_S:g} s)")
+    s.add_argument("--max-connections", type=int, default=listen.MAX_CONNECTIONS, metavar="N",
+                   help=f"open connections at most; more are closed at once (default {listen.MAX_CONNECTIONS})")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="speculum", description="Local LLMs with speculative decoding, made visible.")
     parser.add_argument("--version", action="version", version=f"speculum {__version__}")
@@ -361,15 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=cmd_tune)
 
     s = sub.add_parser("serve", help="an OpenAI-compatible API (chat, completions, Predicted Outputs)")
-    _add_model_options(s)
-    s.add_argument("--n-ctx", type=int, help="context size in tokens (same as --ctx)")
-    s.add_argument("--mode", choices=("auto", "off", "draft", "lookup", "mtp"), default="auto")
-    s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
-    s.add_argument("--port", type=int, default=8080)
-    s.add_argument("--api-key", help="required as 'Authorization: Bearer KEY' (needed to listen beyond this machine)")
-    s.add_argument("--model-id", help="the model name clients use (default: the target file's name)")
-    s.add_argument("--max-waiting", type=int, default=8, help="requests that may wait for the model (then 429)")
-    s.add_argument("--cors-origin", action="append", help="allow browser pages from this origin (repeatable)")
+    _add_serve_options(s)
     s.set_defaults(func=cmd_serve)
 
     d = sub.add_parser("doctor", help="versions, compute backend, folders")

@@ -362,7 +362,9 @@ def _why(exc: BaseException) -> str:
     return text[:300]
 
 
-def render_chat(model: HasTemplate, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
+def render_chat(model: HasTemplate, messages: Sequence[dict], add_generation_prompt: bool = True,
+                tools: Sequence[dict] | None = None) -> str:
+    """``tools``: OpenAI's tool definitions, shown by templates that have them (None: not given)."""
     template = model.chat_template or FALLBACK_TEMPLATE
     out: list[str] = []
     size = 0
@@ -373,6 +375,7 @@ def render_chat(model: HasTemplate, messages: Sequence[dict], add_generation_pro
             add_generation_prompt=add_generation_prompt,
             bos_token=model.token_text(model.bos) if model.bos >= 0 else "",
             eos_token=model.token_text(model.eos) if model.eos >= 0 else "",
+            **({"tools": list(tools)} if tools else {}),
         )
         for piece in stream:
             size += len(piece)

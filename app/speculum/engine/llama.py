@@ -269,8 +269,9 @@ class LlamaModel(Backend):
         """llama.cpp's vocabulary handle, for a grammar (engine.grammar) to read tokens with."""
         return self._vocab
 
-    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
-        return render_chat(self, messages, add_generation_prompt)
+    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True,
+                            tools: Sequence[dict] | None = None) -> str:
+        return render_chat(self, messages, add_generation_prompt, tools)
 
     # -- decoding --
 

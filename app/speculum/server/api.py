@@ -3,17 +3,18 @@
 Every failure a client can cause is a 4xx in OpenAI's error shape
 (``{"error": {"message", "type", "param", "code"}}``); anything else is a 500 in the same
 shape, and the server keeps serving. Streaming answers are server-sent events ending in
-``data: [DONE]``.
+``data: [DONE]``. What a request must show before any of this runs is in ``guard``; how a
+request's body and parameters are read, in ``params``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
-import math
+import logging
 import time
 import uuid
-from typing import Any
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -21,11 +22,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ..engine.sampling import SamplingParams
+from ..errors import SpeculumError
+from . import listen
+from .guard import Guard
+from .params import PromptBound, chat_request, json_body, text_request
 from .service import BadRequest, Busy, Completion, Delta, Done, ServedModel
+from .tools import CallStream, parse_calls
 
-MAX_STOP_SEQUENCES = 4
-MAX_BODY_BYTES = 32 * 1024 * 1024
+log = logging.getLogger("speculum.serve")
+
+CLIENT_GONE = 499  # (nginx's code: never seen by the client, which has left)
 
 
 def error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
@@ -34,111 +40,40 @@ def error(status: int, message: str, kind: str = "invalid_request_error", param:
                         status_code=status, headers=headers)
 
 
-# --- reading a request ---------------------------------------------------------------------------
-
-def _number(body: dict, name: str, default: float, low: float, high: float) -> float:
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or not low <= value <= high:
-        raise BadRequest(f"'{name}' must be a number from {low:g} to {high:g}.", param=name)
-    return float(value)
-
-
-def _integer(body: dict, name: str, low: int, high: int | None = None) -> int | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
-        raise BadRequest(f"'{name}' must be a whole number of at least {low}"
-                         + (f" and at most {high:,}." if high is not None else "."), param=name)
-    return value
+def create_app(served: ServedModel, api_key: str | None = None, cors_origins: list[str] | None = None,
+               bind_host: str | None = "127.0.0.1") -> Starlette:
+    """The API over ``served``. ``bind_host``: where it listens (on loopback, only loopback
+    host names are served); ``cors_origins``: web pages allowed to call it."""
+    api = Api(served, api_key)
+    routes = [Route("/health", api.health, methods=["GET"]),
+              Route("/v1/models", api.guarded(api.models), methods=["GET"]),
+              Route("/v1/models/{model_id:path}", api.guarded(api.model), methods=["GET"]),
+              Route("/v1/chat/completions", api.guarded(api.chat), methods=["POST"]),
+              Route("/v1/completions", api.guarded(api.completions), methods=["POST"])]
+    return Starlette(routes=routes,
+                     middleware=[Middleware(Guard, bind_host=bind_host, cors_origins=cors_origins or ())],
+                     exception_handlers={404: _not_found, 405: _not_found, Exception: _failed})
 
 
-def _text(content: Any, param: str) -> str:
-    """A message content: a string, or a list of text parts."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise BadRequest(f"'{param}' may hold only text parts here.", param=param)
-            parts.append(part["text"])
-        return "".join(parts)
-    raise BadRequest(f"'{param}' must be a string or a list of text parts.", param=param)
+class Api:
+    """The routes' work over one served model."""
 
+    def __init__(self, served: ServedModel, api_key: str | None):
+        self.served = served
+        self.api_key = api_key
+        self.created = int(time.time())
+        self.bound = PromptBound(served)
 
-def _stop(body: dict) -> list[str]:
-    stop = body.get("stop")
-    if stop is None:
-        return []
-    if isinstance(stop, str):
-        stop = [stop]
-    if not isinstance(stop, list) or len(stop) > MAX_STOP_SEQUENCES or not all(isinstance(s, str) for s in stop):
-        raise BadRequest(f"'stop' must be a string or a list of up to {MAX_STOP_SEQUENCES} strings.", param="stop")
-    return stop
-
-
-def _prediction(body: dict) -> str | None:
-    prediction = body.get("prediction")
-    if prediction is None:
-        return None
-    if not isinstance(prediction, dict) or prediction.get("type") != "content":
-        raise BadRequest("'prediction' must be {\"type\": \"content\", \"content\": ...}.", param="prediction")
-    return _text(prediction.get("content"), "prediction.content")
-
-
-def _completion(served: ServedModel, body: dict, prompt: list[int]) -> Completion:
-    n_ctx = served.decoder.target.n_ctx
-    max_tokens = _integer(body, "max_completion_tokens", 1, n_ctx) or _integer(body, "max_tokens", 1, n_ctx) or 256
-    if _integer(body, "n", 1, 1) not in (None, 1):
-        raise BadRequest("Only n = 1 is supported.", param="n")
-    sampling = SamplingParams(temperature=_number(body, "temperature", 1.0 if "temperature" in body else 0.0, 0, 2),
-                              top_p=_number(body, "top_p", 1.0, 0, 1) or 1.0,
-                              seed=_integer(body, "seed", -2**63, 2**63 - 1))
-    return Completion(prompt, max_tokens, sampling, _stop(body), _prediction(body))
-
-
-async def _json_body(request: Request) -> dict:
-    raw = await request.body()
-    if len(raw) > MAX_BODY_BYTES:
-        raise BadRequest(f"The request is larger than {MAX_BODY_BYTES // (1024 * 1024)} MB.")
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise BadRequest("The request body is not valid JSON.") from None
-    if not isinstance(body, dict):
-        raise BadRequest("The request body must be a JSON object.")
-    return body
-
-
-def _check_model(served: ServedModel, body: dict) -> None:
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise BadRequest("'model' is required.", param="model")
-    if model != served.model_id:
-        raise BadRequest(f"The model '{model}' is not served here; this server serves '{served.model_id}'.",
-                         param="model", code="model_not_found")
-
-
-# --- answering ------------------------------------------------------------------------------------
-
-def create_app(served: ServedModel, api_key: str | None = None, cors_origins: list[str] | None = None) -> Starlette:
-    created = int(time.time())
-
-    def authorised(request: Request) -> bool:
-        if api_key is None:
+    def authorised(self, request: Request) -> bool:
+        if self.api_key is None:
             return True
-        given = request.headers.get("authorization", "")
-        scheme, _, token = given.partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.api_key.encode())
 
-    def guarded(endpoint):
+    def guarded(self, endpoint):
         """An endpoint with the API key checked and the client's own faults as 4xx answers."""
         async def route(request: Request) -> Response:
-            if not authorised(request):
+            if not self.authorised(request):
                 return error(401, "A valid API key is required: Authorization: Bearer KEY.", code="invalid_api_key")
             try:
                 return await endpoint(request)
@@ -147,169 +82,245 @@ def create_app(served: ServedModel, api_key: str | None = None, cors_origins: li
                              headers={"Retry-After": str(exc.retry_after)})
             except BadRequest as exc:
                 return error(400, str(exc), param=exc.param, code=exc.code)
+            except SpeculumError as exc:  # the engine's own failure, in plain words: this request ends
+                return error(500, str(exc), kind="server_error")
         return route
 
-    @guarded
-    async def models(request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [
-            {"id": served.model_id, "object": "model", "created": created, "owned_by": "speculum"}]})
+    def unavailable(self) -> Response | None:
+        """503 while the models load (the routes that need them wait for ready)."""
+        if self.served.state != "loading":
+            return None
+        return error(503, self.served.state_message or "The model is still loading; retry shortly.",
+                     kind="server_error", code="model_loading", headers={"Retry-After": "5"})
 
-    @guarded
-    async def chat(request: Request) -> Response:
-        body = await _json_body(request)
-        _check_model(served, body)
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise BadRequest("'messages' must be a non-empty list.", param="messages")
-        clean = []
-        for i, m in enumerate(messages):
-            if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant"):
-                raise BadRequest(f"messages[{i}] needs a role of system, user or assistant.", param="messages")
-            role = "system" if m["role"] == "developer" else m["role"]
-            clean.append({"role": role, "content": _text(m.get("content", ""), f"messages[{i}].content")})
-        completion = _completion(served, body, served.chat_prompt(clean))
-        return await respond(request, body, completion, chat=True)
+    # -- the routes --
 
-    @guarded
-    async def completions(request: Request) -> Response:
-        body = await _json_body(request)
-        _check_model(served, body)
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-            prompt = prompt[0]
-        if not isinstance(prompt, str) or not prompt:
-            raise BadRequest("'prompt' must be a non-empty string.", param="prompt")
-        completion = _completion(served, body, served.text_prompt(prompt))
-        return await respond(request, body, completion, chat=False)
+    async def health(self, request: Request) -> Response:
+        """Ready, loading, or worker lost: 200 only when a request would be served now."""
+        served = self.served
+        body = {"status": served.state, "model": served.model_id, "waiting": served.waiting}
+        if served.state_message:
+            body["message"] = served.state_message
+        return JSONResponse(body, status_code=200 if served.state == "ready" else 503)
 
-    async def respond(request: Request, body: dict, completion: Completion, chat: bool) -> Response:
-        served.check_fits(completion)
-        ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-        now = int(time.time())
-        stream = body.get("stream") is True
-        options = body.get("stream_options") if isinstance(body.get("stream_options"), dict) else {}
-        head = {"id": ident, "created": now, "model": served.model_id}
-        pieces = served.run(completion)
-        if not stream:
-            text, done = [], None
-            async for piece in _until_disconnected(request, pieces):
-                if isinstance(piece, Delta):
-                    text.append(piece.text)
-                else:
-                    done = piece
-            if done is None:  # the client went away
-                return Response(status_code=499)
-            content = "".join(text)
-            choice = ({"index": 0, "message": {"role": "assistant", "content": content},
-                       "finish_reason": done.finish_reason, "logprobs": None} if chat else
-                      {"index": 0, "text": content, "finish_reason": done.finish_reason, "logprobs": None})
-            return JSONResponse({**head, "object": "chat.completion" if chat else "text_completion",
-                                 "choices": [choice], "usage": done.usage, "speculum": done.speculum})
-        # Streaming: the first piece is awaited here, so a busy server still answers 429.
-        first = await pieces.__anext__()
-        kind = "chat.completion.chunk" if chat else "text_completion"
+    def _card(self) -> dict:
+        return {"id": self.served.model_id, "object": "model", "created": self.created, "owned_by": "speculum"}
 
-        def chunk(delta_text: str | None, finish: str | None, role: bool = False) -> str:
-            if chat:
-                delta = ({"role": "assistant", "content": ""} if role else
-                         {"content": delta_text} if delta_text is not None else {})
-                choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
-            else:
-                choice = {"index": 0, "text": delta_text or "", "finish_reason": finish, "logprobs": None}
-            return f"data: {json.dumps({**head, 'object': kind, 'choices': [choice]}, ensure_ascii=False)}\n\n"
+    async def models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [self._card()]})
 
-        async def events():
-            if chat:
-                yield chunk(None, None, role=True)
-            piece = first
-            while True:
-                if isinstance(piece, Delta):
-                    yield chunk(piece.text, None)
-                else:
-                    final = {**head, "object": kind, "choices": [
-                        {"index": 0, **({"delta": {}} if chat else {"text": ""}), "finish_reason": piece.finish_reason,
-                         "logprobs": None}], "speculum": piece.speculum}
-                    yield f"data: {json.dumps(final)}\n\n"
-                    if options.get("include_usage"):
-                        usage = {**head, "object": kind, "choices": [], "usage": piece.usage}
-                        yield f"data: {json.dumps(usage)}\n\n"
-                    yield "data: [DONE]\n\n"
-                    return
-                try:
-                    piece = await pieces.__anext__()
-                except StopAsyncIteration:
-                    return
+    async def model(self, request: Request) -> Response:
+        model_id = request.path_params["model_id"]
+        if model_id != self.served.model_id:
+            return error(404, f"The model '{model_id[:200]}' is not served here; this server serves "
+                              f"'{self.served.model_id}'.", param="model", code="model_not_found")
+        return JSONResponse(self._card())
 
-        async def closing():
-            try:
-                async for event in events():
-                    yield event
-            finally:
-                await pieces.aclose()  # a client that disconnected stops its generation
+    async def chat(self, request: Request) -> Response:
+        if (loading := self.unavailable()) is not None:
+            return loading
+        body = await json_body(request)
+        return await self.answer(request, body, chat_request(self.served, body, self.bound), chat=True)
 
-        return StreamingResponse(closing(), media_type="text/event-stream",
+    async def completions(self, request: Request) -> Response:
+        if (loading := self.unavailable()) is not None:
+            return loading
+        body = await json_body(request)
+        return await self.answer(request, body, text_request(self.served, body, self.bound), chat=False)
+
+    # -- answering --
+
+    async def answer(self, request: Request, body: dict, completion: Completion, chat: bool) -> Response:
+        """The completion as one JSON answer or as server-sent events; either stops when the client leaves."""
+        self.served.check_fits(completion)
+        reply = Reply(self.served.model_id, chat, completion, self.served.decoder.target)
+        pieces = _until_disconnected(request, self.served.run(completion))
+        if body.get("stream") is not True:
+            return await _whole(reply, pieces)
+        # The first piece is awaited here, so a busy server still answers 429; a client that
+        # leaves meanwhile stops the prompt's reading within a chunk.
+        try:
+            first = await pieces.__anext__()
+        except StopAsyncIteration:
+            return Response(status_code=CLIENT_GONE)
+        usage = ((body.get("stream_options") or {}).get("include_usage") is True)
+        return StreamingResponse(_events(reply, first, pieces, usage), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
-    async def not_found(request: Request, exc) -> Response:
-        return error(404, f"No route {request.method} {request.url.path}.", code="not_found")
 
-    async def failed(request: Request, exc: Exception) -> Response:
-        return error(500, f"The server failed on this request: {exc.__class__.__name__}: {exc}", kind="server_error")
+class Reply:
+    """OpenAI's shapes for one answer, whole or in chunks: text, tool calls, log-probabilities."""
 
-    middleware = []
-    if cors_origins:
-        from starlette.middleware.cors import CORSMiddleware
+    def __init__(self, model_id: str, chat: bool, completion: Completion | None = None, target=None):
+        self.chat = chat
+        self.head = {"id": ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24], "created": int(time.time()),
+                     "model": model_id}
+        self.chunk_kind = "chat.completion.chunk" if chat else "text_completion"
+        self.tools = completion.tools if completion is not None else None
+        self.scores = Scores(target, chat) if completion is not None and completion.logprobs is not None else None
+        self.calls = CallStream(self.tools) if self.tools is not None else None
+        self.held: list = []  # scored tokens of text held back (a call, maybe) until it is sent
 
-        middleware.append(Middleware(CORSMiddleware, allow_origins=cors_origins, allow_methods=["GET", "POST"],
-                                     allow_headers=["Authorization", "Content-Type"]))
-    routes = [Route("/v1/models", models, methods=["GET"]),
-              Route("/v1/chat/completions", chat, methods=["POST"]),
-              Route("/v1/completions", completions, methods=["POST"])]
-    return Starlette(routes=routes, middleware=middleware,
-                     exception_handlers={404: not_found, 405: not_found, Exception: failed})
+    def whole(self, text: str, done: Done, scored: list | None = None) -> dict:
+        logprobs = self.scores.shape(scored or [], 0) if self.scores is not None else None
+        if not self.chat:
+            choice = {"index": 0, "text": text, "finish_reason": done.finish_reason, "logprobs": logprobs}
+        else:
+            content, calls = parse_calls(text, self.tools) if self.tools is not None else (text, [])
+            message = {"role": "assistant", "content": content if calls else text}
+            if calls:
+                message["tool_calls"] = [call.as_openai() for call in calls]
+            choice = {"index": 0, "message": message, "finish_reason": "tool_calls" if calls else done.finish_reason,
+                      "logprobs": logprobs}
+        return {**self.head, "object": "chat.completion" if self.chat else "text_completion",
+                "choices": [choice], "usage": done.usage, "speculum": done.speculum}
+
+    def event(self, payload: dict) -> str:
+        return f"data: {json.dumps({**self.head, 'object': self.chunk_kind, **payload}, ensure_ascii=False)}\n\n"
+
+    def chunk(self, text: str | None, finish: str | None = None, role: bool = False, scored: list | None = None,
+              offset: int = 0) -> str:
+        logprobs = self.scores.shape(scored, offset) if self.scores is not None and scored else None
+        if self.chat:
+            delta = {"role": "assistant", "content": ""} if role else {"content": text} if text is not None else {}
+            choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
+        else:
+            choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": logprobs}
+        return self.event({"choices": [choice]})
+
+    def pieces(self, delta: Delta, offset: int) -> list[str]:
+        """The chunks one piece of text makes: text now, held back (a call, maybe), or calls."""
+        if self.calls is None:
+            return [self.chunk(delta.text, scored=delta.scored, offset=offset)]
+        self.held += delta.scored
+        return self._sent(*self.calls.feed(delta.text), offset)
+
+    def _sent(self, text: str, calls: list[dict], offset: int) -> list[str]:
+        events = []
+        if text:
+            events.append(self.chunk(text, scored=self.held, offset=offset))
+            self.held = []
+        return events + [self._call_event(call) for call in calls]
+
+    def _call_event(self, call: dict) -> str:
+        return self.event({"choices": [{"index": 0, "delta": {"tool_calls": [call]}, "finish_reason": None,
+                                        "logprobs": None}]})
+
+    def failure(self, exc: Exception) -> list[str]:
+        """A generation that failed midway: an error event in OpenAI's shape, then [DONE]."""
+        message = str(exc) if isinstance(exc, SpeculumError) else f"{exc.__class__.__name__}: {exc}"
+        body = {"error": {"message": f"The answer failed midway: {message}", "type": "server_error",
+                          "param": None, "code": "generation_failed"}}
+        return [f"data: {json.dumps(body)}\n\n", "data: [DONE]\n\n"]
+
+    def last(self, done: Done, usage: bool, offset: int = 0) -> list[str]:
+        """What was held back, the finishing chunk (with Speculum's numbers), the usage chunk if
+        asked for, and [DONE]."""
+        events = self._sent(*self.calls.finish(), offset) if self.calls is not None else []
+        finish = "tool_calls" if self.calls is not None and self.calls.count else done.finish_reason
+        events.append(self.event({"choices": [{"index": 0, **({"delta": {}} if self.chat else {"text": ""}),
+                                               "finish_reason": finish, "logprobs": None}],
+                                  "speculum": done.speculum}))
+        if usage:
+            events.append(self.event({"choices": [], "usage": done.usage}))
+        return events + ["data: [DONE]\n\n"]
 
 
-class Serving:
-    """A server on a thread of its own (the window's engine process serves while it chats)."""
+class Scores:
+    """Tokens' log-probabilities in OpenAI's shapes: chat's ``content`` list, completions' legacy one."""
+
+    def __init__(self, target, chat: bool):
+        self.target = target
+        self.chat = chat
+
+    def _token(self, token: int) -> tuple[str, list[int]]:
+        raw = self.target.token_bytes(token)
+        return raw.decode("utf-8", errors="replace"), list(raw)
+
+    def shape(self, scored: list, offset: int) -> dict:
+        """``scored``: (token, logprob, top ids, top logprobs); ``offset``: the text's length before them."""
+        if self.chat:
+            content = []
+            for token, logprob, ids, values in scored:
+                text, raw = self._token(token)
+                top = [dict(zip(("token", "bytes"), self._token(i)), logprob=v) for i, v in zip(ids, values)]
+                content.append({"token": text, "logprob": logprob, "bytes": raw,
+                                "top_logprobs": [{"token": t["token"], "logprob": t["logprob"], "bytes": t["bytes"]}
+                                                 for t in top]})
+            return {"content": content, "refusal": None}
+        tokens, offsets = [], []
+        for token, *_ in scored:
+            offsets.append(offset)
+            tokens.append(self._token(token)[0])
+            offset += len(tokens[-1])
+        return {"tokens": tokens, "token_logprobs": [lp for _, lp, _, _ in scored],
+                "top_logprobs": [{self._token(i)[0]: v for i, v in zip(ids, values)} for _, _, ids, values in scored],
+                "text_offset": offsets}
+
+
+async def _whole(reply: Reply, pieces) -> Response:
+    text, scored, done = [], [], None
+    async for piece in pieces:
+        if isinstance(piece, Delta):
+            text.append(piece.text)
+            scored += piece.scored
+        else:
+            done = piece
+    if done is None:  # the client went away
+        return Response(status_code=CLIENT_GONE)
+    return JSONResponse(reply.whole("".join(text), done, scored))
+
+
+async def _events(reply: Reply, first, pieces, usage: bool):
+    offset = 0
+    try:
+        if reply.chat:
+            yield reply.chunk(None, role=True)
+        piece = first
+        while not isinstance(piece, Done):
+            for event in reply.pieces(piece, offset):
+                yield event
+            offset += len(piece.text)
+            try:
+                piece = await pieces.__anext__()
+            except StopAsyncIteration:  # the client left: no more to say
+                return
+            except Exception as exc:  # noqa: BLE001 - the request fails, the stream still ends properly
+                log.error("A streamed answer failed: %s", exc, exc_info=not isinstance(exc, SpeculumError))
+                for event in reply.failure(exc):
+                    yield event
+                return
+        for event in reply.last(piece, usage, offset):
+            yield event
+    finally:
+        await pieces.aclose()  # the model's turn passes on as soon as the answer is out
+
+
+async def _not_found(request: Request, exc) -> Response:
+    return error(404, f"No route {request.method} {request.url.path[:200]}.", code="not_found")
+
+
+async def _failed(request: Request, exc: Exception) -> Response:
+    return error(500, f"The server failed on this request: {exc.__class__.__name__}: {exc}", kind="server_error")
+
+
+class Serving(listen.Serving):
+    """The API over ``served`` on a thread of its own (the window's engine process serves while it chats)."""
 
     def __init__(self, served: ServedModel, host: str, port: int, api_key: str | None = None):
-        import threading
-
-        import uvicorn
-
-        config = uvicorn.Config(create_app(served, api_key=api_key), host=host, port=port,
-                                log_level="warning", access_log=False)
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, name="speculum-serve", daemon=True)
-        self.url = f"http://{'[' + host + ']' if ':' in host else host}:{port}/v1"
-
-    def start(self, timeout: float = 20.0) -> None:
-        """Start listening; SpeculumError in plain words when the port cannot be had."""
-        from ..errors import SpeculumError
-
-        self.thread.start()
-        deadline = time.monotonic() + timeout
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise SpeculumError(f"Could not serve on {self.url}: the port is in use or not allowed.")
-            time.sleep(0.02)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
+        super().__init__(create_app(served, api_key=api_key, bind_host=host), host, port)
 
 
 async def _until_disconnected(request: Request, pieces):
-    """The pieces of a non-streaming answer; stops (and so stops the generation) if the client leaves."""
-    import asyncio
-
+    """The pieces of an answer until the client leaves; then the generation is stopped (and
+    its prompt's reading, within a chunk) before the pieces are closed."""
     watcher = asyncio.ensure_future(_wait_disconnect(request))
+    step = None
     try:
         while True:
             step = asyncio.ensure_future(pieces.__anext__())
             await asyncio.wait({step, watcher}, return_when=asyncio.FIRST_COMPLETED)
-            if not step.done():
-                step.cancel()
+            if not step.done():  # the client left
                 return
             try:
                 yield step.result()
@@ -317,7 +328,15 @@ async def _until_disconnected(request: Request, pieces):
                 return
     finally:
         watcher.cancel()
-        await pieces.aclose()
+        await asyncio.shield(_close(step, pieces))  # to the end, even when the response is cancelled
+
+
+async def _close(step, pieces) -> None:
+    """End a generation: the step in flight first (closing a generator that runs fails)."""
+    if step is not None and not step.done():
+        step.cancel()
+        await asyncio.gather(step, return_exceptions=True)
+    await pieces.aclose()
 
 
 async def _wait_disconnect(request: Request) -> None:

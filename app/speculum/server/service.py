@@ -13,15 +13,19 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable
+from typing import TYPE_CHECKING, AsyncIterator, Callable
 
 from ..engine.sampling import SamplingParams
 from ..engine.stats import Stats
 from ..engine.vocabulary import Source
 from ..errors import ContextFullError, SpeculumError
 from ..protocol import Asker, CycleEvent, Decoded, Event, Failed, Finished, Started, snapshot_of
+from .pace import Pace
+
+if TYPE_CHECKING:
+    from ..engine.grammar import Grammar
+    from .tools import ToolUse
 
 # How an API request's cycles are labelled beside the window's own.
 STAGE = "API request"
@@ -52,11 +56,15 @@ class Completion:
     sampling: SamplingParams
     stop: list[str] = field(default_factory=list)
     prediction: str | None = None
+    grammar: Grammar | None = None  # the answer follows it (response_format, required tool calls)
+    logprobs: int | None = None  # None, or how many likeliest tokens to give at each position
+    tools: ToolUse | None = None  # tools shown to the model: its calls are read back from its text
 
 
 @dataclass
 class Delta:
     text: str
+    scored: list[tuple[int, float, list[int], list[float]]] = field(default_factory=list)  # (token, logprob, top)
 
 
 @dataclass
@@ -127,17 +135,30 @@ class ServedModel:
         self.max_waiting = max_waiting
         self._turn = asyncio.Lock()  # FIFO: requests run in arrival order
         self._waiting = 0
-        self._last_seconds = 5.0  # how long the last request took: the Retry-After guess
         # Each request's life as the window's own answers tell theirs (Started, CycleEvent per
         # cycle, Decoded once it let go of the models, then Finished or Failed), for its live view.
         self.on_event = on_event
         self.plain_rate = plain_rate  # plain decoding's tokens/s on this machine, for the speedup shown
+        self._stop: threading.Event | None = None  # the running request's
+        self.pace = Pace()  # reading and writing rates: the Retry-After estimate
+        self.state, self.state_message = "ready", ""  # what GET /health says: ready, loading, worker_lost
+        self.on_prompt = None  # optional observer, on the engine thread: (prompt tokens read, of total)
+
+    @property
+    def stopping(self) -> bool:
+        """Whether the running request has been told to stop (its client left)."""
+        return self._stop is not None and self._stop.is_set()
+
+    @property
+    def waiting(self) -> int:
+        return self._waiting
 
     # -- prompts --
 
-    def chat_prompt(self, messages: list[dict]) -> list[int]:
+    def chat_prompt(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         target = self.decoder.target
-        return target.tokenize(target.apply_chat_template(messages))
+        return target.tokenize(target.apply_chat_template(messages, tools=tools) if tools else
+                               target.apply_chat_template(messages))
 
     def predicted_tokens(self, prediction: str | None) -> list[int]:
         """The prediction as the model would write it: plain text, no BOS, specials not parsed."""
@@ -156,6 +177,12 @@ class ServedModel:
             raise BadRequest(f"The prompt is {len(completion.prompt):,} tokens but the model's context holds "
                              f"{n_ctx:,}. Shorten it.", param="messages", code="context_length_exceeded")
 
+    def _scored(self, cycle) -> list:
+        """The cycle's tokens with their log-probabilities, when asked for (end of generation left out)."""
+        target = self.decoder.target
+        return [(t, lp, ids, lps) for t, lp, ids, lps in
+                zip(cycle.emitted, cycle.logprobs, cycle.top_tokens, cycle.top_logprobs) if not target.is_eog(t)]
+
     # -- running --
 
     def _tell(self, event: Event) -> None:
@@ -166,7 +193,7 @@ class ServedModel:
         """Text as it is generated, then one Done; raises Busy when too many wait."""
         self.check_fits(completion)
         if self._waiting >= self.max_waiting:
-            raise Busy(self._waiting, max(1, round(self._last_seconds * self._waiting)))
+            raise Busy(self._waiting, self.pace.retry_after())
         self._waiting += 1
         try:
             await self._turn.acquire()
@@ -181,8 +208,13 @@ class ServedModel:
     async def _generate(self, completion: Completion) -> AsyncIterator[Delta | Done]:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
-        stop = threading.Event()
-        started = time.perf_counter()
+        stop = self._stop = threading.Event()
+        self.pace.started(len(completion.prompt), completion.max_tokens)
+
+        def prompt_read(read: int, total: int) -> None:
+            self.pace.prompt_read(read, total)
+            if self.on_prompt is not None:
+                self.on_prompt(read, total)
 
         def produce() -> None:
             try:
@@ -193,6 +225,8 @@ class ServedModel:
                         generation = self.decoder.generate(completion.prompt, max_tokens=completion.max_tokens,
                                                            sampling=completion.sampling, policy=self.mode,
                                                            stop=stop, prediction=prediction,
+                                                           grammar=completion.grammar, logprobs=completion.logprobs,
+                                                           on_prompt=prompt_read,  # (a stop within one chunk)
                                                            origin="api")  # for the n-gram memory
                         for cycle in generation:
                             if self.on_event is not None:
@@ -223,11 +257,12 @@ class ServedModel:
                     raise item
                 cycle, stats = item  # the generation's own stats, as they stand after this cycle
                 generated += len(cycle.emitted)
+                self.pace.wrote(len(cycle.emitted))
                 if cycle.finish == "eog":
                     finish = "stop"
                 text = stops.feed(cycle.text) if not stops.stopped else ""
-                if text:
-                    yield Delta(text)
+                if text or (cycle.logprobs and not stops.stopped):
+                    yield Delta(text, self._scored(cycle))
                 if stops.stopped and not stop.is_set():
                     finish = "stop"
                     stop.set()  # the rest of this pass is not wanted: end within one pass
@@ -240,4 +275,4 @@ class ServedModel:
         finally:
             stop.set()  # a consumer that left (client gone) stops the generation
             await asyncio.to_thread(thread.join)
-            self._last_seconds = time.perf_counter() - started
+            self.pace.finished()
