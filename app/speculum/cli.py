@@ -28,8 +28,14 @@ def _add_model_options(p: argparse.ArgumentParser, draft: bool = True) -> None:
     p.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto",
                    help="flash attention (default auto: off for a target on the CPU, where verification "
                         "passes run faster without it; llama.cpp's choice elsewhere)")
-    p.add_argument("--rpc", metavar="HOST:PORT[,HOST:PORT...]",
-                   help="put the target's layers on these `speculum rpc-worker`s; the draft stays here")
+    p.add_argument("--rpc", metavar="WORKER[,WORKER...]",
+                   help="put the target's layers on these `speculum rpc-worker`s; the draft stays here. WORKER is "
+                        "the pairing string a worker prints (HOST:PORT/FINGERPRINT/TOKEN: TLS, the worker's "
+                        "certificate pinned, its token presented), or HOST:PORT ([IPv6]:PORT) for a worker started "
+                        "with --insecure (no authentication, no encryption: loopback, or your own tunnel)")
+    p.add_argument("--rpc-timeout", metavar="SECONDS", default=None,
+                   help="end the request when an RPC worker stays silent this long while it owes an answer "
+                        "(frozen, asleep, cut off; default 30)")
     p.add_argument("--tensor-split", metavar="P1,P2,...",
                    help="the target's share per device, as llama.cpp's: the --rpc workers in order, then local GPUs")
 
@@ -72,6 +78,8 @@ def _rpc_options(args) -> dict:
     from .engine import rpc
 
     options: dict = {}
+    if getattr(args, "rpc_timeout", None) is not None:
+        rpc.set_read_timeout(args.rpc_timeout)
     if getattr(args, "rpc", None):
         options["rpc"] = rpc.parse_endpoints(args.rpc)
     if getattr(args, "tensor_split", None):
@@ -258,7 +266,10 @@ def cmd_serve(args) -> int:
 def cmd_rpc_worker(args) -> int:
     from .rpc_worker import run
 
-    return run(args.host, args.port, args.threads, args.cache_dir)
+    from .engine.rpcaddress import check_port
+
+    return run(args.host, check_port(args.port, "--port"), args.threads, args.cache_dir, args.insecure,
+               args.new_pairing)
 
 
 def _rpc_row() -> str:
@@ -363,9 +374,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     w = sub.add_parser("rpc-worker", help="lend this machine's device to another machine's target (llama.cpp RPC)")
     w.add_argument("--host", default="127.0.0.1",
-                   help="address to listen on (default 127.0.0.1: this machine only; "
-                        "the protocol has no authentication)")
-    w.add_argument("--port", type=int, default=50052)
+                   help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 or :: for all "
+                        "interfaces, each printed with its pairing string)")
+    w.add_argument("--port", default="50052", help="TCP port (default 50052)")
+    w.add_argument("--insecure", action="store_true",
+                   help="serve llama.cpp's plain RPC protocol on --host: no TLS, no token; anyone who reaches the "
+                        "port can run code on this device. For loopback, or inside a tunnel of your own "
+                        "(SSH, WireGuard); clients then pass --rpc HOST:PORT")
+    w.add_argument("--new-pairing", action="store_true",
+                   help="make a new certificate and token: pairing strings printed before stop working")
     w.add_argument("--threads", type=int, help="CPU threads for the device (default: all cores)")
     w.add_argument("--cache-dir", help="keep large tensors here, so a reload does not send them again")
     w.set_defaults(func=cmd_rpc_worker)

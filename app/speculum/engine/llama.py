@@ -160,7 +160,7 @@ def _backend_name(gpu: str | None, rpc: Sequence[str], n_gpu_layers: int) -> str
     if n_gpu_layers == 0:
         return "CPU"
     if rpc:
-        return f"RPC {','.join(rpc)}" + (f" + {gpu}" if gpu else "")
+        return f"RPC {rpc_module.names(rpc)}" + (f" + {gpu}" if gpu else "")  # (never a pairing token)
     return gpu or "CPU"
 
 
@@ -250,7 +250,8 @@ class LlamaModel(TokenPieces):
         if recurrent:
             cparams.n_rs_seq = RECURRENT_ROLLBACK  # llama.cpp makes it 0 where the architecture cannot
         flash_attn, cparams.n_ubatch = cpu_settings.attention(
-            flash_attn, verifies, on_cpu=mparams.n_gpu_layers == 0, mtp=header.nextn_layers > 0,
+            flash_attn, verifies, mtp=header.nextn_layers > 0,
+            on_cpu=mparams.n_gpu_layers == 0 or (not gpu and bool(rpc) and rpc_module.computes_on_cpu(rpc)),
             n_ctx=cparams.n_ctx, n_head=lc.llama_model_n_head(self._model), n_ubatch=cparams.n_ubatch)
         self.flash_attn = flash_attn  # None: llama.cpp's choice (on, where the backend has it)
         cparams.flash_attn_type = (
