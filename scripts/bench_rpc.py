@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
-"""Plain vs speculative decoding with the target on RPC workers, as network latency grows.
+"""Plain vs speculative decoding with the target on RPC workers, as network latency grows,
+over the secure link (TLS, paired) and the plain one (--insecure), side by side.
 
-Starts ``--workers`` `speculum rpc-worker` processes on 127.0.0.1, puts a TCP relay in front
-of each that holds every chunk ``delay`` ms in each direction (latency, not bandwidth), and
-loads the target across the relays with the draft local. For each delay it runs, on the
-same loaded models: plain, draft model (k adapted), auto, and on a copy-heavy prompt plain
-vs prompt lookup. Each delay gets a fresh Decoder and a fresh data folder, so the auto
-policy measures its verify-cost curve over that delay's network.
+Starts ``--workers`` `speculum rpc-worker` processes on 127.0.0.1 for each link, puts a TCP
+relay in front of each that holds every chunk ``delay`` ms in each direction (latency, not
+bandwidth; the secure link's TLS records pass through it as they are), and loads the target
+across the relays with the draft local. For each delay it runs, on the same loaded models:
+plain, draft model (k adapted), auto, and on a copy-heavy prompt plain vs prompt lookup.
+Each delay gets a fresh Decoder and a fresh data folder, so the auto policy measures its
+verify-cost curve over that delay's network. Links alternate within each delay, ``--repeat``
+times, and the best run of each counts (another process's burst on a shared machine only
+ever slows a run down).
 
-    python scripts/bench_rpc.py --target T.gguf --draft D.gguf [--delays 0,2,10] [--tokens 64]
+    python scripts/bench_rpc.py --target T.gguf --draft D.gguf [--delays 0,1,5] [--tokens 64]
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from pathlib import Path
 import speculum
 from speculum.engine.decoder import Decoder
 from speculum.engine.loading import LoadOptions, load_decoder
+from speculum.engine.rpcaddress import WorkerAddress, parse_worker
 
 CODE_PROMPT = "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring."
 COPY_PROMPT = ("Rename the variable `total` to `running_sum` in this code and show the full result:\n\n"
@@ -96,17 +101,25 @@ class DelayRelay:
                 return
 
 
-def start_worker(threads: int) -> tuple[subprocess.Popen, int]:
+def start_worker(threads: int, secure: bool, data_dir: str) -> tuple[subprocess.Popen, int, str]:
+    """A worker on 127.0.0.1: (process, port, its pairing string or HOST:PORT)."""
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(Path(speculum.__file__).parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(speculum.__file__).parents[1]), "SPECULUM_DATA_DIR": data_dir}
     proc = subprocess.Popen([sys.executable, "-m", "speculum.cli", "rpc-worker", "--port", str(port),
-                             "--threads", str(threads)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=env)
+                             "--threads", str(threads), *([] if secure else ["--insecure"])],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     for line in proc.stdout:
-        if "listening on" in line:
+        if "--rpc " in line:
             threading.Thread(target=proc.stdout.read, daemon=True).start()  # keep draining its log
-            return proc, port
+            return proc, port, line.split("--rpc ")[1].split()[0]
     raise SystemExit(f"worker did not start (exit {proc.wait()})")
+
+
+def through(relay: DelayRelay, address: str) -> str:
+    """The worker's --rpc value with the relay's address in place of its own."""
+    worker = parse_worker(address)
+    host, port = relay.endpoint.rsplit(":", 1)
+    return WorkerAddress(host, int(port), worker.fingerprint, worker.token).text()
 
 
 def run(decoder: Decoder, user: str, mode: str, tokens: int) -> tuple[float, dict]:
@@ -118,52 +131,93 @@ def run(decoder: Decoder, user: str, mode: str, tokens: int) -> tuple[float, dic
     return decoder.stats.tokens_per_s, (last.policy if last else {})
 
 
+def measure(base: Decoder, tokens: int) -> dict:
+    """tok/s of each run on one link at the delay set now, with a fresh Decoder and data folder."""
+    with tempfile.TemporaryDirectory() as data:
+        os.environ["SPECULUM_DATA_DIR"] = data  # no verify-cost curve remembered from another delay
+        decoder = Decoder(base.target, base.draft)
+        got = {"plain": run(decoder, CODE_PROMPT, "off", tokens)[0],
+               "draft": run(decoder, CODE_PROMPT, "draft", tokens)[0]}
+        got["auto"], got["policy"] = run(decoder, CODE_PROMPT, "auto", tokens)
+        got["copy"] = run(decoder, COPY_PROMPT, "off", tokens)[0]
+        got["lookup"] = run(decoder, COPY_PROMPT, "lookup", tokens)[0]
+    return got
+
+
+def best(runs: list[dict]) -> dict:
+    out = {key: max(r[key] for r in runs) for key in ("plain", "draft", "auto", "copy", "lookup")}
+    out["policy"] = runs[-1]["policy"]
+    return out
+
+
+def row(label: str, delay_ms: float, r: dict) -> str:
+    policy = r["policy"]
+    est = f"{policy.get('plain_tokens_per_s', 0):.2f} tok/s, {policy.get('verify_cost', {}).get(5, 0):.2f}"
+    return (f"{label:>6} | {delay_ms:>8g} ms | {r['plain']:6.2f} | {r['draft']:6.2f} ({r['draft'] / r['plain']:4.2f}x) | "
+            f"{r['auto']:6.2f} ({r['auto'] / r['plain']:4.2f}x) | {est:>38} | {r['copy']:11.2f} | "
+            f"{r['lookup']:6.2f} ({r['lookup'] / r['copy']:4.2f}x)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", required=True)
     ap.add_argument("--draft", required=True)
-    ap.add_argument("--delays", default="0,2,10", help="ms added each way per chunk, comma-separated")
+    ap.add_argument("--delays", default="0,1,5", help="ms added each way per chunk, comma-separated")
+    ap.add_argument("--links", default="secure,plain", help="secure (pairing string, TLS) and/or plain (--insecure)")
     ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--repeat", type=int, default=2, help="runs per link and delay, alternating links; the best counts")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--worker-threads", type=int, default=1)
     ap.add_argument("--threads", type=int, help="local threads (the draft's)")
     args = ap.parse_args()
 
-    workers = [start_worker(args.worker_threads) for _ in range(args.workers)]
-    relays = [DelayRelay(("127.0.0.1", port)) for _, port in workers]
+    links = [name.strip() for name in args.links.split(",") if name.strip()]
+    data = tempfile.mkdtemp(prefix="speculum-bench-rpc-")
+    workers = {link: [start_worker(args.worker_threads, link == "secure", data) for _ in range(args.workers)]
+               for link in links}
+    relays = {link: [DelayRelay(("127.0.0.1", port)) for _, port, _ in workers[link]] for link in links}
+    bases: dict[str, Decoder] = {}
     try:
-        base = load_decoder(args.target, args.draft, LoadOptions(
-            n_ctx=2048, n_threads=args.threads, rpc=tuple(r.endpoint for r in relays)))
-        print(f"target on {base.target.facts.backend}, draft on {base.draft.facts.backend}; "
-              f"{args.tokens} greedy tokens per run; tok/s (speedup over plain)", flush=True)
-        header = (f"{'delay each way':>14} | {'plain':>6} | {'draft':>13} | {'auto':>13} | "
+        for link in links:
+            bases[link] = load_decoder(args.target, args.draft, LoadOptions(
+                n_ctx=2048, n_threads=args.threads,
+                rpc=tuple(through(r, w[2]) for r, w in zip(relays[link], workers[link]))))
+        first = bases[links[0]]
+        print(f"target on {first.target.facts.backend} (per link), draft on {first.draft.facts.backend}; "
+              f"{args.tokens} greedy tokens per run, best of {args.repeat}; tok/s (speedup over plain)", flush=True)
+        header = (f"{'link':>6} | {'delay each way':>11} | {'plain':>6} | {'draft':>13} | {'auto':>13} | "
                   f"{'auto: plain est., verify(5)/verify(1)':>38} | {'copy: plain':>11} | {'lookup':>13}")
-        rows = []
+        rows, ratios = [], []
         for delay_ms in (float(d) for d in args.delays.split(",")):
-            for r in relays:
-                r.delay_s = delay_ms / 1000
-            with tempfile.TemporaryDirectory() as data:
-                os.environ["SPECULUM_DATA_DIR"] = data  # no verify-cost curve remembered from another delay
-                decoder = Decoder(base.target, base.draft)
-                plain, _ = run(decoder, CODE_PROMPT, "off", args.tokens)
-                draft, _ = run(decoder, CODE_PROMPT, "draft", args.tokens)
-                auto, policy = run(decoder, CODE_PROMPT, "auto", args.tokens)
-                copy_plain, _ = run(decoder, COPY_PROMPT, "off", args.tokens)
-                lookup, _ = run(decoder, COPY_PROMPT, "lookup", args.tokens)
-            est = f"{policy.get('plain_tokens_per_s', 0):.2f} tok/s, {policy.get('verify_cost', {}).get(5, 0):.2f}"
-            rows.append(f"{delay_ms:>11g} ms | {plain:6.2f} | {draft:6.2f} ({draft / plain:4.2f}x) | "
-                        f"{auto:6.2f} ({auto / plain:4.2f}x) | {est:>38} | {copy_plain:11.2f} | "
-                        f"{lookup:6.2f} ({lookup / copy_plain:4.2f}x)")
-            print(rows[-1], file=sys.stderr, flush=True)
+            for link in links:
+                for r in relays[link]:
+                    r.delay_s = delay_ms / 1000
+            runs: dict[str, list[dict]] = {link: [] for link in links}
+            for _ in range(args.repeat):
+                for link in links:
+                    runs[link].append(measure(bases[link], args.tokens))
+            results = {link: best(runs[link]) for link in links}
+            for link in links:
+                rows.append(row(link, delay_ms, results[link]))
+                print(rows[-1], file=sys.stderr, flush=True)
+            if {"secure", "plain"} <= set(links):
+                s, p = results["secure"], results["plain"]
+                ratios.append(f"{delay_ms:>8g} ms | " + " | ".join(
+                    f"{key} {s[key] / p[key]:.3f}x" for key in ("plain", "draft", "auto", "copy", "lookup")))
         print(header)
         print("-" * len(header))
         print("\n".join(rows))
-        base.target.close()
-        base.draft.close()
+        if ratios:
+            print("\nsecure link / plain link, tok/s, per run kind:")
+            print("\n".join(ratios))
     finally:
-        for proc, _ in workers:
-            proc.terminate()
-            proc.wait(10)
+        for base in bases.values():
+            base.target.close()
+            base.draft.close()
+        for link in links:
+            for proc, _, _ in workers[link]:
+                proc.terminate()
+                proc.wait(10)
 
 
 if __name__ == "__main__":

@@ -199,6 +199,21 @@ def test_rpc_is_available_in_this_build_and_doctor_says_so():
     assert rpc.availability() is None
     out = run_cli("doctor").stdout
     assert "RPC (across machines)" in out and "available (llama.cpp RPC protocol 7." in out
+    assert "a target on RPC workers as on their device: off on CPU workers" in out
+
+
+def test_json_reports_flash_attention_per_model_and_the_device_each_worker_computes_on(smollm_path, workers):
+    import json
+
+    r = run_cli("generate", "--target", smollm_path, "--draft", smollm_path, "--rpc", workers[0].endpoint,
+                "--threads", 1, "--max-tokens", 2, "--json", "hi")
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout.splitlines()[-1])
+    target, draft = summary["attention"]
+    assert target["model"] == "target" and target["devices"] == f"RPC {workers[0].name}"
+    assert target["flash_attn"] == "off"  # as a local target on this CPU
+    assert target["workers"][workers[0].name].startswith("CPU (")
+    assert draft == {"model": "draft", "devices": "CPU", "flash_attn": "llama.cpp's choice"}
 
 
 def test_an_insecure_worker_beyond_loopback_warns_that_anyone_can_use_it():

@@ -90,6 +90,23 @@ def _rpc_options(args) -> dict:
     return options
 
 
+def _attention(decoder) -> list[dict]:
+    """Flash attention in effect for each model, with the devices that hold it (RPC workers named,
+    each with the device it said it computes on)."""
+    from .engine import rpc
+
+    report = []
+    for role, model in (("target", decoder.target), ("draft", decoder.draft)):
+        if model is None:
+            continue
+        entry = {"model": role, "devices": model.facts.backend,
+                 "flash_attn": {True: "on", False: "off"}.get(model.flash_attn, "llama.cpp's choice")}
+        if role == "target" and model.facts.backend.startswith("RPC "):
+            entry["workers"] = rpc.workers_in_use()
+        report.append(entry)
+    return report
+
+
 def _mode(name: str) -> Mode:
     try:
         return Mode(name)
@@ -147,7 +164,8 @@ def cmd_generate(args) -> int:
     if args.json:
         summary = {"type": "summary", **stats.summary(), "mode": args.mode, "profile": args.profile,
                    "finish": last.finish if last else None, "message": last.message if last else "",
-                   "text": answer, "policy": last.policy.to_json() if last and last.policy else {}}
+                   "text": answer, "policy": last.policy.to_json() if last and last.policy else {},
+                   "attention": _attention(decoder)}
         if isinstance(steps, DocumentSummary) and steps.part_summaries:
             summary["parts"] = len(steps.part_summaries)
         print(json.dumps(summary, ensure_ascii=False))
@@ -167,6 +185,7 @@ def cmd_bench(args) -> int:
     results = run_bench(decoder, prompts, modes, max_tokens=args.max_tokens, repeat=args.repeat,
                         k=_fixed_k(args), progress=sys.stderr, info=info)
     info["flash_attn"] = {True: "on", False: "off"}.get(decoder.target.flash_attn, "auto")  # the target's
+    info["attention"] = _attention(decoder)
     if args.json:
         print(json.dumps({"results": results, "profile": args.profile, **info}, indent=1))
     else:
@@ -214,9 +233,12 @@ def cmd_doctor(args) -> int:
         ("Threads", str(llama.default_threads())),
         ("Thread wait", _thread_wait(cpu_settings.in_effect())),
         ("Tiled matmul", _tiled_matmul(cpu_settings.in_effect())),
-        ("Flash attention", "llama.cpp's choice (on the GPU)" if gpu else
+        ("Flash attention", ("llama.cpp's choice (on the GPU)" if gpu else
          "off for the target (verification passes run faster without it on the CPU), "
-         "llama.cpp's choice for draft models and MTP heads; --flash-attn on|off chooses"),
+         "llama.cpp's choice for draft models and MTP heads") +
+         "; a target on RPC workers as on their device: off on CPU workers, llama.cpp's choice on GPU ones "
+         "(a plain --insecure worker is taken to be of this machine's kind); --flash-attn on|off chooses; "
+         "generate/bench --json report it per model and device"),
         ("System", f"{platform.system()} {platform.machine()}"),
         ("Models folder", str(paths.models_dir())),
         ("Data folder", str(paths.data_dir())),

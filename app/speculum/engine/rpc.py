@@ -321,6 +321,17 @@ def computes_on_cpu(endpoints: Sequence[str]) -> bool:
     return all(kind in (None, "CPU") for kind in kinds)
 
 
+def workers_in_use() -> dict[str, str]:
+    """Each worker a loaded model uses, with the device it computes on as it said (secure link)."""
+    described = {}
+    for name, count in _in_use.items():
+        device = (_links[name].device or {}) if count and name in _links else None
+        if device is not None:
+            described[name] = (f"{device.get('kind', '?')} ({device.get('name', '?')})" if device
+                               else "not said (plain link): taken to be this machine's kind")
+    return described
+
+
 def hold(endpoints: Sequence[str], loaded: bool) -> None:
     """Count a model loaded on (``loaded``) or closed from ``endpoints``."""
     with _register_lock:
@@ -380,6 +391,6 @@ def c_stdout_line_buffered() -> None:
 
 
 __all__ = ["PROTOCOL", "DEFAULT_PORT", "RpcUnavailable", "libraries", "availability", "parse_endpoints", "names",
-           "set_read_timeout", "check_worker", "register_workers", "keep_alive", "computes_on_cpu", "hold",
+           "set_read_timeout", "check_worker", "register_workers", "keep_alive", "computes_on_cpu", "workers_in_use", "hold",
            "any_registered", "device_array", "on_worker_lost",
            "worker_device", "serve", "c_stdout_line_buffered"]
