@@ -26,6 +26,7 @@ import speculum
 from speculum.engine import rpc
 from speculum.engine.llama import LlamaModel, gpu_backend
 from speculum.engine.loading import LoadOptions, load_decoder
+from speculum.engine.rpcaddress import WorkerAddress, parse_worker
 from speculum.errors import SpeculumError
 from speculum.rpc_worker import exposure_warning
 from test_engine_real import first_difference, generate, tokens_of
@@ -45,13 +46,13 @@ class Worker:
     ``endpoint`` is what a client passes as --rpc: the pairing string it printed (secure, the
     default), or HOST:PORT (``insecure``); ``name`` is HOST:PORT either way."""
 
-    def __init__(self, threads: int = 1, insecure: bool = False, data_dir: str | None = None):
+    def __init__(self, threads: int = 1, insecure: bool = False, data_dir: str | None = None, extra=()):
         self.port = free_port()
         self.name = f"127.0.0.1:{self.port}"
         self.data_dir = data_dir or tempfile.mkdtemp(prefix="speculum-worker-")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "speculum.cli", "rpc-worker", "--port", str(self.port), "--threads", str(threads),
-             *(["--insecure"] if insecure else [])],
+             *(["--insecure"] if insecure else []), *extra],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**ENV, "SPECULUM_DATA_DIR": self.data_dir})
         self.lines: queue.Queue[str] = queue.Queue()
         self.output: list[str] = []
@@ -225,12 +226,14 @@ def test_an_insecure_worker_beyond_loopback_warns_that_anyone_can_use_it():
 
 def test_worker_says_where_and_what_it_offers_and_ends_cleanly_on_sigterm():
     w = Worker()
-    text = "".join(w.output)
-    assert f"listening on {w.name}: secure link" in text and "MiB free of" in text
-    # One pairing string, on a line of its own: address, port, certificate fingerprint, token.
-    assert rpc.parse_endpoints(w.endpoint)[0].startswith(f"{w.name}/") and w.count(w.endpoint) == 1
-    assert rpc.check_worker(w.endpoint) == rpc.PROTOCOL  # it answers llama.cpp's hello, through the link
-    assert w.stop() == 0
+    try:
+        text = "".join(w.output)
+        assert f"listening on {w.name}: secure link" in text and "MiB free of" in text
+        # One pairing string, on a line of its own: address, port, certificate fingerprint, token.
+        assert rpc.parse_endpoints(w.endpoint)[0].startswith(f"{w.name}/") and w.count(w.endpoint) == 1
+        assert rpc.check_worker(w.endpoint) == rpc.PROTOCOL  # it answers llama.cpp's hello, through the link
+    finally:
+        assert w.stop() == 0
     assert "RPC worker stopped" in "".join(w.output)
     assert "warning" not in w.process.stderr.read()  # loopback: nothing to warn about
 
@@ -461,6 +464,17 @@ def test_a_worker_on_all_interfaces_prints_a_usable_pairing_string_for_each_on_i
     assert interface_addresses(ip_address("10.1.2.3")) == [("", "10.1.2.3")]  # one address: that one
 
 
+def test_the_pairing_string_survives_a_restart_until_new_pairing_is_asked(tmp_path):
+    strings = []
+    for extra in ((), (), ("--new-pairing",)):
+        w = Worker(data_dir=str(tmp_path), extra=extra)
+        strings.append(parse_worker(w.endpoint))
+        w.stop()
+    assert strings[0].fingerprint == strings[1].fingerprint != strings[2].fingerprint
+    assert strings[0].token == strings[1].token != strings[2].token
+    assert oct((tmp_path / "rpc-worker" / "token").stat().st_mode & 0o777) == "0o600"  # a secret
+
+
 def _bytes_to_llama_cpp(w: Worker) -> int:
     """What the worker's front end has passed to llama.cpp's parser, all clients together."""
     totals = [int(line.rsplit("(", 1)[1].split()[0]) for line in w.output if line.rstrip().endswith("in all)")]
@@ -469,8 +483,6 @@ def _bytes_to_llama_cpp(w: Worker) -> int:
 
 def test_the_secure_link_refuses_a_wrong_token_or_certificate_before_llama_cpp_hears_a_byte():
     import ssl
-
-    from speculum.engine.rpcaddress import WorkerAddress, parse_worker
 
     w = Worker()
     try:
@@ -503,6 +515,16 @@ def test_the_secure_link_refuses_a_wrong_token_or_certificate_before_llama_cpp_h
         w.wait_for("disconnected: 33 bytes passed to llama.cpp", 10)  # its hello, nothing else
         assert _bytes_to_llama_cpp(w) == heard + 33, "".join(w.output)
         assert w.count("Accepted client connection") == accepted + 1
+
+        # Another program on this machine finds the relay that holds the token: it is not let through.
+        relay = rpc._links[w.name].local_endpoint.split(":")
+        probe = ("import socket, struct, sys\ns = socket.create_connection((sys.argv[1], int(sys.argv[2])), 10)\n"
+                 "s.sendall(bytes([14]) + struct.pack('<Q', 24) + bytes(24))\ns.settimeout(10)\n"
+                 "try:\n    print(s.recv(64))\nexcept ConnectionResetError:\n    print(b'')")
+        out = subprocess.run([sys.executable, "-c", probe, *relay], capture_output=True, text=True, timeout=30)
+        assert out.stdout.strip() == "b''", out
+        time.sleep(0.5)
+        assert w.count("paired with") == 1 and _bytes_to_llama_cpp(w) == heard + 33
     finally:
         w.stop()
 

@@ -167,8 +167,8 @@ def run(host: str, port: int, threads: int | None, cache_dir: str | None, insecu
          f"{'.'.join(map(str, rpc.PROTOCOL))}, {n_threads} threads")
     _say(f"offering {device_name}: {free // 2**20} MiB free of {total // 2**20} MiB")
     if made:
-        _say(f"made a new certificate and token in {identity.cert_file.parent} "
-             "(pairing strings printed before no longer work)")
+        _say(f"made a certificate and token in {identity.cert_file.parent}, kept for later starts "
+             "(pairing strings printed before this no longer work)")
     for line in _hints(address, port, identity):
         _say(line)
     while not stop.wait(0.5):

@@ -128,6 +128,8 @@ def worker_identity(folder: Path, renew: bool = False) -> tuple[Identity, bool]:
         for path, data in ((key_file, key_pem), (token_file, token.encode()),
                            (cert_file, cert.public_bytes(serialization.Encoding.PEM))):
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # the key and token are secrets
+            if hasattr(os, "fchmod"):
+                os.fchmod(fd, 0o600)  # (a file that was there keeps its mode through O_CREAT)
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
     except OSError as exc:
@@ -319,6 +321,31 @@ class _Requests:
                     skip, head = on_head(head), b""
 
 
+def _from_this_process(peer) -> bool:
+    """Whether a connection to a relay comes from this process (ggml), not from another program
+    on this machine, which would otherwise borrow the pairing. Linux answers from /proc: the
+    socket whose local end is the peer's port must be one of this process's descriptors.
+    Where /proc is not there, every local connection is taken (a local user then could too)."""
+    tables = [Path("/proc/self/net/tcp"), Path("/proc/self/net/tcp6")]
+    if not tables[0].exists() or not peer:
+        return True
+    port = f":{peer[1]:04X}"
+    inodes = set()
+    for table in tables:
+        try:
+            lines = table.read_text(encoding="ascii").splitlines()[1:]
+        except OSError:
+            continue
+        inodes |= {f"socket:[{f[9]}]" for f in (line.split() for line in lines) if len(f) > 9 and f[1].endswith(port)}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") in inodes:
+                return True
+        except OSError:
+            continue
+    return False
+
+
 class ClientLink:
     """127.0.0.1:<port>, which ggml connects to as if it were the worker."""
 
@@ -336,6 +363,9 @@ class ClientLink:
         self.failure = (kind, words)
 
     async def _serve(self, ggml_reader: asyncio.StreamReader, ggml_writer: asyncio.StreamWriter) -> None:
+        if not _from_this_process(ggml_writer.get_extra_info("peername")):
+            await _close(ggml_writer)  # another program on this machine: the relay holds our token, not theirs
+            return
         self.failure = None
         _nodelay_keepalive(ggml_writer.get_extra_info("socket"), keepalive=False)
         writer = None
