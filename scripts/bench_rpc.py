@@ -128,7 +128,9 @@ def run(decoder: Decoder, user: str, mode: str, tokens: int) -> tuple[float, dic
     last = None
     for cycle in decoder.generate(prompt, max_tokens=tokens, policy=mode, k=4):
         last = cycle
-    return decoder.stats.tokens_per_s, (last.policy if last else {})
+    policy = last.policy if last and last.policy else None
+    return decoder.stats.tokens_per_s, {"plain_tokens_per_s": policy.plain_tokens_per_s or 0,
+                                        "verify_cost": policy.verify_cost or {}} if policy else {}
 
 
 def measure(base: Decoder, tokens: int) -> dict:

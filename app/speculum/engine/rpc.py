@@ -171,6 +171,9 @@ def check_worker(endpoint: str, timeout: float = CONNECT_TIMEOUT_S) -> tuple[int
         raise SpeculumError(f"The RPC worker at {name} accepted the connection but did not answer within "
                             f"{timeout:g} s: it may be serving another client (a worker serves one at a time).") \
             from None
+    if not answer and not link.worker.secure and rpclink.speaks_tls(link.worker.host, link.worker.port, timeout):
+        raise SpeculumError(f"The RPC worker at {name} serves the secure link: pass the pairing string it printed "
+                            f"({name}/FINGERPRINT/TOKEN) as --rpc, not {name} alone.")
     if not answer:
         raise SpeculumError(f"The RPC worker at {name} closed the connection at the handshake: it runs a "
                             f"different llama.cpp RPC protocol than this Speculum ({_version(PROTOCOL)}), or it "

@@ -271,6 +271,17 @@ async def _first_done(*coros) -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+def speaks_tls(host: str, port: int, timeout: float) -> bool:
+    """Whether ``host:port`` completes a TLS handshake: a secure worker, reached without its pairing."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as raw, context.wrap_socket(raw):
+            return True
+    except (OSError, ssl.SSLError):
+        return False
+
+
 # --- the client's relay ------------------------------------------------------------------
 
 # RPC commands that the server answers (rpc_serve_client in ggml-rpc.cpp): the plain link
@@ -475,6 +486,8 @@ class ClientLink:
         while True:
             try:
                 kind, size = _FRAME.unpack(await reader.readexactly(_FRAME.size))
+                if size > _CHUNK:  # the front end never frames more: not a worker of ours
+                    return
                 data = await reader.readexactly(size) if size else b""
             except (asyncio.IncompleteReadError, ssl.SSLError, OSError):
                 return
