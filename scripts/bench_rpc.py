@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Plain vs speculative decoding with the target on RPC workers, as network latency grows,
-over the secure link (TLS, paired) and the plain one (--insecure), side by side.
+over the secure link (TLS, paired), the plain one (--insecure, through Speculum's relay) and
+llama.cpp's own direct connection, side by side.
 
 Starts ``--workers`` `speculum rpc-worker` processes on 127.0.0.1 for each link, puts a TCP
 relay in front of each that holds every chunk ``delay`` ms in each direction (latency, not
@@ -13,6 +14,7 @@ times, and the best run of each counts (another process's burst on a shared mach
 ever slows a run down).
 
     python scripts/bench_rpc.py --target T.gguf --draft D.gguf [--delays 0,1,5] [--tokens 64]
+        [--links secure,plain,direct] [--runs plain,draft,auto,copy,lookup] [--repeat 2]
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import time
 from pathlib import Path
 
 import speculum
+from speculum.engine import rpc
 from speculum.engine.decoder import Decoder
 from speculum.engine.loading import LoadOptions, load_decoder
 from speculum.engine.rpcaddress import WorkerAddress, parse_worker
@@ -133,31 +136,39 @@ def run(decoder: Decoder, user: str, mode: str, tokens: int) -> tuple[float, dic
                                         "verify_cost": policy.verify_cost or {}} if policy else {}
 
 
-def measure(base: Decoder, tokens: int) -> dict:
+KINDS = ("plain", "draft", "auto", "copy", "lookup")  # runs: mode on CODE_PROMPT, or copy/lookup on COPY_PROMPT
+
+
+def measure(base: Decoder, tokens: int, kinds: tuple[str, ...]) -> dict:
     """tok/s of each run on one link at the delay set now, with a fresh Decoder and data folder."""
+    runs = {"plain": (CODE_PROMPT, "off"), "draft": (CODE_PROMPT, "draft"), "auto": (CODE_PROMPT, "auto"),
+            "copy": (COPY_PROMPT, "off"), "lookup": (COPY_PROMPT, "lookup")}
+    got: dict = {"policy": {}}
     with tempfile.TemporaryDirectory() as data:
         os.environ["SPECULUM_DATA_DIR"] = data  # no verify-cost curve remembered from another delay
         decoder = Decoder(base.target, base.draft)
-        got = {"plain": run(decoder, CODE_PROMPT, "off", tokens)[0],
-               "draft": run(decoder, CODE_PROMPT, "draft", tokens)[0]}
-        got["auto"], got["policy"] = run(decoder, CODE_PROMPT, "auto", tokens)
-        got["copy"] = run(decoder, COPY_PROMPT, "off", tokens)[0]
-        got["lookup"] = run(decoder, COPY_PROMPT, "lookup", tokens)[0]
+        for kind in kinds:
+            got[kind], policy = run(decoder, *runs[kind], tokens)
+            if kind == "auto":
+                got["policy"] = policy
     return got
 
 
-def best(runs: list[dict]) -> dict:
-    out = {key: max(r[key] for r in runs) for key in ("plain", "draft", "auto", "copy", "lookup")}
-    out["policy"] = runs[-1]["policy"]
-    return out
+def best(runs: list[dict], kinds: tuple[str, ...]) -> dict:
+    return {**{kind: max(r[kind] for r in runs) for kind in kinds}, "policy": runs[-1]["policy"]}
 
 
 def row(label: str, delay_ms: float, r: dict) -> str:
+    def cell(kind: str, base: str) -> str:
+        if kind not in r:
+            return f"{'-':>13}" if kind != base else f"{'-':>6}"
+        return f"{r[kind]:6.2f}" + (f" ({r[kind] / r[base]:4.2f}x)" if kind != base and base in r else "")
+
     policy = r["policy"]
-    est = f"{policy.get('plain_tokens_per_s', 0):.2f} tok/s, {policy.get('verify_cost', {}).get(5, 0):.2f}"
-    return (f"{label:>6} | {delay_ms:>8g} ms | {r['plain']:6.2f} | {r['draft']:6.2f} ({r['draft'] / r['plain']:4.2f}x) | "
-            f"{r['auto']:6.2f} ({r['auto'] / r['plain']:4.2f}x) | {est:>38} | {r['copy']:11.2f} | "
-            f"{r['lookup']:6.2f} ({r['lookup'] / r['copy']:4.2f}x)")
+    est = (f"{policy.get('plain_tokens_per_s', 0):.2f} tok/s, {policy.get('verify_cost', {}).get(5, 0):.2f}"
+           if policy else "-")
+    return (f"{label:>6} | {delay_ms:>8g} ms | {cell('plain', 'plain')} | {cell('draft', 'plain'):>13} | "
+            f"{cell('auto', 'plain'):>13} | {est:>38} | {cell('copy', 'copy'):>11} | {cell('lookup', 'copy'):>13}")
 
 
 def main() -> None:
@@ -165,8 +176,11 @@ def main() -> None:
     ap.add_argument("--target", required=True)
     ap.add_argument("--draft", required=True)
     ap.add_argument("--delays", default="0,1,5", help="ms added each way per chunk, comma-separated")
-    ap.add_argument("--links", default="secure,plain", help="secure (pairing string, TLS) and/or plain (--insecure)")
+    ap.add_argument("--links", default="secure,plain,direct",
+                    help="secure (pairing string, TLS), plain (--insecure, through Speculum's relay), direct "
+                         "(--insecure, llama.cpp connected straight to the worker: llama.cpp's own link, the yardstick)")
     ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--runs", default=",".join(KINDS), help=f"which runs, of {','.join(KINDS)}")
     ap.add_argument("--repeat", type=int, default=2, help="runs per link and delay, alternating links; the best counts")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--worker-threads", type=int, default=1)
@@ -174,6 +188,7 @@ def main() -> None:
     args = ap.parse_args()
 
     links = [name.strip() for name in args.links.split(",") if name.strip()]
+    kinds = tuple(k for k in KINDS if k in args.runs.split(","))
     data = tempfile.mkdtemp(prefix="speculum-bench-rpc-")
     workers = {link: [start_worker(args.worker_threads, link == "secure", data) for _ in range(args.workers)]
                for link in links}
@@ -181,9 +196,13 @@ def main() -> None:
     bases: dict[str, Decoder] = {}
     try:
         for link in links:
+            addresses = tuple(through(r, w[2]) for r, w in zip(relays[link], workers[link]))
+            if link == "direct":  # ggml to the latency relay itself: no relay of ours, no read timeout
+                for address, relay in zip(addresses, relays[link]):
+                    rpc.check_worker(address)
+                    rpc._links[parse_worker(address).name].local_endpoint = relay.endpoint
             bases[link] = load_decoder(args.target, args.draft, LoadOptions(
-                n_ctx=2048, n_threads=args.threads,
-                rpc=tuple(through(r, w[2]) for r, w in zip(relays[link], workers[link]))))
+                n_ctx=2048, n_threads=args.threads, rpc=addresses))
         first = bases[links[0]]
         print(f"target on {first.target.facts.backend} (per link), draft on {first.draft.facts.backend}; "
               f"{args.tokens} greedy tokens per run, best of {args.repeat}; tok/s (speedup over plain)", flush=True)
@@ -197,20 +216,20 @@ def main() -> None:
             runs: dict[str, list[dict]] = {link: [] for link in links}
             for _ in range(args.repeat):
                 for link in links:
-                    runs[link].append(measure(bases[link], args.tokens))
-            results = {link: best(runs[link]) for link in links}
+                    runs[link].append(measure(bases[link], args.tokens, kinds))
+            results = {link: best(runs[link], kinds) for link in links}
             for link in links:
                 rows.append(row(link, delay_ms, results[link]))
                 print(rows[-1], file=sys.stderr, flush=True)
-            if {"secure", "plain"} <= set(links):
-                s, p = results["secure"], results["plain"]
-                ratios.append(f"{delay_ms:>8g} ms | " + " | ".join(
-                    f"{key} {s[key] / p[key]:.3f}x" for key in ("plain", "draft", "auto", "copy", "lookup")))
+            for a, b in (("secure", "plain"), ("secure", "direct"), ("plain", "direct")):
+                if {a, b} <= set(links):
+                    ratios.append(f"{a:>6} / {b:<6} | {delay_ms:>4g} ms | " + " | ".join(
+                        f"{key} {results[a][key] / results[b][key]:.3f}x" for key in kinds))
         print(header)
         print("-" * len(header))
         print("\n".join(rows))
         if ratios:
-            print("\nsecure link / plain link, tok/s, per run kind:")
+            print("\nratios of tok/s between links, per run kind:")
             print("\n".join(ratios))
     finally:
         for base in bases.values():
