@@ -22,6 +22,8 @@ from __future__ import annotations
 import argparse
 import os
 import queue
+import statistics
+import struct
 import socket
 import subprocess
 import sys
@@ -125,6 +127,44 @@ def through(relay: DelayRelay, address: str) -> str:
     return WorkerAddress(host, int(port), worker.fingerprint, worker.token).text()
 
 
+def round_trip_us(endpoint: str, n: int) -> float:
+    """Median microseconds of one small request and its answer (GET_DEVICE_MEMORY) on one
+    connection to ``endpoint``, which speaks llama.cpp's RPC as a worker does: the link's own
+    cost per round trip, without a model's compute or other processes' load in it."""
+    host, port = endpoint.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+        def ask(cmd: int, body: bytes) -> None:
+            s.sendall(bytes([cmd]) + struct.pack("<Q", len(body)) + body)
+            size = struct.unpack("<Q", _exactly(s, 8))[0]
+            _exactly(s, size)
+
+        ask(14, bytes(24))  # HELLO
+        times = []
+        for _ in range(n):
+            t = time.perf_counter()
+            ask(11, struct.pack("<I", 0))  # GET_DEVICE_MEMORY of device 0
+            times.append(time.perf_counter() - t)
+    return 1e6 * statistics.median(times)
+
+
+def _exactly(s: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = s.recv(n - len(data))
+        if not chunk:
+            raise SystemExit("the worker closed the connection")
+        data += chunk
+    return data
+
+
+def _relay_for(address: str) -> str:
+    """The local endpoint of Speculum's relay to the worker at ``address`` (paired, when secure)."""
+    rpc.check_worker(address)
+    return rpc._links[parse_worker(address).name].local_endpoint
+
+
 def run(decoder: Decoder, user: str, mode: str, tokens: int) -> tuple[float, dict]:
     t = decoder.target
     prompt = t.tokenize(t.apply_chat_template([{"role": "user", "content": user}]))
@@ -183,6 +223,7 @@ def main() -> None:
     ap.add_argument("--runs", default=",".join(KINDS), help=f"which runs, of {','.join(KINDS)}")
     ap.add_argument("--repeat", type=int, default=2, help="runs per link and delay, alternating links; the best counts")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--round-trips", type=int, default=2000, help="small requests timed per link")
     ap.add_argument("--worker-threads", type=int, default=1)
     ap.add_argument("--threads", type=int, help="local threads (the draft's)")
     args = ap.parse_args()
@@ -195,6 +236,14 @@ def main() -> None:
     relays = {link: [DelayRelay(("127.0.0.1", port)) for _, port, _ in workers[link]] for link in links}
     bases: dict[str, Decoder] = {}
     try:
+        # The links' own round trip, before any model holds the workers (each serves one client at a time).
+        trips = {}
+        for link in links:
+            _, port, address = workers[link][0]
+            trips[link] = round_trip_us(f"127.0.0.1:{port}" if link == "direct" else
+                                        _relay_for(address), args.round_trips)
+        print("round trip of a small request on loopback, median of "
+              f"{args.round_trips}: " + ", ".join(f"{link} {us:.0f} us" for link, us in trips.items()), flush=True)
         for link in links:
             addresses = tuple(through(r, w[2]) for r, w in zip(relays[link], workers[link]))
             if link == "direct":  # ggml to the latency relay itself: no relay of ours, no read timeout
