@@ -229,6 +229,9 @@ def test_worker_says_where_and_what_it_offers_and_ends_cleanly_on_sigterm():
     try:
         text = "".join(w.output)
         assert f"listening on {w.name}: secure link" in text and "MiB free of" in text
+        # llama.cpp's own server listens on loopback only, on a port of its own, behind the front end
+        ggml_endpoint = next(line.split(":", 1)[1].strip() for line in w.output if line.strip().startswith("endpoint"))
+        assert ggml_endpoint.startswith("127.0.0.1:") and ggml_endpoint != w.name
         # One pairing string, on a line of its own: address, port, certificate fingerprint, token.
         assert rpc.parse_endpoints(w.endpoint)[0].startswith(f"{w.name}/") and w.count(w.endpoint) == 1
         assert rpc.check_worker(w.endpoint) == rpc.PROTOCOL  # it answers llama.cpp's hello, through the link
