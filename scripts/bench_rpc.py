@@ -1,14 +1,20 @@
 #!/usr/bin/env python3
-"""Plain vs speculative decoding with the target on RPC workers, as network latency grows.
+"""Plain vs speculative decoding with the target on RPC workers, as network latency grows,
+over the secure link (TLS, paired), the plain one (--insecure, through Speculum's relay) and
+llama.cpp's own direct connection, side by side.
 
-Starts ``--workers`` `speculum rpc-worker` processes on 127.0.0.1, puts a TCP relay in front
-of each that holds every chunk ``delay`` ms in each direction (latency, not bandwidth), and
-loads the target across the relays with the draft local. For each delay it runs, on the
-same loaded models: plain, draft model (k adapted), auto, and on a copy-heavy prompt plain
-vs prompt lookup. Each delay gets a fresh Decoder and a fresh data folder, so the auto
-policy measures its verify-cost curve over that delay's network.
+Starts ``--workers`` `speculum rpc-worker` processes on 127.0.0.1 for each link, puts a TCP
+relay in front of each that holds every chunk ``delay`` ms in each direction (latency, not
+bandwidth; the secure link's TLS records pass through it as they are), and loads the target
+across the relays with the draft local. For each delay it runs, on the same loaded models:
+plain, draft model (k adapted), auto, and on a copy-heavy prompt plain vs prompt lookup.
+Each delay gets a fresh Decoder and a fresh data folder, so the auto policy measures its
+verify-cost curve over that delay's network. Links alternate within each delay, ``--repeat``
+times, and the best run of each counts (another process's burst on a shared machine only
+ever slows a run down).
 
-    python scripts/bench_rpc.py --target T.gguf --draft D.gguf [--delays 0,2,10] [--tokens 64]
+    python scripts/bench_rpc.py --target T.gguf --draft D.gguf [--delays 0,1,5] [--tokens 64]
+        [--links secure,plain,direct] [--runs plain,draft,auto,copy,lookup] [--repeat 2]
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ from __future__ import annotations
 import argparse
 import os
 import queue
+import statistics
+import struct
 import socket
 import subprocess
 import sys
@@ -25,8 +33,10 @@ import time
 from pathlib import Path
 
 import speculum
+from speculum.engine import rpc
 from speculum.engine.decoder import Decoder
 from speculum.engine.loading import LoadOptions, load_decoder
+from speculum.engine.rpcaddress import WorkerAddress, parse_worker
 
 CODE_PROMPT = "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring."
 COPY_PROMPT = ("Rename the variable `total` to `running_sum` in this code and show the full result:\n\n"
@@ -96,17 +106,63 @@ class DelayRelay:
                 return
 
 
-def start_worker(threads: int) -> tuple[subprocess.Popen, int]:
+def start_worker(threads: int, secure: bool, data_dir: str) -> tuple[subprocess.Popen, int, str]:
+    """A worker on 127.0.0.1: (process, port, its pairing string or HOST:PORT)."""
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(Path(speculum.__file__).parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(speculum.__file__).parents[1]), "SPECULUM_DATA_DIR": data_dir}
     proc = subprocess.Popen([sys.executable, "-m", "speculum.cli", "rpc-worker", "--port", str(port),
-                             "--threads", str(threads)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=env)
+                             "--threads", str(threads), *([] if secure else ["--insecure"])],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     for line in proc.stdout:
-        if "listening on" in line:
+        if "--rpc " in line:
             threading.Thread(target=proc.stdout.read, daemon=True).start()  # keep draining its log
-            return proc, port
+            return proc, port, line.split("--rpc ")[1].split()[0]
     raise SystemExit(f"worker did not start (exit {proc.wait()})")
+
+
+def through(relay: DelayRelay, address: str) -> str:
+    """The worker's --rpc value with the relay's address in place of its own."""
+    worker = parse_worker(address)
+    host, port = relay.endpoint.rsplit(":", 1)
+    return WorkerAddress(host, int(port), worker.fingerprint, worker.token).text()
+
+
+def round_trip_us(endpoint: str, n: int) -> float:
+    """Median microseconds of one small request and its answer (GET_DEVICE_MEMORY) on one
+    connection to ``endpoint``, which speaks llama.cpp's RPC as a worker does: the link's own
+    cost per round trip, without a model's compute or other processes' load in it."""
+    host, port = endpoint.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+        def ask(cmd: int, body: bytes) -> None:
+            s.sendall(bytes([cmd]) + struct.pack("<Q", len(body)) + body)
+            size = struct.unpack("<Q", _exactly(s, 8))[0]
+            _exactly(s, size)
+
+        ask(14, bytes(24))  # HELLO
+        times = []
+        for _ in range(n):
+            t = time.perf_counter()
+            ask(11, struct.pack("<I", 0))  # GET_DEVICE_MEMORY of device 0
+            times.append(time.perf_counter() - t)
+    return 1e6 * statistics.median(times)
+
+
+def _exactly(s: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = s.recv(n - len(data))
+        if not chunk:
+            raise SystemExit("the worker closed the connection")
+        data += chunk
+    return data
+
+
+def _relay_for(address: str) -> str:
+    """The local endpoint of Speculum's relay to the worker at ``address`` (paired, when secure)."""
+    rpc.check_worker(address)
+    return rpc._links[parse_worker(address).name].local_endpoint
 
 
 def run(decoder: Decoder, user: str, mode: str, tokens: int) -> tuple[float, dict]:
@@ -115,55 +171,123 @@ def run(decoder: Decoder, user: str, mode: str, tokens: int) -> tuple[float, dic
     last = None
     for cycle in decoder.generate(prompt, max_tokens=tokens, policy=mode, k=4):
         last = cycle
-    return decoder.stats.tokens_per_s, (last.policy if last else {})
+    policy = last.policy if last and last.policy else None
+    return decoder.stats.tokens_per_s, {"plain_tokens_per_s": policy.plain_tokens_per_s or 0,
+                                        "verify_cost": policy.verify_cost or {}} if policy else {}
+
+
+KINDS = ("plain", "draft", "auto", "copy", "lookup")  # runs: mode on CODE_PROMPT, or copy/lookup on COPY_PROMPT
+
+
+def measure(base: Decoder, tokens: int, kinds: tuple[str, ...]) -> dict:
+    """tok/s of each run on one link at the delay set now, with a fresh Decoder and data folder."""
+    runs = {"plain": (CODE_PROMPT, "off"), "draft": (CODE_PROMPT, "draft"), "auto": (CODE_PROMPT, "auto"),
+            "copy": (COPY_PROMPT, "off"), "lookup": (COPY_PROMPT, "lookup")}
+    got: dict = {"policy": {}}
+    with tempfile.TemporaryDirectory() as data:
+        os.environ["SPECULUM_DATA_DIR"] = data  # no verify-cost curve remembered from another delay
+        decoder = Decoder(base.target, base.draft)
+        for kind in kinds:
+            got[kind], policy = run(decoder, *runs[kind], tokens)
+            if kind == "auto":
+                got["policy"] = policy
+    return got
+
+
+def best(runs: list[dict], kinds: tuple[str, ...]) -> dict:
+    return {**{kind: max(r[kind] for r in runs) for kind in kinds}, "policy": runs[-1]["policy"]}
+
+
+def row(label: str, delay_ms: float, r: dict) -> str:
+    def cell(kind: str, base: str) -> str:
+        if kind not in r:
+            return f"{'-':>13}" if kind != base else f"{'-':>6}"
+        return f"{r[kind]:6.2f}" + (f" ({r[kind] / r[base]:4.2f}x)" if kind != base and base in r else "")
+
+    policy = r["policy"]
+    est = (f"{policy.get('plain_tokens_per_s', 0):.2f} tok/s, {policy.get('verify_cost', {}).get(5, 0):.2f}"
+           if policy else "-")
+    return (f"{label:>6} | {delay_ms:>8g} ms | {cell('plain', 'plain')} | {cell('draft', 'plain'):>13} | "
+            f"{cell('auto', 'plain'):>13} | {est:>38} | {cell('copy', 'copy'):>11} | {cell('lookup', 'copy'):>13}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", required=True)
     ap.add_argument("--draft", required=True)
-    ap.add_argument("--delays", default="0,2,10", help="ms added each way per chunk, comma-separated")
+    ap.add_argument("--delays", default="0,1,5", help="ms added each way per chunk, comma-separated")
+    ap.add_argument("--links", default="secure,plain,direct",
+                    help="secure (pairing string, TLS), plain (--insecure, through Speculum's relay), direct "
+                         "(--insecure, llama.cpp connected straight to the worker: llama.cpp's own link, the yardstick)")
     ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--runs", default=",".join(KINDS), help=f"which runs, of {','.join(KINDS)}")
+    ap.add_argument("--repeat", type=int, default=2, help="runs per link and delay, alternating links; the best counts")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--round-trips", type=int, default=2000, help="small requests timed per link")
     ap.add_argument("--worker-threads", type=int, default=1)
     ap.add_argument("--threads", type=int, help="local threads (the draft's)")
     args = ap.parse_args()
 
-    workers = [start_worker(args.worker_threads) for _ in range(args.workers)]
-    relays = [DelayRelay(("127.0.0.1", port)) for _, port in workers]
+    links = [name.strip() for name in args.links.split(",") if name.strip()]
+    kinds = tuple(k for k in KINDS if k in args.runs.split(","))
+    data = tempfile.mkdtemp(prefix="speculum-bench-rpc-")
+    workers = {link: [start_worker(args.worker_threads, link == "secure", data) for _ in range(args.workers)]
+               for link in links}
+    relays = {link: [DelayRelay(("127.0.0.1", port)) for _, port, _ in workers[link]] for link in links}
+    bases: dict[str, Decoder] = {}
     try:
-        base = load_decoder(args.target, args.draft, LoadOptions(
-            n_ctx=2048, n_threads=args.threads, rpc=tuple(r.endpoint for r in relays)))
-        print(f"target on {base.target.facts.backend}, draft on {base.draft.facts.backend}; "
-              f"{args.tokens} greedy tokens per run; tok/s (speedup over plain)", flush=True)
-        header = (f"{'delay each way':>14} | {'plain':>6} | {'draft':>13} | {'auto':>13} | "
+        # The links' own round trip, before any model holds the workers (each serves one client at a time).
+        trips = {}
+        for link in links:
+            _, port, address = workers[link][0]
+            trips[link] = round_trip_us(f"127.0.0.1:{port}" if link == "direct" else
+                                        _relay_for(address), args.round_trips)
+        print("round trip of a small request on loopback, median of "
+              f"{args.round_trips}: " + ", ".join(f"{link} {us:.0f} us" for link, us in trips.items()), flush=True)
+        for link in links:
+            addresses = tuple(through(r, w[2]) for r, w in zip(relays[link], workers[link]))
+            if link == "direct":  # ggml to the latency relay itself: no relay of ours, no read timeout
+                for address, relay in zip(addresses, relays[link]):
+                    rpc.check_worker(address)
+                    rpc._links[parse_worker(address).name].local_endpoint = relay.endpoint
+            bases[link] = load_decoder(args.target, args.draft, LoadOptions(
+                n_ctx=2048, n_threads=args.threads, rpc=addresses))
+        first = bases[links[0]]
+        print(f"target on {first.target.facts.backend} (per link), draft on {first.draft.facts.backend}; "
+              f"{args.tokens} greedy tokens per run, best of {args.repeat}; tok/s (speedup over plain)", flush=True)
+        header = (f"{'link':>6} | {'delay each way':>11} | {'plain':>6} | {'draft':>13} | {'auto':>13} | "
                   f"{'auto: plain est., verify(5)/verify(1)':>38} | {'copy: plain':>11} | {'lookup':>13}")
-        rows = []
+        rows, ratios = [], []
         for delay_ms in (float(d) for d in args.delays.split(",")):
-            for r in relays:
-                r.delay_s = delay_ms / 1000
-            with tempfile.TemporaryDirectory() as data:
-                os.environ["SPECULUM_DATA_DIR"] = data  # no verify-cost curve remembered from another delay
-                decoder = Decoder(base.target, base.draft)
-                plain, _ = run(decoder, CODE_PROMPT, "off", args.tokens)
-                draft, _ = run(decoder, CODE_PROMPT, "draft", args.tokens)
-                auto, policy = run(decoder, CODE_PROMPT, "auto", args.tokens)
-                copy_plain, _ = run(decoder, COPY_PROMPT, "off", args.tokens)
-                lookup, _ = run(decoder, COPY_PROMPT, "lookup", args.tokens)
-            est = f"{policy.get('plain_tokens_per_s', 0):.2f} tok/s, {policy.get('verify_cost', {}).get(5, 0):.2f}"
-            rows.append(f"{delay_ms:>11g} ms | {plain:6.2f} | {draft:6.2f} ({draft / plain:4.2f}x) | "
-                        f"{auto:6.2f} ({auto / plain:4.2f}x) | {est:>38} | {copy_plain:11.2f} | "
-                        f"{lookup:6.2f} ({lookup / copy_plain:4.2f}x)")
-            print(rows[-1], file=sys.stderr, flush=True)
+            for link in links:
+                for r in relays[link]:
+                    r.delay_s = delay_ms / 1000
+            runs: dict[str, list[dict]] = {link: [] for link in links}
+            for _ in range(args.repeat):
+                for link in links:
+                    runs[link].append(measure(bases[link], args.tokens, kinds))
+            results = {link: best(runs[link], kinds) for link in links}
+            for link in links:
+                rows.append(row(link, delay_ms, results[link]))
+                print(rows[-1], file=sys.stderr, flush=True)
+            for a, b in (("secure", "plain"), ("secure", "direct"), ("plain", "direct")):
+                if {a, b} <= set(links):
+                    ratios.append(f"{a:>6} / {b:<6} | {delay_ms:>4g} ms | " + " | ".join(
+                        f"{key} {results[a][key] / results[b][key]:.3f}x" for key in kinds))
         print(header)
         print("-" * len(header))
         print("\n".join(rows))
-        base.target.close()
-        base.draft.close()
+        if ratios:
+            print("\nratios of tok/s between links, per run kind:")
+            print("\n".join(ratios))
     finally:
-        for proc, _ in workers:
-            proc.terminate()
-            proc.wait(10)
+        for base in bases.values():
+            base.target.close()
+            base.draft.close()
+        for link in links:
+            for proc, _, _ in workers[link]:
+                proc.terminate()
+                proc.wait(10)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ def test_a_worker_lost_mid_answer_is_named_and_reload_is_offered(qtbot, open_win
     finally:
         doomed.stop()
     assert w.isVisible()
-    assert f"Lost the connection to the RPC worker at {doomed.endpoint}" in w.banner.text()
+    assert f"Lost the connection to the RPC worker at {doomed.name}" in w.banner.text()
     assert w.banner.action_labels() == ["Reload"]  # a safer profile would not bring a worker back
     answer = w.current.messages[-1]
     assert answer.role == "assistant" and answer.content.strip()

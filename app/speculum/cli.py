@@ -33,8 +33,14 @@ def _add_model_options(p: argparse.ArgumentParser, draft: bool = True) -> None:
                         "at most 8192; 0: none)")
     p.add_argument("--no-ngram-memory", action="store_true",
                    help="do not draft from (or keep) what this machine wrote and read before")
-    p.add_argument("--rpc", metavar="HOST:PORT[,HOST:PORT...]",
-                   help="put the target's layers on these `speculum rpc-worker`s; the draft stays here")
+    p.add_argument("--rpc", metavar="WORKER[,WORKER...]",
+                   help="put the target's layers on these `speculum rpc-worker`s; the draft stays here. WORKER is "
+                        "the pairing string a worker prints (HOST:PORT/FINGERPRINT/TOKEN: TLS, the worker's "
+                        "certificate pinned, its token presented), or HOST:PORT ([IPv6]:PORT) for a worker started "
+                        "with --insecure (no authentication, no encryption: loopback, or your own tunnel)")
+    p.add_argument("--rpc-timeout", metavar="SECONDS", default=None,
+                   help="end the request when an RPC worker stays silent this long while it owes an answer "
+                        "(frozen, asleep, cut off; default 30)")
     p.add_argument("--tensor-split", metavar="P1,P2,...",
                    help="the target's share per device, as llama.cpp's: the --rpc workers in order, then local GPUs")
 
@@ -85,6 +91,8 @@ def _rpc_options(args) -> dict:
     from .engine import rpc
 
     options: dict = {}
+    if getattr(args, "rpc_timeout", None) is not None:
+        rpc.set_read_timeout(args.rpc_timeout)
     if getattr(args, "rpc", None):
         options["rpc"] = rpc.parse_endpoints(args.rpc)
     if getattr(args, "tensor_split", None):
@@ -93,6 +101,23 @@ def _rpc_options(args) -> dict:
         except ValueError:
             raise SpeculumError(f"--tensor-split takes numbers separated by commas, e.g. 3,1: '{args.tensor_split}'.")
     return options
+
+
+def _attention(decoder) -> list[dict]:
+    """Flash attention in effect for each model, with the devices that hold it (RPC workers named,
+    each with the device it said it computes on)."""
+    from .engine import rpc
+
+    report = []
+    for role, model in (("target", decoder.target), ("draft", decoder.draft)):
+        if model is None:
+            continue
+        entry = {"model": role, "devices": model.facts.backend,
+                 "flash_attn": {True: "on", False: "off"}.get(model.flash_attn, "llama.cpp's choice")}
+        if role == "target" and model.facts.backend.startswith("RPC "):
+            entry["workers"] = rpc.workers_in_use()
+        report.append(entry)
+    return report
 
 
 def _mode(name: str) -> Mode:
@@ -153,7 +178,8 @@ def cmd_generate(args) -> int:
     if args.json:
         summary = {"type": "summary", **stats.summary(), "mode": args.mode, "profile": args.profile,
                    "finish": last.finish if last else None, "message": last.message if last else "",
-                   "text": answer, "policy": last.policy.to_json() if last and last.policy else {}}
+                   "text": answer, "policy": last.policy.to_json() if last and last.policy else {},
+                   "attention": _attention(decoder)}
         if isinstance(steps, DocumentSummary) and steps.part_summaries:
             summary["parts"] = len(steps.part_summaries)
         print(json.dumps(summary, ensure_ascii=False))
@@ -173,6 +199,7 @@ def cmd_bench(args) -> int:
     results = run_bench(decoder, prompts, modes, max_tokens=args.max_tokens, repeat=args.repeat,
                         k=_fixed_k(args), progress=sys.stderr, info=info)
     info["flash_attn"] = {True: "on", False: "off"}.get(decoder.target.flash_attn, "auto")  # the target's
+    info["attention"] = _attention(decoder)
     if args.json:
         print(json.dumps({"results": results, "profile": args.profile, **info}, indent=1))
     else:
@@ -220,9 +247,12 @@ def cmd_doctor(args) -> int:
         ("Threads", str(native.default_threads())),
         ("Thread wait", _thread_wait(cpu_settings.in_effect())),
         ("Tiled matmul", _tiled_matmul(cpu_settings.in_effect())),
-        ("Flash attention", "llama.cpp's choice (on the GPU)" if gpu else
+        ("Flash attention", ("llama.cpp's choice (on the GPU)" if gpu else
          "off for the target (verification passes run faster without it on the CPU), "
-         "llama.cpp's choice for draft models and MTP heads; --flash-attn on|off chooses"),
+         "llama.cpp's choice for draft models and MTP heads") +
+         "; a target on RPC workers as on their device: off on CPU workers, llama.cpp's choice on GPU ones "
+         "(a plain --insecure worker is taken to be of this machine's kind); --flash-attn on|off chooses; "
+         "generate/bench --json report it per model and device"),
         ("System", f"{platform.system()} {platform.machine()}"),
         ("Models folder", str(paths.models_dir())),
         ("Data folder", str(paths.data_dir())),
@@ -274,7 +304,10 @@ def cmd_serve(args) -> int:
 def cmd_rpc_worker(args) -> int:
     from .rpc_worker import run
 
-    return run(args.host, args.port, args.threads, args.cache_dir)
+    from .engine.rpcaddress import check_port
+
+    return run(args.host, check_port(args.port, "--port"), args.threads, args.cache_dir, args.insecure,
+               args.new_pairing)
 
 
 def _rpc_row() -> str:
@@ -392,9 +425,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     w = sub.add_parser("rpc-worker", help="lend this machine's device to another machine's target (llama.cpp RPC)")
     w.add_argument("--host", default="127.0.0.1",
-                   help="address to listen on (default 127.0.0.1: this machine only; "
-                        "the protocol has no authentication)")
-    w.add_argument("--port", type=int, default=50052)
+                   help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 or :: for all "
+                        "interfaces, each printed with its pairing string)")
+    w.add_argument("--port", default="50052", help="TCP port (default 50052)")
+    w.add_argument("--insecure", action="store_true",
+                   help="serve llama.cpp's plain RPC protocol on --host: no TLS, no token; anyone who reaches the "
+                        "port can run code on this device. For loopback, or inside a tunnel of your own "
+                        "(SSH, WireGuard); clients then pass --rpc HOST:PORT")
+    w.add_argument("--new-pairing", action="store_true",
+                   help="make a new certificate and token: pairing strings printed before stop working")
     w.add_argument("--threads", type=int, help="CPU threads for the device (default: all cores)")
     w.add_argument("--cache-dir", help="keep large tensors here, so a reload does not send them again")
     w.set_defaults(func=cmd_rpc_worker)

@@ -47,7 +47,7 @@ def _backend_name(gpu: str | None, rpc: Sequence[str], n_gpu_layers: int) -> str
     if n_gpu_layers == 0:
         return "CPU"
     if rpc:
-        return f"RPC {','.join(rpc)}" + (f" + {gpu}" if gpu else "")
+        return f"RPC {rpc_module.names(rpc)}" + (f" + {gpu}" if gpu else "")  # (never a pairing token)
     return gpu or "CPU"
 
 
@@ -92,8 +92,10 @@ class LlamaModel(Backend):
         self.n_vocab = lc.llama_vocab_n_tokens(self._vocab)
         n_train = lc.llama_model_n_ctx_train(self._model)
         threads = n_threads or default_threads()
+        # A target on CPU workers computes as a local one would: the same attention path, the same tokens.
+        on_cpu = mparams.n_gpu_layers == 0 or (not gpu and bool(rpc) and rpc_module.computes_on_cpu(rpc))
         self._create_context(n_ctx, n_train, n_batch, threads, n_threads_batch or threads, flash_attn, verifies,
-                             on_cpu=mparams.n_gpu_layers == 0, mtp=header.nextn_layers > 0)
+                             on_cpu=on_cpu, mtp=header.nextn_layers > 0)
         self.n_threads = threads
         self.n_past = 0
         self._batch = lc.llama_batch_init(self.n_batch, 0, 1)

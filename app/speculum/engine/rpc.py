@@ -4,26 +4,32 @@ Workers run ``ggml_backend_rpc_start_server`` (``speculum rpc-worker``); the cli
 registers each with ``ggml_backend_rpc_add_server`` + ``ggml_backend_register`` and gives
 the target model their devices. The draft never gets them: it stays on this machine.
 
+ggml never connects to a worker itself: it connects to a relay of ours on 127.0.0.1
+(``rpclink.ClientLink``), which pairs with a secure worker over TLS (certificate pinned,
+token presented) or passes bytes to a plain one, and ends a connection whose worker falls
+silent past the read timeout.
+
 llama.cpp's RPC client has no timeouts and no error path: a worker it cannot connect
 to, a handshake it does not like, or a worker that drops mid-generation each end in
 ``GGML_ABORT``, which aborts the whole process. So, before llama.cpp ever connects,
 ``check_worker`` does the same handshake here with a timeout and names what is wrong;
 and ``register_workers`` installs an abort hook that turns llama.cpp's RPC aborts into
-one plain sentence (``on_worker_lost``) instead of a core dump.
+one plain sentence (``on_worker_lost``), naming the worker its relay saw fail.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
-import socket
 import struct
 import sys
 import threading
-import time
 from typing import Callable, Sequence
 
 from ..errors import SpeculumError
+from . import rpclink
+from .rpcaddress import DEFAULT_PORT, parse_worker, parse_workers, shown
+from .rpclink import ClientLink
 
 # RPC_PROTO_*_VERSION in ggml/include/ggml-rpc.h of the vendored llama.cpp (llama-cpp-python
 # 0.3.36). The client accepts a worker of the same major and a minor no newer than its own.
@@ -32,7 +38,6 @@ _CMD_HELLO = 14  # RPC_CMD_HELLO, fixed across versions so that mismatches can b
 _CONN_CAPS_SIZE = 24  # RPC_CONN_CAPS_SIZE: transport capabilities in the hello (all zero: TCP)
 _HELLO_RSP_SIZE = 4 + _CONN_CAPS_SIZE  # major, minor, patch, padding, caps
 
-DEFAULT_PORT = 50052
 CONNECT_TIMEOUT_S = 5.0
 DEVICE_TYPE_CPU, DEVICE_TYPE_GPU = 0, 1  # enum ggml_backend_dev_type
 
@@ -104,88 +109,91 @@ def availability() -> str | None:
 # --- addresses -------------------------------------------------------------------------
 
 def parse_endpoints(text: str | Sequence[str]) -> tuple[str, ...]:
-    """'host:port,host:port' (or a list of them) as endpoints; SpeculumError when one is malformed."""
-    items = text.split(",") if isinstance(text, str) else list(text)
-    endpoints: list[str] = []
-    for item in (i.strip() for i in items):
-        if not item:
-            continue
-        host, sep, port = item.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise SpeculumError(f"'{item}' is not a worker address: write HOST:PORT, e.g. 127.0.0.1:{DEFAULT_PORT}.")
-        if item in endpoints:
-            raise SpeculumError(f"The worker {item} is listed twice.")
-        endpoints.append(item)
-    if not endpoints:
-        raise SpeculumError("No RPC worker given: write HOST:PORT[,HOST:PORT...].")
-    return tuple(endpoints)
+    """'A,B,...' (or a list of them) as the workers' addresses as written (``rpcaddress``), checked
+    and normalised; SpeculumError, one sentence, when one is malformed."""
+    return tuple(w.text() for w in parse_workers(text))
 
 
-def _split(endpoint: str) -> tuple[str, int]:
-    host, _, port = endpoint.rpartition(":")
-    return host, int(port)
+def names(endpoints: Sequence[str]) -> str:
+    """The workers as shown to the user: HOST:PORT each, never a token."""
+    return ",".join(parse_worker(e).name for e in endpoints)
+
+
+# --- the links: every worker is reached through a relay of ours (rpclink) ------------------
+
+_links: dict[str, ClientLink] = {}  # worker name -> its relay, for the life of the process
+_read_timeout_s = rpclink.DEFAULT_READ_TIMEOUT_S
+
+
+def set_read_timeout(seconds: float | str) -> float:
+    """How long a worker may stay silent while it owes an answer (default 30 s)."""
+    global _read_timeout_s
+    try:
+        value = float(seconds)
+    except (TypeError, ValueError):
+        value = float("nan")
+    if not 1 <= value <= 86400:  # (also refuses nan)
+        raise SpeculumError(f"The RPC read timeout must be a number of seconds from 1 to 86400, not "
+                            f"'{shown(str(seconds))}'.")
+    _read_timeout_s = value
+    for link in _links.values():
+        link.read_timeout = value
+    return value
+
+
+def _link(endpoint: str, timeout: float = CONNECT_TIMEOUT_S) -> ClientLink:
+    worker = parse_worker(endpoint)
+    link = _links.get(worker.name)
+    if link is None or (link.worker != worker and not _in_use.get(worker.name)):
+        if link is not None:
+            link.close()  # the same address with another pairing
+        link = _links[worker.name] = ClientLink(worker, _read_timeout_s, timeout)
+    link.connect_timeout = timeout
+    return link
 
 
 # --- the handshake, with a timeout ----------------------------------------------------
 
-def _recv_exactly(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            break
-        data += chunk
-    return data
-
-
 def check_worker(endpoint: str, timeout: float = CONNECT_TIMEOUT_S) -> tuple[int, int, int]:
-    """Connect and say hello as llama.cpp's client would, within ``timeout`` seconds.
+    """Connect, pair when the address is a pairing string, and say hello as llama.cpp's client
+    would, within ``timeout`` seconds (each step).
 
     Returns the worker's protocol version; SpeculumError, in words, when nothing listens,
-    nothing answers, the answer is not llama.cpp's RPC, or the versions cannot talk.
+    nothing answers, the pairing fails, the answer is not llama.cpp's RPC, or the versions
+    cannot talk.
     """
-    host, port = _split(endpoint)
+    link = _link(endpoint, timeout)
+    name = link.worker.name
+    request = bytes([_CMD_HELLO]) + struct.pack("<Q", _CONN_CAPS_SIZE) + bytes(_CONN_CAPS_SIZE)
     try:
-        sock = socket.create_connection((host, port), timeout=timeout)
-    except socket.timeout:
-        raise SpeculumError(f"The RPC worker at {endpoint} did not accept a connection within {timeout:g} s "
-                            "(a firewall, or the machine is off?).") from None
-    except OSError as exc:
-        why = "nothing is listening there" if isinstance(exc, ConnectionRefusedError) else (exc.strerror or str(exc))
-        raise SpeculumError(f"Cannot reach the RPC worker at {endpoint}: {why}. "
-                            "Start it there with `speculum rpc-worker`.") from None
-    closed = SpeculumError(f"The RPC worker at {endpoint} closed the connection at the handshake: it runs a "
-                           f"different llama.cpp RPC protocol than this Speculum ({_version(PROTOCOL)}). "
-                           "Use the same Speculum version on both machines.")
-    try:
-        sock.settimeout(timeout)
-        request = bytes([_CMD_HELLO]) + struct.pack("<Q", _CONN_CAPS_SIZE) + bytes(_CONN_CAPS_SIZE)
-        try:
-            sock.sendall(request)
-            head = _recv_exactly(sock, 8)
-        except (ConnectionResetError, BrokenPipeError):
-            head = b""  # closed before reading our hello: the kernel answers with a reset, not an end
-        if not head:
-            raise closed
-        (size,) = struct.unpack("<Q", head.ljust(8, b"\0"))
-        body = _recv_exactly(sock, _HELLO_RSP_SIZE) if size == _HELLO_RSP_SIZE else b""
-        if len(head) < 8 or len(body) < _HELLO_RSP_SIZE:
-            raise SpeculumError(f"{endpoint} answered, but not as a llama.cpp RPC worker of protocol "
-                                f"{_version(PROTOCOL)}: is something else listening on that port?")
-    except socket.timeout:
-        raise SpeculumError(f"The RPC worker at {endpoint} accepted the connection but did not answer within "
+        answer = link.exchange(request, _hello_complete, timeout)
+    except TimeoutError:
+        raise SpeculumError(f"The RPC worker at {name} accepted the connection but did not answer within "
                             f"{timeout:g} s: it may be serving another client (a worker serves one at a time).") \
             from None
-    except OSError as exc:
-        raise SpeculumError(f"The RPC worker at {endpoint} dropped the connection at the handshake "
-                            f"({exc.strerror or exc}).") from None
-    finally:
-        sock.close()
-    version = (body[0], body[1], body[2])
+    if not answer and not link.worker.secure and rpclink.speaks_tls(link.worker.host, link.worker.port, timeout):
+        raise SpeculumError(f"The RPC worker at {name} serves the secure link: pass the pairing string it printed "
+                            f"({name}/FINGERPRINT/TOKEN) as --rpc, not {name} alone.")
+    if not answer:
+        raise SpeculumError(f"The RPC worker at {name} closed the connection at the handshake: it runs a "
+                            f"different llama.cpp RPC protocol than this Speculum ({_version(PROTOCOL)}), or it "
+                            "needs its pairing string (a secure worker prints one). Use the same Speculum "
+                            "version on both machines.")
+    (size,) = struct.unpack("<Q", answer[:8].ljust(8, b"\0"))
+    if len(answer) < 8 + _HELLO_RSP_SIZE or size != _HELLO_RSP_SIZE:
+        raise SpeculumError(f"{name} answered, but not as a llama.cpp RPC worker of protocol "
+                            f"{_version(PROTOCOL)}: is something else listening on that port?")
+    version = (answer[8], answer[9], answer[10])
     if version[0] != PROTOCOL[0] or version[1] > PROTOCOL[1]:
-        raise SpeculumError(f"The RPC worker at {endpoint} speaks llama.cpp RPC protocol {_version(version)}, this "
+        raise SpeculumError(f"The RPC worker at {name} speaks llama.cpp RPC protocol {_version(version)}, this "
                             f"Speculum speaks {_version(PROTOCOL)}: use the same Speculum version on both machines.")
     return version
+
+
+def _hello_complete(answer: bytes) -> bool:
+    """A whole hello answer, or enough of one to see it is not one."""
+    return len(answer) >= 8 and (struct.unpack_from("<Q", answer)[0] != _HELLO_RSP_SIZE
+                                 or len(answer) >= 8 + _HELLO_RSP_SIZE)
 
 
 def _version(v: Sequence[int]) -> str:
@@ -220,27 +228,28 @@ def _words_for_abort(text: str) -> str | None:
     """llama.cpp's RPC abort message as a sentence for the user; None for other aborts."""
     if "ggml-rpc" not in text:
         return None
+    links = [_links[name] for name in _registered if name in _links] or list(_links.values())
     if "Failed to connect" in text or "handshake failed" in text:
-        return (f"llama.cpp could not connect to {text.rsplit(' ', 1)[-1].strip()} (it stopped, or another client "
-                "took it between the check and the load); the model is not loaded.")
-    # llama.cpp does not say which worker: the one that refuses a connection now is the one gone.
-    # A worker killed a moment ago may still be closing its listening socket: look twice.
-    gone = [e for e in _registered if not _accepts_connections(e)]
-    if not gone:
-        time.sleep(0.3)
-        gone = [e for e in _registered if not _accepts_connections(e)]
-    who = (f"the RPC worker at {', '.join(gone)}" if gone
-           else f"an RPC worker ({', '.join(_registered)})" if _registered else "an RPC worker")
+        local = text.rsplit(" ", 1)[-1].strip()
+        link = next((l for l in links if l.local_endpoint == local), None)
+        if link is not None and link.failure and link.failure[1]:
+            return f"{link.failure[1]} The model is not loaded."
+        who = link.worker.name if link is not None else local
+        return (f"llama.cpp could not connect to {who} (it stopped, or another client took it between the "
+                "check and the load); the model is not loaded.")
+    # The relay that saw the worker fall silent or go away kept why: llama.cpp does not say which.
+    for kind in ("timeout", "closed"):
+        failed = [l for l in links if l.failure and l.failure[0] == kind]
+        if failed and kind == "timeout":
+            return f"{failed[0].failure[1]} llama.cpp cannot continue without it; start the worker again and rerun."
+        if failed:
+            who = f"the RPC worker at {', '.join(l.worker.name for l in failed)}"
+            break
+    else:
+        names = [l.worker.name for l in links]
+        who = f"an RPC worker ({', '.join(names)})" if names else "an RPC worker"
     return (f"Lost the connection to {who}: it stopped, or the network dropped. "
             "llama.cpp cannot continue without it; start the worker again and rerun.")
-
-
-def _accepts_connections(endpoint: str, timeout: float = 0.5) -> bool:
-    try:
-        socket.create_connection(_split(endpoint), timeout=timeout).close()
-        return True
-    except OSError:
-        return False
 
 
 def _install_abort_hook() -> None:
@@ -267,84 +276,70 @@ def _install_abort_hook() -> None:
 
 # --- the client: workers' devices for the target ------------------------------------
 
-_registered: dict[str, list[int]] = {}  # endpoint -> its device handles, once registered
-_in_use: dict[str, int] = {}  # endpoint -> loaded models on it (llama.cpp holds one connection for them all)
+_registered: dict[str, list[int]] = {}  # worker name -> its device handles, once registered
+_in_use: dict[str, int] = {}  # worker name -> loaded models on it (llama.cpp holds one connection for them all)
 _register_lock = threading.Lock()
 
 
 def register_workers(endpoints: Sequence[str], timeout: float = CONNECT_TIMEOUT_S) -> list[int]:
-    """Check each worker answers, register it with ggml once per process, and return the
-    devices it offers, in the order given (llama.cpp splits layers in device order)."""
+    """Check each worker answers (paired, for a pairing string), register it with ggml once per
+    process, through its relay, and return the devices it offers, in the order given (llama.cpp
+    splits layers in device order)."""
     rpc, ggml = libraries()
+    workers = [parse_worker(e) for e in endpoints]
     with _register_lock:
-        for endpoint in endpoints:
+        for worker in workers:
             # A worker serves one client at a time: while a model of ours holds it, a second hello
             # would wait forever, and llama.cpp reuses that connection. Otherwise check (again:
             # after the last model closes, llama.cpp reconnects).
-            if not _in_use.get(endpoint):
-                check_worker(endpoint, timeout)
+            if not _in_use.get(worker.name):
+                check_worker(worker.text(), timeout)
         _install_abort_hook()
         devices: list[int] = []
-        for endpoint in endpoints:
-            if endpoint not in _registered:
-                reg = rpc.ggml_backend_rpc_add_server(endpoint.encode())
+        for worker in workers:
+            if worker.name not in _registered:
+                reg = rpc.ggml_backend_rpc_add_server(_links[worker.name].local_endpoint.encode())
                 if not reg:
-                    raise SpeculumError(f"The RPC worker at {endpoint} offers no device.")
+                    raise SpeculumError(f"The RPC worker at {worker.name} offers no device.")
                 ggml.ggml_backend_register(reg)
-                _registered[endpoint] = [ggml.ggml_backend_reg_dev_get(reg, i)
-                                         for i in range(ggml.ggml_backend_reg_dev_count(reg))]
-            devices += _registered[endpoint]
+                _registered[worker.name] = [ggml.ggml_backend_reg_dev_get(reg, i)
+                                            for i in range(ggml.ggml_backend_reg_dev_count(reg))]
+            devices += _registered[worker.name]
         return devices
 
 
-# A worker whose machine vanishes (power, cable, Wi-Fi) sends no FIN: llama.cpp would wait on
-# it for the kernel's retransmission limit (~15 minutes). Keepalive probes are answered by the
-# worker's kernel even while its device computes, so a slow pass is never mistaken for a loss.
-KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_PROBES = 5, 2, 5  # a lost worker is noticed in ~15 s
-
-
 def keep_alive(endpoints: Sequence[str]) -> int:
-    """Switch on TCP keepalive (and, on Linux, a user timeout) on this process's connections
-    to ``endpoints``, which llama.cpp opened without either. Returns how many it changed."""
-    peers = set()
-    for endpoint in endpoints:
-        host, port = _split(endpoint)
-        try:
-            peers |= {(info[4][0], port) for info in socket.getaddrinfo(host, port, socket.AF_INET)}
-        except OSError:
-            continue
-    changed = 0
-    fds = [int(n) for n in os.listdir("/proc/self/fd")] if os.path.isdir("/proc/self/fd") else range(3, 1024)
-    for fd in fds:
-        try:
-            sock = socket.socket(fileno=os.dup(fd))
-        except OSError:
-            continue  # not a socket, or already closed
-        try:
-            if sock.type != socket.SOCK_STREAM or sock.getpeername()[:2] not in peers:
-                continue
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-            idle = getattr(socket, "TCP_KEEPIDLE", getattr(socket, "TCP_KEEPALIVE", None))  # macOS: KEEPALIVE
-            for option, value in ((idle, KEEPALIVE_IDLE_S), (getattr(socket, "TCP_KEEPINTVL", None),
-                                  KEEPALIVE_INTERVAL_S), (getattr(socket, "TCP_KEEPCNT", None), KEEPALIVE_PROBES)):
-                if option is not None:
-                    sock.setsockopt(socket.IPPROTO_TCP, option, value)
-            if hasattr(socket, "TCP_USER_TIMEOUT"):  # data sent but never acknowledged: the same bound
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT,
-                                1000 * (KEEPALIVE_IDLE_S + KEEPALIVE_INTERVAL_S * KEEPALIVE_PROBES))
-            changed += 1
-        except OSError:
-            continue
-        finally:
-            sock.close()  # the duplicate only: llama.cpp's descriptor stays open
-    return changed
+    """How many of this process's connections to ``endpoints`` are open. The relays switch on
+    TCP keepalive as they connect: a worker whose machine vanishes (power, cable, Wi-Fi) sends no
+    FIN, and would otherwise be waited on for the kernel's retransmission limit."""
+    return sum(len(_links[n].upstreams) for n in {parse_worker(e).name for e in endpoints} if n in _links)
+
+
+def computes_on_cpu(endpoints: Sequence[str]) -> bool:
+    """Whether every worker in ``endpoints`` computes on a CPU: a secure worker says which device it
+    serves; a plain one is taken to be of this machine's kind (the caller asks only where this
+    machine has no GPU): on loopback it is this machine."""
+    kinds = [(_links[n].device or {}).get("kind") if n in _links else None
+             for n in (parse_worker(e).name for e in endpoints)]
+    return all(kind in (None, "CPU") for kind in kinds)
+
+
+def workers_in_use() -> dict[str, str]:
+    """Each worker a loaded model uses, with the device it computes on as it said (secure link)."""
+    described = {}
+    for name, count in _in_use.items():
+        device = (_links[name].device or {}) if count and name in _links else None
+        if device is not None:
+            described[name] = (f"{device.get('kind', '?')} ({device.get('name', '?')})" if device
+                               else "not said (plain link): taken to be this machine's kind")
+    return described
 
 
 def hold(endpoints: Sequence[str], loaded: bool) -> None:
     """Count a model loaded on (``loaded``) or closed from ``endpoints``."""
     with _register_lock:
-        for endpoint in endpoints:
-            _in_use[endpoint] = max(0, _in_use.get(endpoint, 0) + (1 if loaded else -1))
+        for name in {parse_worker(e).name for e in endpoints}:
+            _in_use[name] = max(0, _in_use.get(name, 0) + (1 if loaded else -1))
 
 
 def any_registered() -> bool:
@@ -360,23 +355,26 @@ def device_array(devices: Sequence[int]) -> ctypes.Array:
 
 # --- the worker ------------------------------------------------------------------------
 
-def worker_device() -> tuple[int, str, int, int]:
+def worker_device() -> tuple[int, str, int, int, str]:
     """The device a worker serves: the GPU when there is one, else the CPU.
-    Returns (handle, 'name (description)', free bytes, total bytes)."""
+    Returns (handle, 'name (description)', free bytes, total bytes, 'GPU' or 'CPU')."""
     _, ggml = libraries()
-    device = ggml.ggml_backend_dev_by_type(DEVICE_TYPE_GPU) or ggml.ggml_backend_dev_by_type(DEVICE_TYPE_CPU)
+    gpu = ggml.ggml_backend_dev_by_type(DEVICE_TYPE_GPU)
+    device = gpu or ggml.ggml_backend_dev_by_type(DEVICE_TYPE_CPU)
     if not device:
         raise SpeculumError("llama.cpp offers no device to serve.")
     free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
     ggml.ggml_backend_dev_memory(device, ctypes.byref(free), ctypes.byref(total))
     name = (ggml.ggml_backend_dev_name(device) or b"?").decode()
     description = (ggml.ggml_backend_dev_description(device) or b"").decode(errors="replace").strip()
-    return device, f"{name} ({description})" if description else name, free.value, total.value
+    return (device, f"{name} ({description})" if description else name, free.value, total.value,
+            "GPU" if gpu else "CPU")
 
 
 def serve(endpoint: str, device: int, n_threads: int, cache_dir: str | None = None) -> None:
-    """Serve ``device`` at ``endpoint`` until the process ends (llama.cpp's loop never returns
-    unless it cannot listen). One client at a time, no authentication."""
+    """Serve ``device`` at ``endpoint`` (IPv4 only) until the process ends (llama.cpp's loop never
+    returns unless it cannot listen). One client at a time, no authentication: beyond loopback
+    only behind ``rpclink.FrontEnd``, or with the user's own tunnel."""
     rpc, _ = libraries()
     devices = (ctypes.c_void_p * 1)(device)
     rpc.ggml_backend_rpc_start_server(endpoint.encode(), cache_dir.encode() if cache_dir else None,
@@ -395,6 +393,7 @@ def c_stdout_line_buffered() -> None:
         pass
 
 
-__all__ = ["PROTOCOL", "DEFAULT_PORT", "RpcUnavailable", "libraries", "availability", "parse_endpoints",
-           "check_worker", "register_workers", "keep_alive", "any_registered", "device_array", "on_worker_lost",
+__all__ = ["PROTOCOL", "DEFAULT_PORT", "RpcUnavailable", "libraries", "availability", "parse_endpoints", "names",
+           "set_read_timeout", "check_worker", "register_workers", "keep_alive", "computes_on_cpu", "workers_in_use", "hold",
+           "any_registered", "device_array", "on_worker_lost",
            "worker_device", "serve", "c_stdout_line_buffered"]
