@@ -113,9 +113,10 @@ def run(decoder: Decoder, user: str, mode: str, tokens: int) -> tuple[float, dic
     t = decoder.target
     prompt = t.tokenize(t.apply_chat_template([{"role": "user", "content": user}]))
     last = None
-    for cycle in decoder.generate(prompt, max_tokens=tokens, policy=mode, k=4):
+    generation = decoder.generate(prompt, max_tokens=tokens, policy=mode, k=4)
+    for cycle in generation:
         last = cycle
-    return decoder.stats.tokens_per_s, (last.policy if last else {})
+    return generation.stats.tokens_per_s, (last.policy if last else {})
 
 
 def main() -> None:
