@@ -61,9 +61,9 @@ def main() -> int:
         policy.rng = np.random.default_rng(seed)
         for p in prompts:
             choices: list = []
-            _, output = run_one(decoder, tokenized[p.name], policy, p, p.max_tokens, None, passes, choices)
+            stats, output = run_one(decoder, tokenized[p.name], policy, p, p.max_tokens, None, passes, choices)
             answers[p.name, seed] = choices, output
-            print(f"seed {seed} {p.name:<22} {decoder.stats.tokens_per_s:6.1f} tok/s", file=sys.stderr)
+            print(f"seed {seed} {p.name:<22} {stats.tokens_per_s:6.1f} tok/s", file=sys.stderr)
     curve = curve_from_passes(passes)
     if curve is None:
         print("No verify curve: the run timed no single step or only one size.", file=sys.stderr)

@@ -169,10 +169,11 @@ def run(decoder: Decoder, user: str, mode: str, tokens: int) -> tuple[float, dic
     t = decoder.target
     prompt = t.tokenize(t.apply_chat_template([{"role": "user", "content": user}]))
     last = None
-    for cycle in decoder.generate(prompt, max_tokens=tokens, policy=mode, k=4):
+    generation = decoder.generate(prompt, max_tokens=tokens, policy=mode, k=4)
+    for cycle in generation:
         last = cycle
     policy = last.policy if last and last.policy else None
-    return decoder.stats.tokens_per_s, {"plain_tokens_per_s": policy.plain_tokens_per_s or 0,
+    return generation.stats.tokens_per_s, {"plain_tokens_per_s": policy.plain_tokens_per_s or 0,
                                         "verify_cost": policy.verify_cost or {}} if policy else {}
 
 

@@ -140,12 +140,13 @@ def main() -> int:
         prompt = decoder.target.tokenize(decoder.target.apply_chat_template(messages))
         start = time.perf_counter()
         n, first = 0, None
-        for cycle in decoder.generate(prompt, max_tokens=args.max_tokens, policy=mode):
+        generation = decoder.generate(prompt, max_tokens=args.max_tokens, policy=mode)
+        for cycle in generation:
             first = first or time.perf_counter()
             n += len(cycle.emitted)
         end = time.perf_counter()
         return {"seconds": end - start, "decode_s": end - first, "tokens": n,
-                "speculum": {"tokens_per_s": decoder.stats.tokens_per_s}}
+                "speculum": {"tokens_per_s": generation.stats.tokens_per_s}}
 
     def generate_command(mode="off") -> dict:
         # What a user runs: its own process, its own clock (decoding alone, the prompt apart),
