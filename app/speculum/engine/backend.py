@@ -144,8 +144,10 @@ class CachedSequence:
     def __init__(self, model: Backend, cache: "PromptCache | None" = None, owner: str = "target"):
         self.model = model
         self.tokens: list[int] = []
-        # Saving needs the model's state calls (llama.cpp's); a synthetic model has none.
-        self.cache = cache if hasattr(model, "save_state") else None
+        # Saving needs the model's state calls (llama.cpp's); a synthetic model has none. Nor is
+        # a model with an MTP head cached: the head's own cache holds pairs built from the
+        # target's hidden states, which a saved state does not carry.
+        self.cache = cache if hasattr(model, "save_state") and not getattr(model, "has_mtp", False) else None
         self.owner = owner  # whose saved states are this sequence's in the shared cache
         self._saved_memo: tuple | None = None  # reusable's: (cache version, context length, its last token, saved)
 

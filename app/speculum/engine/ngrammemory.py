@@ -39,6 +39,7 @@ LEVELS = (16, 4)  # n-gram lengths looked up, the most telling first
 CANDIDATES = 8  # latest occurrences of an n-gram weighed per level
 MAX_MATCH = 32  # how far back a match is measured: past this, every match is sure
 MAX_ORIGIN = 100  # characters of an origin's name
+MAX_FILE = 256 << 20  # a file larger than this is not read (a memory of 64 million tokens)
 _MULT = np.uint64(0x9E3779B97F4A7C15)
 
 
@@ -249,6 +250,9 @@ class NgramMemory:
     def _read(self) -> None:
         path = self.path
         try:
+            if path.stat().st_size > MAX_FILE:
+                self._damaged("far larger than any memory is kept")
+                return
             data = path.read_bytes()
         except FileNotFoundError:
             self._seen_file = None
