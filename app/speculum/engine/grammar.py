@@ -49,18 +49,11 @@ _PATTERN_COUNT = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
 _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
 
 
-_llama_cpp = None
-
-
 def _lc():
-    """llama_cpp, loaded on first use through the backend module (which routes its log), so
-    importing this module loads no llama.cpp (the window's process never does)."""
-    global _llama_cpp
-    if _llama_cpp is None:
-        from . import llama  # noqa: F401
-        import llama_cpp
-        _llama_cpp = llama_cpp
-    return _llama_cpp
+    """llama_cpp, loaded on first use through the gate (engine.native), so importing this module
+    loads no llama.cpp (the window's process never does)."""
+    from .native import lc
+    return lc
 
 
 @dataclass(frozen=True)
@@ -95,12 +88,12 @@ class Grammar:
 
     def _sampler(self, vocab):
         lc = _lc()
-        from .llama import _log_lines, _recent_log_error
-        _log_lines.clear()
+        from .native import _log_lines, clear_log, recent_log_error
+        clear_log()
         sampler = lc.llama_sampler_init_grammar(vocab, self.gbnf.encode("utf-8", "replace"),
                                                 self.root.encode("utf-8", "replace"))
         if not sampler:
-            why = _recent_log_error() or "\n".join(line.strip() for line in _log_lines if line.strip())
+            why = recent_log_error() or "\n".join(line.strip() for line in _log_lines if line.strip())
             raise ValueError("The grammar does not parse" + (f": {why}" if why else "."))
         return sampler
 
