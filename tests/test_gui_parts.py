@@ -176,7 +176,8 @@ def test_replay_snapshots_follow_the_cycles():
     snaps = replay_snapshots([cycle(0, "lookup", [1, 2], 1, [1, 9]), cycle(1, "none", [], 0, [7])], 10.0)
     assert [s.tokens for s in snaps] == [2, 3]
     assert snaps[0].acceptance_rate == 0.5 and snaps[1].drafted == 2
-    assert snaps[-1].speedup is not None and snaps[-1].speedup_source == "measured"
+    # A bare rate has no age: measured at another moment, so only an estimate.
+    assert snaps[-1].speedup is not None and snaps[-1].speedup_source == "estimate"
 
 
 def test_acceptance_bars_labels_fit_their_bars(qtbot):
@@ -236,33 +237,68 @@ def test_a_dark_desktop_theme_still_gets_dark_text_on_the_light_window(qtbot):
         app.setPalette(saved_palette)
 
 
+def timed(c, seconds, policy=None):
+    c.verify_s = seconds
+    c.policy = policy or c.policy
+    return c
+
+
 def test_the_speedup_is_the_answers_own_not_its_last_cycles_estimate():
     # Auto mode: copies at twice plain speed, then a plain step whose estimate is 1.00x. The
     # answer ran at 2x; "1.00x (policy estimate)" is what the row said once it ended.
     from speculum.engine.stats import Stats
-    from speculum.runner import snapshot_of
+    from speculum.runner import PlainBasis, snapshot_of
 
-    def auto_cycle(i, drafted, accepted, emitted, expected, seconds):
-        c = cycle(i, "lookup" if drafted else "none", drafted, accepted, emitted)
-        c.verify_s = seconds
-        c.policy = PolicyReport(c.source, len(drafted), mode="auto", plain_tokens_per_s=10.0,
-                                expected_speedup=expected)
-        return c
-
-    stats = Stats()
-    copy = auto_cycle(0, [1, 2, 3], 3, [1, 2, 3, 4], 2.4, 0.2)  # 4 tokens in two plain steps' time
-    plain = auto_cycle(1, [], 0, [5], 1.0, 0.1)
-    stats.add(copy)
-    snap = snapshot_of(stats, copy, None)
-    assert snap.speedup == pytest.approx(2.0) and snap.speedup_source == "measured"
-    stats.add(plain)
-    snap = snapshot_of(stats, plain, None)
-    assert snap.speedup == pytest.approx(5 / 0.3 / 10.0) and snap.speedup_source == "measured"
+    report = lambda source, expected: PolicyReport(source, 0, mode="auto", plain_tokens_per_s=10.0,  # noqa: E731
+                                                   expected_speedup=expected)
+    stats, plain = Stats(), PlainBasis(10.0, age_s=30.0)  # measured here half a minute ago
+    copy = timed(cycle(0, "lookup", [1, 2, 3], 3, [1, 2, 3, 4]), 0.2, report("lookup", 2.4))  # 4 tokens in 2 steps' time
+    step = timed(cycle(1, "none", [], 0, [5]), 0.1, report("none", 1.0))
+    for c, expected in ((copy, 2.0), (step, 5 / 0.3 / 10.0)):
+        stats.add(c)
+        plain.observe(c)
+        snap = snapshot_of(stats, c, plain)
+        assert snap.speedup == pytest.approx(expected) and snap.speedup_source == "measured"
+        assert "measured on this machine 30 s ago (10.0 tok/s)" in snap.speedup_basis
     # No plain rate known yet (a forced mode's first cycle): the estimate, said to be one.
-    plain.policy = PolicyReport("none", 0, expected_speedup=1.0)
-    assert (snapshot_of(stats, plain, None).speedup, snapshot_of(stats, plain, None).speedup_source) == (
-        1.0, "policy estimate")
-    assert snapshot_of(stats, plain, 12.5).speedup == pytest.approx(5 / 0.3 / 12.5)
+    step.policy = PolicyReport("none", 0, expected_speedup=1.0)
+    snap = snapshot_of(stats, step, None)
+    assert (snap.speedup, snap.speedup_source) == (1.0, "estimate") and "policy's expected" in snap.speedup_basis
+
+
+def test_the_speedup_is_measured_against_plain_steps_in_the_same_answer_or_says_it_is_an_estimate(qtbot):
+    # "1.17x (measured)" divided the answer's rate by a plain rate kept in the settings from
+    # another session, on a machine whose speed moved from 9 to 13 tok/s within an hour.
+    from speculum.engine.stats import Stats
+    from speculum.runner import RECENT_PLAIN_S, PlainBasis, snapshot_of
+
+    def answer(plain: PlainBasis, cycles):
+        stats = Stats()
+        for c in cycles:
+            stats.add(c)
+            plain.observe(c)
+        return snapshot_of(stats, cycles[-1], plain)
+
+    drafted = [timed(cycle(i, "model", [1, 2], 2, [1, 2, 3]), 0.2) for i in range(3)]  # 15 tok/s
+    # Plain steps in the answer itself: the yardstick, whatever was stored before.
+    own = answer(PlainBasis(4.0, age_s=None), drafted + [timed(cycle(3, "none", [], 0, [4]), 0.125),
+                                                        timed(cycle(4, "none", [], 0, [5]), 0.125)])
+    assert own.speedup_source == "measured" and own.speedup == pytest.approx((11 / 0.85) / 8.0)
+    assert own.speedup_basis == "Against the 2 plain steps in this answer (8.0 tok/s)."
+    # None in the answer: a rate measured here minutes ago still counts; an older one, or one
+    # from an earlier session, is an estimate with its basis on hover.
+    recent = answer(PlainBasis(10.0, age_s=120.0), drafted)
+    assert recent.speedup_source == "measured" and recent.speedup == pytest.approx(1.5)
+    for stale in (PlainBasis(10.0, age_s=RECENT_PLAIN_S + 1), PlainBasis(10.0, age_s=None)):
+        snap = answer(stale, drafted)
+        assert snap.speedup_source == "estimate" and snap.speedup == pytest.approx(1.5)
+        assert snap.speedup_basis.startswith("Estimate: no plain step in this answer; against a plain rate measured")
+    panel = StatsPanel()
+    qtbot.addWidget(panel)
+    panel.show_snapshot(snap)
+    assert panel.value(panel.SPEEDUP) == "1.50×  (estimate)"
+    assert "earlier session (10.0 tok/s)" in panel.readout.tips[panel.SPEEDUP]
+    assert panel.readout.row_at(4 * panel.readout._line()) == panel.SPEEDUP
 
 
 ANSWER = ("Here is the plan.\n\nFirst, read the file:\n\n```python\nwith open(path) as f:\n\n    data = f.read()\n```\n\n"

@@ -97,6 +97,33 @@ def test_answer_fills_transcript_and_speculation_view(qtbot, open_window, smollm
     assert w.stats.bars.rates and len(w.stats.chart.points) > 1
 
 
+def test_no_limit_by_default_and_continue_writes_on_in_the_same_answer(qtbot, open_window, smollm_path):
+    from PySide6.QtCore import QUrl
+
+    fresh = open_window(max_tokens=Settings().max_tokens)
+    assert fresh.max_tokens.text() == "Until the end"  # not 256: no answer is cut unless the user asks
+    assert fresh.generation_form.request(fresh.current, "off").max_tokens == 0
+    fresh.close()
+
+    w = open_window(smollm_path, mode="lookup", max_tokens=12)
+    answer = send(qtbot, w, COPY_PROMPT)
+    assert answer.finish == "max_tokens" and answer.stats["tokens"] == 12
+    assert "Stopped at 12 tokens — Continue" in w.transcript.toPlainText()
+    first_text, first_cycles = answer.content, len(answer.cycles)
+    results = []
+    w.engine.worker.finished.connect(results.append)
+    with qtbot.waitSignal(w.generationFinished, timeout=GENERATE_MS):
+        w.transcript.anchorClicked.emit(QUrl("continue:1"))  # the Continue link
+    grown = w.current.messages[-1]
+    assert len(w.current.messages) == 2  # the same answer, grown in place
+    assert grown.content.startswith(first_text) and len(grown.content) > len(first_text)
+    assert len(grown.cycles) > first_cycles and [c["index"] for c in grown.cycles] == list(range(len(grown.cycles)))
+    assert grown.stats["tokens"] == sum(len(c["emitted"]) for c in grown.cycles) > 12
+    assert results[0].snapshot.prompt_tokens == 0  # the KV cache held the prompt and the answer so far
+    assert w.transcript.toPlainText().count("Assistant") == 1
+    assert w.replay_bar.slider.maximum() == 2 * len(grown.cycles)
+
+
 def test_enter_sends_and_shift_enter_breaks_the_line(qtbot, open_window):
     w = open_window()
     sent = []

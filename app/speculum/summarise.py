@@ -113,6 +113,9 @@ def copied_spans(document: str, copies: Sequence[str], min_chars: int = 4) -> li
     return merged
 
 
+# A summary (and each part's) when the user set no limit: room for the document stays beside it.
+PART_ANSWER_TOKENS = 512
+
 # (messages) -> the cycles of one generation answering them.
 Generate = Callable[[list], Iterable]
 

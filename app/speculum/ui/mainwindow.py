@@ -14,8 +14,9 @@ from PySide6.QtWidgets import QFrame, QMainWindow, QScrollArea, QSplitter, QVBox
 from .. import paths
 from ..conversations import Conversation, ConversationStore, Message
 from ..engine import profiles
+from ..engine.vocabulary import Finish
 from ..errors import SpeculumError
-from .answer import (LiveAnswer, StagedCycle, answer_so_far, cycle_records, document_question, finished_answer,
+from .answer import (LiveAnswer, StagedCycle, cycle_records, document_question, extend_answer, finished_answer,
                      with_stages)
 from .chatpane import ChatPane
 from .conversationlist import ConversationList
@@ -174,6 +175,7 @@ class MainWindow(QMainWindow):
         self.document.error.connect(self.show_error)
         self.document_toggle.toggled.connect(self.chat.show_document)
         self.transcript.replayRequested.connect(self.replay_message)
+        self.transcript.continueRequested.connect(self.continue_answer)
         self.model_bar.changed.connect(self._save_settings)
         self.generation_form.changed.connect(self._save_settings)
 
@@ -380,13 +382,32 @@ class MainWindow(QMainWindow):
         self._begin(conv, self.generation_form.request(conv, self.mode_combo.currentData(), document=text), "summary")
         self.conversations.save(conv)  # after the request, as in send
 
-    def _begin(self, conv: Conversation, request: GenerationRequest, kind: str, restore: str = "") -> None:
+    def continue_answer(self, index: int) -> None:
+        """Write on from the last answer, stopped at the user's token limit: the same answer grows
+        (its tokens follow the prompt again, so the engine reads nothing twice)."""
+        conv = self.current
+        if conv is None or index != len(conv.messages) - 1 or conv.messages[index].finish != Finish.MAX_TOKENS:
+            return
+        if not self._can_generate():
+            return
+        answer = conv.messages[index]
+        request = self.generation_form.request(conv, self.mode_combo.currentData())
+        request.messages = conv.history(before=index)
+        request.continues = [t for record in answer.cycles for t in record.get("emitted", [])]
+        self._begin(conv, request, "chat", continues=index)
+
+    def _begin(self, conv: Conversation, request: GenerationRequest, kind: str, restore: str = "",
+               continues: int | None = None) -> None:
         self.banner.hide()
         self.generating = True
         self._update_controls()
-        self._live = LiveAnswer(conv, kind, restore)
+        shown = conv.messages if continues is None else conv.messages[:continues]
+        before = conv.messages[continues].content if continues is not None else ""
+        self._live = LiveAnswer(conv, kind, restore, continues, before)
         self.replay.clear("Generating…")
-        self.chat.begin_answer(conv.messages)
+        self.chat.begin_answer(shown)
+        if self._live.before:
+            self.transcript.update_answer(self._live.before)
         self.speculation_pane.clear()
         self.engine.generate(request)
 
@@ -416,7 +437,7 @@ class MainWindow(QMainWindow):
         # panel are re-rendered less often: each costs the UI thread more than a frame of tokens.
         self.speculation_pane.add_events(events)
         if live.answer_due(ANSWER_UPDATE_CORES_FULL_MS if self.engine.cores_full else ANSWER_UPDATE_MS):
-            self.transcript.update_answer(answer_so_far(live.events))
+            self.transcript.update_answer(live.text)
         if live.stats_due(STATS_UPDATE_MS):
             self.speculation_pane.show_snapshot(live.snapshot)
 
@@ -427,15 +448,21 @@ class MainWindow(QMainWindow):
             self._update_controls()
             return
         staged = with_stages(result.cycles, live.events if live else [])
-        records = cycle_records(staged)
-        conv.messages.append(finished_answer(conv, result, records))
+        if live is not None and live.continues is not None:
+            index = live.continues
+            done = finished_answer(conv, result, [])
+            extend_answer(conv.messages[index], result.text, staged, done.finish, done.note)
+            staged = None  # replayed from the whole answer's records
+        else:
+            index = len(conv.messages)
+            conv.messages.append(finished_answer(conv, result, cycle_records(staged)))
         self.conversations.save(conv)
         self._save_settings()
         if conv is self.current:
             self.transcript.show_messages(conv.messages)
             if live and live.kind == "summary":
                 self.chat.highlight_copies(result.cycles)
-            self.replay_message(len(conv.messages) - 1, step=None, staged=staged)
+            self.replay_message(index, step=None, staged=staged)
         self._update_controls()
         self.generationFinished.emit()
 
@@ -454,7 +481,7 @@ class MainWindow(QMainWindow):
         if live is not None:
             conv = live.conversation
             # The question goes back to the box so nothing typed is lost; the conversation is unchanged.
-            if conv.messages and conv.messages[-1].role == "user":
+            if live.continues is None and conv.messages and conv.messages[-1].role == "user":
                 conv.messages.pop()
                 self.conversations.save(conv)
             self.chat.restore_question(live.restore)
@@ -471,8 +498,8 @@ class MainWindow(QMainWindow):
         self.banner.show_message(message, actions=actions)
 
     def _keep_partial_answer(self, live: LiveAnswer, note: str) -> None:
-        live.conversation.messages.append(live.partial_message(self.mode_combo.currentData(), note))
-        self.conversations.save(live.conversation)
+        if live.keep_partial(self.mode_combo.currentData(), note):
+            self.conversations.save(live.conversation)
 
     def closeEvent(self, event) -> None:
         if self._live is not None:

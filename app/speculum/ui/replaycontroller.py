@@ -10,7 +10,7 @@ from PySide6.QtWidgets import QLabel
 
 from ..conversations import Conversation
 from . import look
-from .answer import StagedCycle, answer_so_far, staged_cycles
+from .answer import StagedCycle, answer_so_far, plain_basis, staged_cycles
 from .replay import ReplayBar
 from .worker import replay_snapshots
 
@@ -81,7 +81,8 @@ class ReplayController(QObject):
         cycles = staged if staged is not None else staged_cycles(message.cycles)
         reused = message.stats.get("prompt_reused")  # a number (conversations.py); absent before it was kept
         self.state = ReplayState(conv, index, cycles,
-                                 replay_snapshots([s.cycle for s in cycles], plain_tokens_per_s,
+                                 replay_snapshots([s.cycle for s in cycles],
+                                                  plain_basis(message.stats, plain_tokens_per_s),
                                                   message.stats.get("prompt_tokens", 0),
                                                   message.stats.get("prompt_total", 0),
                                                   max(int(reused), 0) if reused is not None else None))

@@ -17,7 +17,6 @@ from .richtext import RefusingResources, markdown_fragment
 CODE_BACKGROUND = QColor("#f2f4f7")
 FINISH_NOTES = {
     Finish.STOPPED: "stopped",
-    Finish.MAX_TOKENS: "reached max tokens",
     Finish.CONTEXT_FULL: "context full",
 }
 
@@ -52,9 +51,10 @@ def settled_length(markdown: str) -> int:
     return end
 
 
-def replay_index(url: QUrl) -> int | None:
-    """The message a ``replay:N`` link points at; None for any other link (answers hold links too)."""
-    if url.scheme() != "replay":
+def replay_index(url: QUrl, scheme: str = "replay") -> int | None:
+    """The message a ``replay:N`` (or ``continue:N``) link points at; None for any other link
+    (answers hold links too)."""
+    if url.scheme() != scheme:
         return None
     number = url.path() or url.host()
     return int(number) if number.isascii() and number.isdigit() and len(number) < 10 else None
@@ -65,6 +65,7 @@ WRITING = "writing…"  # the live answer's header while it is written
 
 class Transcript(OpaqueScrollArea, RefusingResources, QTextBrowser):
     replayRequested = Signal(int)  # index of an assistant message in the conversation
+    continueRequested = Signal(int)  # index of an answer stopped at the user's token limit
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -79,9 +80,10 @@ class Transcript(OpaqueScrollArea, RefusingResources, QTextBrowser):
         self._settled_at = 0
 
     def _anchor(self, url: QUrl) -> None:
-        index = replay_index(url)
-        if index is not None:
-            self.replayRequested.emit(index)
+        for scheme, signal in (("replay", self.replayRequested), ("continue", self.continueRequested)):
+            index = replay_index(url, scheme)
+            if index is not None:
+                signal.emit(index)
 
     # -- building blocks --
 
@@ -171,6 +173,8 @@ class Transcript(OpaqueScrollArea, RefusingResources, QTextBrowser):
                 self._markdown(cursor, m.shown)
                 if m.note:
                     self._note(cursor, m.note)
+                if m.finish == Finish.MAX_TOKENS:
+                    self._limit_reached(cursor, m.stats.get("tokens", 0), i if i == len(messages) - 1 else None)
         self._follow()
 
     def _note(self, cursor: QTextCursor, note: str) -> None:
@@ -179,6 +183,12 @@ class Transcript(OpaqueScrollArea, RefusingResources, QTextBrowser):
         fmt.setForeground(QColor("#8a5a00"))
         fmt.setFontItalic(True)
         cursor.insertText(note, fmt)
+
+    def _limit_reached(self, cursor: QTextCursor, tokens: int, index: int | None) -> None:
+        """An answer cut by the user's token limit says so, and the last one offers to write on."""
+        self._new_block(cursor, 4)
+        more = f" — <a href='continue:{index}'>Continue</a>" if index is not None else ""
+        cursor.insertHtml(f"<span style='color:#8a5a00; font-weight:600'>Stopped at {tokens:,} tokens</span>{more}")
 
     # -- the answer being written --
 
