@@ -189,6 +189,47 @@ def test_the_window_fits_a_small_laptop_screen(qtbot, open_window):
     assert readout.fontMetrics().horizontalAdvance("— (no plain step measured yet)") <= width, width
 
 
+FIRST_START = """
+import json
+from PySide6.QtCore import QRect
+from PySide6.QtWidgets import QApplication
+from speculum.ui.mainwindow import MainWindow
+app = QApplication([])
+w = MainWindow(autoload=False)
+w.show()
+app.processEvents()
+screen = w.screen().availableGeometry()
+def rect(widget):
+    return list(QRect(widget.mapToGlobal(widget.rect().topLeft()), widget.size()).getRect())
+print(json.dumps({"screen": list(screen.getRect()), "window": list(w.frameGeometry().getRect()),
+                  **{name: rect(widget) for name, widget in (("send", w.send_button), ("stop", w.stop_button),
+                                                             ("input", w.input), ("status", w.statusBar()))}}))
+w.close()
+"""
+
+
+@pytest.mark.parametrize("width,height", [(1366, 768), (1280, 720)])
+def test_the_first_window_fits_the_screen_it_opens_on(data_dirs, tmp_path, width, height):
+    # A 1366x768 screen with no saved size got a 1440x900 window: Send, Stop, the input box and
+    # the status bar off its bottom. A fresh start on a screen of that size, in its own process.
+    import os
+    import subprocess
+    import sys
+
+    screens = tmp_path / "screens.json"
+    screens.write_text(json.dumps({"screens": [{"name": "laptop", "x": 0, "y": 0, "width": width,
+                                                "height": height, "logicalDpi": 96}]}))
+    env = {**os.environ, "QT_QPA_PLATFORM": f"offscreen:configfile={screens}"}
+    out = subprocess.run([sys.executable, "-c", FIRST_START], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    rects = json.loads(out.stdout.strip().splitlines()[-1])
+    sx, sy, sw, sh = rects.pop("screen")
+    assert (sw, sh) == (width, height)
+    for name, (x, y, w, h) in rects.items():
+        assert w > 0 and h > 0 and sx <= x and sy <= y and x + w <= sx + sw and y + h <= sy + sh, (name, rects)
+    assert rects["window"][3] <= height - 40  # room left for a title bar
+
+
 def test_serve_api_stays_in_the_toolbar_of_a_1280_pixel_window(qtbot, open_window, smollm_path, tmp_path):
     # Sized to their longest names, the model pickers pushed the Serve switch into the toolbar's
     # overflow menu once it served (the URL and Copy beside it): the switch to stop it hidden.

@@ -7,7 +7,7 @@ live answer, kept here), a result at the end, or a message in the banner.
 
 from __future__ import annotations
 
-from PySide6.QtCore import QByteArray, Qt, Signal
+from PySide6.QtCore import QByteArray, QMargins, QPoint, QRect, QSize, Qt, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import QFrame, QMainWindow, QScrollArea, QSplitter, QVBoxLayout, QWidget
 
@@ -59,6 +59,19 @@ class Scrolling(QScrollArea):
         pane.resize(self.width() - (self._bar if need > self.height() else 0), max(self.height(), need))
 
 
+FIRST_SIZE = QSize(1440, 900)  # what the window asks for on a screen with room
+FRAME = QMargins(8, 40, 8, 8)  # what a window manager may add around the window: borders, a title bar
+
+
+def first_geometry(area: QRect) -> QRect:
+    """The window at its first start: its usual size where the screen has room, else the screen's
+    free area less a frame, centred in it (a 1366x768 screen got 1440x900, and lost Send)."""
+    room = area.marginsRemoved(FRAME)
+    rect = QRect(QPoint(0, 0), FIRST_SIZE.boundedTo(room.size()))
+    rect.moveCenter(room.center())
+    return rect
+
+
 class MainWindow(QMainWindow):
     generationFinished = Signal()  # the window has rendered and saved a finished answer (or shown why not)
     modelsLoaded = Signal()
@@ -78,7 +91,6 @@ class MainWindow(QMainWindow):
 
         self.setWindowTitle("Speculum")
         self.setObjectName("mainWindow")
-        self.resize(1440, 900)
         self._build()
         self._connect()
         self.model_bar.apply(self.settings)
@@ -87,8 +99,8 @@ class MainWindow(QMainWindow):
         style = paths.resource("style.qss")
         if style.is_file():
             self.setStyleSheet(style.read_text(encoding="utf-8"))
-        if self.settings.geometry:
-            self.restoreGeometry(QByteArray.fromHex(self.settings.geometry.encode()))
+        if not (self.settings.geometry and self.restoreGeometry(QByteArray.fromHex(self.settings.geometry.encode()))):
+            self.setGeometry(first_geometry(self.screen().availableGeometry()))
         if autoload and self.target_combo.currentData():
             self.load_pair()
         notice = saved_state_notice()
