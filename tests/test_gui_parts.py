@@ -93,6 +93,15 @@ def cycle(index, source, drafted, n_accepted, emitted, finish=None):
                  n_generated=0, finish=finish, policy=PolicyReport(source, len(drafted)))
 
 
+def test_engine_messages_speak_of_the_windows_controls():
+    from speculum.engine.policy import NO_MTP
+
+    assert look.window_words("Draft mode needs a draft model: pass --draft, or use --mode lookup.") == (
+        "Draft mode needs a draft model: pick a draft model, or use Mode: Prompt lookup.")
+    assert "--" not in look.window_words(NO_MTP) and "Mode: Draft model" in look.window_words(NO_MTP)
+    assert look.window_words("in MTP mode (--mode mtp), on") == "in MTP mode (Mode: Built-in (MTP)), on"
+
+
 def test_token_kinds_of_a_cycle():
     rejected = cycle(0, "lookup", [1, 2, 3], 1, [1, 9])
     assert [k for _, k, _ in token_runs(rejected)] == [look.ACCEPTED, look.REJECTED, look.REJECTED, look.CORRECTION]

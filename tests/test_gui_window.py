@@ -442,11 +442,22 @@ def test_context_full_shows_a_message_and_keeps_the_question(qtbot, open_window,
     assert w.input.toPlainText() == question.strip()
 
 
-def test_draft_mode_without_a_draft_model_shows_a_message(qtbot, open_window, smollm_path):
-    w = open_window(smollm_path, mode="draft")
+def test_mtp_mode_is_offered_only_with_an_mtp_head_and_errors_name_the_windows_controls(qtbot, open_window,
+                                                                                          smollm_path):
+    w = open_window(smollm_path, mode="lookup", max_tokens=8)
+    mtp = w.mode_combo.findData("mtp")
+    assert not w.mode_combo.model().item(mtp).isEnabled()  # SmolLM2 has no NextN layers
+    assert "no multi-token prediction" in w.mode_combo.itemData(mtp, Qt.ToolTipRole)
+    send(qtbot, w, "Say hello.")
+    rate, steps = w.stats.value(w.stats.RATE), w.replay_bar.slider.maximum()
+    w.mode_combo.setCurrentIndex(w.mode_combo.findData("draft"))
     with qtbot.waitSignal(w.generationFinished, timeout=GENERATE_MS):
         w.send("hello")
-    assert "needs a draft model" in w.banner.text()
+    message = w.banner.text()
+    assert "needs a draft model" in message and "Prompt lookup" in message and "--" not in message, message
+    # The failed Send kept the previous answer's numbers and its replay.
+    assert w.stats.value(w.stats.RATE) == rate != "—"
+    assert w.replay_bar.isEnabled() and w.replay_bar.slider.maximum() == steps
 
 
 def test_loading_can_be_cancelled(qtbot, open_window, smollm_path):

@@ -7,6 +7,7 @@ from PySide6.QtWidgets import (QDoubleSpinBox, QFormLayout, QGroupBox, QLabel, Q
                                QWidget)
 
 from ..engine import rpc  # addresses only: this module loads no llama.cpp
+from .look import BUILT_IN_MTP
 from .settings import Settings
 from .worker import GenerationRequest
 
@@ -24,7 +25,7 @@ class GenerationForm(QWidget):
                                    toolTip="Until the end: the answer runs until the model ends it or the context "
                                            "is full.\nA number stops it there, with Continue to write on.")
         self.k_spin = QSpinBox(objectName="draftLength", minimum=0, maximum=15, specialValueText="Adaptive",
-                               toolTip="Tokens drafted per cycle in Draft model, Prompt lookup and Built-in (MTP) modes; "
+                               toolTip=f"Tokens drafted per cycle in Draft model, Prompt lookup and {BUILT_IN_MTP} modes; "
                                        "Adaptive lets Speculum pick k from what it measures")
         generation = QGroupBox("Generation")
         form = QFormLayout(generation)

@@ -22,6 +22,7 @@ from .chatpane import ChatPane
 from .conversationlist import ConversationList
 from .generationform import GenerationForm
 from .loadstatus import LoadStatus, crash_offer
+from .look import window_words
 from .modelbar import ModelBar
 from .serving import ApiServing
 from .setaside import saved_state_notice
@@ -309,14 +310,19 @@ class MainWindow(QMainWindow):
         self.document.set_document(conv.document, conv.document_name)
         if conv.document:
             self.document_toggle.setChecked(True)
+        self._replay_last()
+        self.settings.conversation = conv.id
+        self._save_settings()
+
+    def _replay_last(self) -> None:
+        """The speculation view, stats and replay bar show the conversation's last answer, finished."""
         self.speculation_pane.clear()
-        last = next((i for i in range(len(conv.messages) - 1, -1, -1) if conv.messages[i].cycles), None)
+        messages = self.current.messages if self.current is not None else []
+        last = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].cycles), None)
         if last is not None:
             self.replay_message(last, step=None)
         else:
             self.replay.clear()
-        self.settings.conversation = conv.id
-        self._save_settings()
 
     def new_conversation(self) -> Conversation:
         return self.conversations.create()  # opened by _on_conversation_created
@@ -499,7 +505,7 @@ class MainWindow(QMainWindow):
             self.chat.restore_question(live.restore)
             if conv is self.current:
                 self.transcript.show_messages(conv.messages)
-        self.replay_label.setText("")
+        self._replay_last()  # the previous answer's stats and view, as they were before Send
         self.show_error(message)
         self._update_controls()
         self.generationFinished.emit()
@@ -507,7 +513,7 @@ class MainWindow(QMainWindow):
     # ------------------------------------------------------------------ errors and closing
 
     def show_error(self, message: str, actions=()) -> None:
-        self.banner.show_message(message, actions=actions)
+        self.banner.show_message(window_words(message), actions=actions)
 
     def _keep_partial_answer(self, live: LiveAnswer, note: str) -> None:
         if live.keep_partial(self.mode_combo.currentData(), note):

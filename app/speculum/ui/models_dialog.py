@@ -32,12 +32,10 @@ from ..models.hardware import Fit, Machine
 from ..models.library import IncompatiblePair, Library, LibraryPair, LocalModel, bundled_available
 from .downloadrow import DownloadRow, DownloadWorker, leave_running, running_downloads
 from .hubpair import HubPairDialog
-from .look import MODE_NAMES
-from .modelbar import BUILT_IN
+from .look import BUILT_IN, BUILT_IN_MTP
 from .richtext import ask, escaped_tooltip, plain_label, warn
 
 FIT_COLOURS = {Fit.FITS: "#1a7f37", Fit.TIGHT: "#b26a00", Fit.TOO_BIG: "#b42318"}
-BUILT_IN_MTP = MODE_NAMES[Mode.MTP]  # the draft of a target that drafts with its own MTP head
 
 
 class ModelsDialog(QDialog):
