@@ -21,7 +21,6 @@ from PySide6.QtWidgets import (
     QPushButton, QScrollArea, QTableWidget, QTableWidgetItem, QTabWidget, QVBoxLayout, QWidget,
 )
 
-from ..engine.vocabulary import Mode
 from ..errors import SpeculumError
 from ..models import catalog as catalog_mod
 from ..models import hardware
