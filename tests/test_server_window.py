@@ -85,6 +85,40 @@ def test_serve_switch_serves_the_loaded_model_and_shows_requests_live(qtbot, ope
         pass
 
 
+def test_a_crash_keeps_its_banner_the_partial_answer_replays_and_reload_serves_again(qtbot, open_window, smollm_path,
+                                                                                     monkeypatch):
+    from PySide6.QtCore import Qt
+
+    from speculum.engine_process import CRASH_SWITCH
+
+    monkeypatch.setenv(CRASH_SWITCH, "mid_generation")
+    w = open_window(smollm_path, mode="off", max_tokens=32)
+    port = _free_port()
+    w.serve_panel.port.setValue(port)
+    with qtbot.waitSignal(w.engine.worker.serving, timeout=LOAD_MS):
+        w.serve_panel.switch.click()
+    with qtbot.waitSignal(w.engineDied, timeout=GENERATE_MS):
+        w.send("Count from one to twenty in words.")
+    banner = w.banner.text()
+    assert f"serves the API again on port {port}" in banner and not w.serve_panel.switch.isChecked()
+    kept = w.current.messages[-1]
+    assert kept.role == "assistant" and kept.content.strip()
+    assert w.replay_bar.isEnabled() and w.replay_bar.slider.maximum() == 2 * len(kept.cycles)
+    # Send before Reload: the crash's banner and its Reload stay; what was typed stays too.
+    w.input.setPlainText("Another question")
+    qtbot.keyClick(w.input, Qt.Key_Return)
+    assert w.banner.text() == banner and w.banner.action_labels() == ["Reload"]
+    assert w.input.toPlainText() == "Another question"
+    assert all(m.content.strip() for m in w.current.messages)  # no empty turn
+
+    monkeypatch.delenv(CRASH_SWITCH)
+    with qtbot.waitSignal(w.engine.worker.serving, timeout=LOAD_MS):
+        w.banner.trigger("Reload")
+    assert w.serve_panel.switch.isChecked() and w.serve_panel.url.text() == f"http://127.0.0.1:{port}/v1"
+    assert httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=30).status_code == 200
+    assert not w.banner.isVisible()
+
+
 def test_serving_needs_a_loaded_model(qtbot, open_window):
     w = open_window()
     w.serve_panel.switch.click()

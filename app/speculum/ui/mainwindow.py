@@ -88,6 +88,7 @@ class MainWindow(QMainWindow):
         self.gpu: str | None = None  # the engine process reports its backend once it has started
         self.loaded = self.loading = self.generating = False
         self._live: LiveAnswer | None = None
+        self._crash: tuple | None = None  # the banner's message and actions after an engine crash, until a load
         self._connect_engine()  # before anything slow: the process reports "ready" once, as soon as it starts
 
         self.setWindowTitle("Speculum")
@@ -229,12 +230,13 @@ class MainWindow(QMainWindow):
                               *self.generation_form.gpu_layers(), rpc=workers)
         self.settings.target, self.settings.draft = request.target, request.draft or self.draft_combo.currentData() or ""
         self._save_settings()
+        self._crash = None
         self.banner.hide()
         self.loaded = False
         self.loading = True
         self._update_controls()
         self.load_status.begin_load()
-        self.serve_panel.show_stopped()  # the new engine process serves nothing until asked
+        self.serving.stopped()
         self.engine.load(request, profile, why)
 
     def cancel_load(self) -> None:
@@ -249,6 +251,7 @@ class MainWindow(QMainWindow):
         self._show_backend(target)
         self.engine.set_plain_rate(self.settings.plain_tokens_per_s.get(target.path))
         self._update_controls()
+        self.serving.models_loaded()
         self.modelsLoaded.emit()
 
     def _on_load_failed(self, message: str) -> None:
@@ -270,18 +273,21 @@ class MainWindow(QMainWindow):
         if self._live is not None:
             note = f"The engine stopped: {death.how}. The answer so far is kept."
             self._keep_partial_answer(self._end_generation(), note)
-            self.replay_label.setText("")
             if self.current is not None:
                 self.transcript.show_messages(self.current.messages)
+                self._replay_last()  # the kept answer replays like any other
         self.loading = False
         self.loaded = False
         self.load_status.end_load("No model loaded: the engine stopped")
-        self.serve_panel.show_stopped()
+        self.serving.engine_died()
         self._show_backend(None)
         message, safer, why = crash_offer(death, bool(self.gpu))
+        if self.serving.resume_port is not None:
+            message += f" Reloading serves the API again on port {self.serving.resume_port}."
         actions = [("Reload", self.load_pair)]
         if safer is not None:
             actions.insert(0, (f"Reload with the {safer.name} profile", lambda: self.load_pair(profile=safer, why=why)))
+        self._crash = (message, actions)  # shown until the user reloads
         self.show_error(message, actions)
         self._update_controls()
         self.engineDied.emit()
@@ -367,7 +373,10 @@ class MainWindow(QMainWindow):
             self.show_error("The models are still loading.")
             return False
         if not self.loaded:
-            self.show_error("No model is loaded. Pick a target model (and a draft) above and press Load.")
+            if self._crash is not None:  # its Reload is the way on: the banner stays as it was
+                self.show_error(*self._crash)
+            else:
+                self.show_error("No model is loaded. Pick a target model (and a draft) above and press Load.")
             return False
         return True
 
