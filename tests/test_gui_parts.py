@@ -171,7 +171,7 @@ def test_speculation_view_formats(qtbot):
 def test_each_cycle_keeps_its_stage_in_the_answer_and_its_stored_record():
     staged = [StagedCycle(cycle(0, "none", [], 0, [1]), "Part 1 of 2"),
               StagedCycle(cycle(1, "none", [], 0, [2]), "Part 2 of 2"), StagedCycle(cycle(2, "none", [], 0, [3]), "Part 2 of 2")]
-    assert answer_so_far(staged) == "*Part 2 of 2…*\n\nt2t3"
+    assert answer_so_far(staged) == "*Part 1 of 2*\n\nt1\n\n*Part 2 of 2…*\n\nt2t3"  # part 1 stays
     assert answer_so_far([StagedCycle(cycle(0, "none", [], 0, [1]))]) == "t1"
     records = cycle_records(staged + [StagedCycle(cycle(3, "none", [], 0, [4]))])
     assert [r.get("stage") for r in records] == ["Part 1 of 2", "Part 2 of 2", "Part 2 of 2", None]
@@ -179,6 +179,14 @@ def test_each_cycle_keeps_its_stage_in_the_answer_and_its_stored_record():
     assert staged_cycles(records)[3].stage == ""  # one-part answers, and conversations saved before stages
     events = [SimpleNamespace(cycle=s.cycle, stage=s.stage) for s in staged[:2]]
     assert [s.stage for s in with_stages([s.cycle for s in staged], events)] == ["Part 1 of 2", "Part 2 of 2", ""]
+
+
+def test_replay_names_the_part_and_counts_cycles_over_the_whole_answer():
+    from speculum.ui.replaycontroller import describe_step
+
+    staged = [StagedCycle(cycle(0, "none", [], 0, [1]), "Part 1 of 2"),
+              StagedCycle(cycle(0, "none", [], 0, [2]), "Part 2 of 2"), StagedCycle(cycle(1, "none", [], 0, [3]), "Part 2 of 2")]
+    assert describe_step(staged, 6).startswith("Part 2 of 2 · Cycle 3 of 3: ")
 
 
 def test_replay_snapshots_follow_the_cycles():

@@ -380,22 +380,48 @@ def test_reading_a_document_shows_tokens_read(qtbot, open_window, smollm_path):
     assert "reading the prompt" not in w.transcript.toPlainText()
 
 
-def test_long_document_is_summarised_in_parts(qtbot, open_window, smollm_path):
+def test_long_document_is_summarised_in_parts_with_one_set_of_numbers(qtbot, open_window, smollm_path):
     w = open_window(smollm_path, mode="lookup", max_tokens=16, n_ctx=512)
     document = paths.resource("samples/lighthouse.md").read_text(encoding="utf-8") * 2
     w.document.set_document(document, "long.md")
-    stages = []
-    w.engine.worker.stageChanged.connect(stages.append)
+    seen = []  # stage changes and prompt reads, in order
+    w.engine.worker.stageChanged.connect(lambda stage: seen.append(("stage", stage)))
+    w.engine.worker.promptProgress.connect(lambda read, total: seen.append(("read", read)))
     with qtbot.waitSignal(w.generationFinished, timeout=GENERATE_MS * 2):
         w.summarise()
         qtbot.waitUntil(lambda: w.document.progress.isVisible(), timeout=GENERATE_MS)
         assert "Part 1 of" in w.document.progress.text()
+        part_2 = lambda: any(kind == "stage" and s.startswith("Part 2") for kind, s in seen)  # noqa: E731
+        qtbot.waitUntil(lambda: part_2() or not w.generating, timeout=GENERATE_MS)
+        if w.generating:  # part 1's text stays on screen while part 2 is written
+            qtbot.waitUntil(lambda: "Part 2 of" in w.transcript.toPlainText() or not w.generating, timeout=GENERATE_MS)
+            if w.generating:
+                assert "Part 1 of" in w.transcript.toPlainText()
     assert not w.banner.isVisible(), w.banner.text()
+    stages = [s for kind, s in seen if kind == "stage"]
     parts = [s for s in stages if s.startswith("Part")]
     assert len(parts) >= 2 and stages[-1].startswith("Combining")
+    # Each part's prompt is read under its own name: a stage is named before its prompt is read.
+    kinds = [kind for kind, _ in seen]
+    assert all(kinds[i - 1] == "stage" for i, (kind, read) in enumerate(seen) if kind == "read" and read == 0)
     answer = w.current.messages[-1]
     assert f"Summarised in {len(parts)} parts" in answer.note
     assert "— Part 1 of" in w.speculation.toPlainText() and "— Combining —" in w.speculation.toPlainText()
+    # One set of numbers for the whole answer: header, stats panel, chart and replay agree.
+    tokens = sum(len(c["emitted"]) for c in answer.cycles)
+    assert answer.stats["tokens"] == tokens
+    header = f"{answer.stats['tokens_per_s']:.1f} tok/s"
+    assert header in w.transcript.toPlainText()
+    assert w.stats.value(w.stats.RATE).startswith(f"{answer.stats['tokens_per_s']:.1f}  ({tokens} tokens")
+    times = [t for t, _ in w.stats.chart.points]
+    assert times == sorted(times) and len(times) == len(answer.cycles)  # one line, not one per part
+    bar = w.replay_bar
+    assert bar.slider.maximum() == 2 * len(answer.cycles)
+    part2 = next(i for i, c in enumerate(answer.cycles) if c.get("stage", "").startswith("Part 2"))
+    bar.set_step(2 * part2 + 2)
+    assert w.replay_label.text().startswith(f"Part 2 of {len(parts)} · Cycle {part2 + 1} of {len(answer.cycles)}")
+    bar.set_step(bar.slider.maximum())
+    assert w.stats.value(w.stats.RATE).startswith(f"{answer.stats['tokens_per_s']:.1f}  ({tokens} tokens")
 
 
 def test_missing_model_file_shows_a_message(qtbot, open_window, tmp_path):

@@ -283,12 +283,20 @@ class EngineRunner:
         self.report("finished", result)
 
     def _answer(self, request: GenerationRequest, on_cycle) -> GenerationResult:
+        shown = [""]
+
+        def on_stage(stage: str) -> None:  # as a stage begins: its prompt is read under its name
+            if stage != shown[0]:
+                shown[0] = stage
+                self.report("stage", "Combining the part summaries" if stage == "Combining" else stage)
+
         if request.document is None:
             steps = (("", cycle) for cycle in self._cycles(request, request.messages))
-            return self._follow(request, steps, on_cycle)
+            return self._follow(request, steps, on_cycle, on_stage)
         summary = summarise.DocumentSummary(self.decoder.target, request.document, self._limit(request),
                                             lambda messages: self._cycles(request, messages))
-        result = self._follow(request, summary, on_cycle)
+        summary.on_stage = on_stage
+        result = self._follow(request, summary, on_cycle, on_stage)
         result.text, result.part_summaries = summary.text, summary.part_summaries
         if summary.stopped_at:
             result.finish = Finish.STOPPED
@@ -379,19 +387,24 @@ class EngineRunner:
             return
         tuning.measure_and_remember(target.path, target.n_threads, interrupted)
 
-    def _follow(self, request: GenerationRequest, steps, on_cycle) -> GenerationResult:
-        """Report each (stage, cycle) as it comes; the result of the whole run."""
-        text, cycles, last, snap, stage_now = [], [], None, StatsSnapshot(), ""
+    def _follow(self, request: GenerationRequest, steps, on_cycle, on_stage) -> GenerationResult:
+        """Report each (stage, cycle) as it comes; the result of the whole run. One Stats for the
+        whole answer, all its parts' generations in one (the decoder's restart with each)."""
+        text, cycles, last, snap = [], [], None, StatsSnapshot()
         plain = self.plain.basis()
+        answer, part, prompt_total = Stats(), None, 0
         for stage, cycle in steps:
             if on_cycle is not None:
                 on_cycle(cycle)
-            if stage != stage_now:
-                stage_now = stage
-                self.report("stage", "Combining the part summaries" if stage == "Combining" else stage)
+            on_stage(stage)
+            if self.decoder.stats is not part:  # a generation begins: its prompt counts join the answer's
+                part = self.decoder.stats
+                answer.merge(Stats(prompt_tokens=part.prompt_tokens, prompt_cached=part.prompt_cached))
+                prompt_total += self._prompt_total
+            answer.add(cycle)
             self.plain.observe(cycle)
             plain.observe(cycle)
-            snap = snapshot_of(self.decoder.stats, cycle, plain, self._prompt_total)
+            snap = snapshot_of(answer, cycle, plain, prompt_total)
             self.report("cycle", CycleEvent(cycle, snap, stage))
             text.append(cycle.text)
             cycles.append(cycle)

@@ -136,6 +136,7 @@ class DocumentSummary:
         self.request = request  # what to do with a document that fits whole (default: summarise it)
         self.max_tokens = max_tokens
         self.generate = generate
+        self.on_stage: Callable[[str], None] | None = None  # a stage begins (before its prompt is read)
         self.text = ""
         self.part_summaries: list[str] = []
         self.stopped_at = ""
@@ -150,6 +151,8 @@ class DocumentSummary:
         """Yield the cycles of one answer; its text lands in ``self._last_text``."""
         pieces = []
         self._last_finish = None
+        if self.on_stage is not None:
+            self.on_stage(stage)
         for cycle in self.generate(messages):
             pieces.append(cycle.text)
             self._last_finish = cycle.finish

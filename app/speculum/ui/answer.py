@@ -83,11 +83,15 @@ def with_stages(cycles, events) -> list[StagedCycle]:
 
 def answer_so_far(staged) -> str:
     """The answer as it stood after ``staged``: while a long document is summarised in parts,
-    the part being written under its stage name."""
+    each part written so far under its stage name (part 1 stays while part 2 is written)."""
     stage = staged[-1].stage if staged else ""
     if not stage:
         return "".join(s.cycle.text for s in staged)
-    return f"*{stage}…*\n\n" + "".join(s.cycle.text for s in staged if s.stage == stage)
+    parts: dict[str, list[str]] = {}
+    for s in staged:
+        parts.setdefault(s.stage, []).append(s.cycle.text)
+    return "\n\n".join(f"*{name}{'…' if name == stage else ''}*\n\n" + "".join(texts).strip()
+                       for name, texts in parts.items())
 
 
 def cycle_records(staged) -> list[dict]:

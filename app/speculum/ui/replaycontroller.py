@@ -31,8 +31,10 @@ def describe_step(staged, step: int) -> str:
     n = len(staged)
     if step == 0:
         return f"Replay: before the first of {n} cycles. Press Play or step forward."
-    cycle = staged[(step - 1) // 2].cycle
-    head = f"Cycle {cycle.index + 1} of {n}"
+    at = staged[(step - 1) // 2]
+    cycle = at.cycle
+    # Counted over the whole answer (a part's generation counts from 0 again), its part named.
+    head = (f"{at.stage} · " if at.stage else "") + f"Cycle {(step - 1) // 2 + 1} of {n}"
     drafter = look.DRAFTERS.get(cycle.source, cycle.source)
     k = len(cycle.drafted)
     if step % 2:
