@@ -189,6 +189,34 @@ def test_replay_names_the_part_and_counts_cycles_over_the_whole_answer():
     assert describe_step(staged, 6).startswith("Part 2 of 2 · Cycle 3 of 3: ")
 
 
+def test_replay_bar_seeks_where_clicked_jumps_to_either_end_and_plays_at_three_speeds(qtbot):
+    from PySide6.QtCore import QPoint, Qt
+
+    from speculum.ui.replay import ReplayBar
+
+    bar = ReplayBar()
+    qtbot.addWidget(bar)
+    bar.resize(600, 40)
+    bar.show()
+    qtbot.waitExposed(bar)
+    bar.start(50)  # 100 steps, at the end: the final answer
+    assert bar.step == 100 and bar.at_end
+    slider = bar.slider
+    qtbot.mouseClick(slider, Qt.LeftButton, pos=QPoint(slider.width() // 4, slider.height() // 2))
+    assert 15 <= bar.step <= 35, bar.step  # where the click was, not one page from the handle
+    qtbot.mouseClick(bar.first, Qt.LeftButton)
+    assert bar.step == 0
+    qtbot.mouseClick(bar.last, Qt.LeftButton)
+    assert bar.step == 100
+    assert [bar.speed.itemText(i) for i in range(bar.speed.count())] == ["1×", "4×", "Instant"]
+    bar.speed.setCurrentText("4×")
+    assert bar.timer.interval() == 100
+    bar.speed.setCurrentText("Instant")
+    bar.play.click()  # from the end: starts over, and plays through without a wait per step
+    assert bar.timer.interval() == 0 and bar.step == 0
+    qtbot.waitUntil(lambda: bar.at_end and not bar.play.isChecked(), timeout=10_000)
+
+
 def test_replay_snapshots_follow_the_cycles():
     snaps = replay_snapshots([cycle(0, "lookup", [1, 2], 1, [1, 9]), cycle(1, "none", [], 0, [7])], 10.0)
     assert [s.tokens for s in snaps] == [2, 3]

@@ -285,6 +285,9 @@ def test_replay_steps_through_cycles(qtbot, open_window, smollm_path):
     so_far = "".join(c["text"] for c in cycles[:half])
     assert "replaying" in w.transcript.toPlainText()
     assert w.transcript.answer_text().split() == so_far.split() != answer.split()
+    qtbot.keyClick(w.input, Qt.Key_Escape)  # Esc: back to the final answer
+    assert bar.step == 2 * len(cycles) and "replaying" not in w.transcript.toPlainText()
+    assert answer.strip()[:20] in w.transcript.toPlainText()
 
     bar.set_step(0)
     bar.play.click()

@@ -439,12 +439,15 @@ class MainWindow(QMainWindow):
         self.engine.generate(request)
 
     def stop(self) -> None:
+        """Esc: stop the answer being written, or the load; else leave a replay for the final answer."""
         if self.generating:
             self.engine.stop()
             self.stop_button.setEnabled(False)
             self.replay_label.setText("Stopping after this target pass…")
         elif self.loading:
             self.cancel_load()
+        elif self.replay.state is not None and not self.replay_bar.at_end:
+            self.replay_bar.to_end()
 
     def _on_stage(self, stage: str) -> None:
         self.document.show_progress(f"Summarising in parts: {stage}…")
