@@ -145,6 +145,11 @@ def test_status_bar_names_a_built_in_mtp_head_as_the_draft(qtbot):
     assert "←  Gemma 4 E4B assistant (Gemma 4 assistant, on the target's KV cache)" in status.model_label.text()
     status.show_pair(SimpleNamespace(name="SmolLM2", quantization="Q4_1", n_ctx=2048), None)  # older facts
     assert "no draft model" in status.model_label.text()
+    # The demo draft's GGUF calls itself "… AWQ": it is a Q4_K_M GGUF, and shown as one.
+    status.show_pair(SimpleNamespace(name="Qwen2.5 Coder 1.5B Instruct GGUF", quantization="Q4_K_M", n_ctx=4096),
+                     SimpleNamespace(name="Qwen2.5 Coder 0.5B Instruct AWQ", quantization="Q4_K_M"))
+    assert status.model_label.text().startswith(
+        "Qwen2.5 Coder 1.5B Instruct (Q4_K_M)  ←  Qwen2.5 Coder 0.5B Instruct (Q4_K_M)  ·")
 
 
 def test_whitespace_is_visible():

@@ -35,6 +35,8 @@ def open_window(qtbot, data_dirs):
             setattr(saved, key, value)
         window = MainWindow(settings=saved, autoload=False)
         qtbot.addWidget(window)
+        if not saved.geometry:
+            window.resize(1440, 900)  # as on a desktop screen (offscreen's own is 800x800)
         window.show()
         windows.append(window)
         if target is not None:
@@ -122,6 +124,20 @@ def test_no_limit_by_default_and_continue_writes_on_in_the_same_answer(qtbot, op
     assert results[0].snapshot.prompt_tokens == 0  # the KV cache held the prompt and the answer so far
     assert w.transcript.toPlainText().count("Assistant") == 1
     assert w.replay_bar.slider.maximum() == 2 * len(grown.cycles)
+
+
+def test_the_first_measurement_of_this_machine_shows_quietly(qtbot, open_window, smollm_path):
+    w = open_window(smollm_path, load=False, mode="auto")
+    assert w.load_status.measuring.isHidden()
+    shown = []  # (measuring, the caption shown) as each report reached the window
+    w.engine.worker.measuring.connect(lambda on: shown.append((on, w.load_status.measuring.isVisible())))
+    with qtbot.waitSignal(w.modelsLoaded, timeout=LOAD_MS):
+        w.load_pair()
+    qtbot.waitUntil(lambda: bool(shown), timeout=LOAD_MS)  # fresh data: nothing measured here yet
+    assert shown[0] == (True, True) and w.load_status.measuring.text() == "Measuring this machine…"
+    assert not w.banner.isVisible()  # a caption in the status bar, not a message
+    send(qtbot, w, "Say hello.")  # a request stops it at once (it goes on later, when idle)
+    assert (False, False) in shown
 
 
 def test_enter_sends_and_shift_enter_breaks_the_line(qtbot, open_window):

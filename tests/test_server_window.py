@@ -56,6 +56,11 @@ def test_serve_switch_serves_the_loaded_model_and_shows_requests_live(qtbot, ope
     assert "— API request —" in w.speculation.toPlainText()
     assert w.stats.value(w.stats.RATE) != "—"  # the stats panel shows the API request's numbers
     assert look.PREDICTED not in kinds_shown(w.speculation.legend)
+    # Counted, and logged with its size and speed.
+    assert w.serve_panel.requests.isVisible() and w.serve_panel.requests.text() == "1 request"
+    tokens = replies[0].usage.completion_tokens
+    assert f"{tokens} tokens, " in w.serve_panel.log[0] and w.serve_panel.log[0].endswith(" tok/s")
+    assert w.serve_panel.log[0] in w.serve_panel.requests.toolTip()
 
     # A request with a prediction: its accepted drafts have their own colour, named in the legend.
     answer = replies[0].choices[0].message.content

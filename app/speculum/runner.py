@@ -373,7 +373,13 @@ class EngineRunner:
         if self.decoder is None or self.serving is not None:
             return
         with self.turn:
-            self.decoder.calibrate(interrupted)
+            if not self.decoder.policy_for(Mode.AUTO).needs_calibration:
+                return
+            self.report("measuring", True)  # the window says so, quietly
+            try:
+                self.decoder.calibrate(interrupted)
+            finally:
+                self.report("measuring", False)
 
     def tune_while_idle(self, interrupted) -> None:
         """Once per machine (again for a much larger target): time the tiled matmul both ways in

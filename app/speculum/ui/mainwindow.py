@@ -173,6 +173,7 @@ class MainWindow(QMainWindow):
                                   lambda: self.loaded, lambda: self.generating, self.mode_combo.currentData, self)
         self.serving.error.connect(self.show_error)
         self.engine.worker.loadProgress.connect(self.load_status.show_load_progress)
+        self.engine.worker.measuring.connect(self.load_status.show_measuring)
         self.load_button.clicked.connect(self.load_pair)
         self.cancel_button.clicked.connect(self.cancel_load)
         self.model_bar.pairReady.connect(self._on_pair_ready)
@@ -279,6 +280,7 @@ class MainWindow(QMainWindow):
         self.loading = False
         self.loaded = False
         self.load_status.end_load("No model loaded: the engine stopped")
+        self.load_status.show_measuring(False)
         self.serving.engine_died()
         self._show_backend(None)
         message, safer, why = crash_offer(death, bool(self.gpu))

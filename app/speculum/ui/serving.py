@@ -33,6 +33,7 @@ class ApiServing(QObject):
         self.port: int | None = None  # where the API is served, or asked to be
         self.serving = False
         self.resume_port: int | None = None  # served when the engine crashed: served again once reloaded
+        self._last = None  # the served request's last cycle event (its speed)
 
     def _switch(self, on: bool, port: int) -> None:
         self.resume_port = None  # the user decides now
@@ -77,14 +78,19 @@ class ApiServing(QObject):
         self.error.emit(message)
 
     def _on_served_request(self, kind: str, payload) -> None:
-        """An API client's request: shown live in the speculation view and stats, like the window's own."""
-        if self._answering():
-            return
+        """An API client's request: counted and logged; shown live in the speculation view and
+        stats, like the window's own, unless the window is writing an answer."""
         if kind != "started":
             self.engine.served_batcher.flush()  # its last cycles before its count
-        self.pane.show_served_request(kind, payload)
+        if kind == "finished":
+            rate = self._last.snapshot.tokens_per_s if self._last is not None else None
+            self.panel.add_request(payload.get("completion_tokens", 0), rate)
+        self._last = None
+        if not self._answering():
+            self.pane.show_served_request(kind, payload)
 
     def _on_served_batch(self, events: list) -> None:
+        self._last = events[-1]
         if self._answering():
             return
         self.pane.add_events(events)

@@ -117,6 +117,7 @@ class EngineSignals(QObject):
     serveFailed = Signal(str)
     servedRequest = Signal(str, object)  # "started" (prompt tokens) / "finished" (usage)
     servedCycle = Signal(object)  # CycleEvent of an API client's request
+    measuring = Signal(bool)  # the engine is (no longer) measuring this machine's costs for auto mode
 
 
 class EngineDeath:
@@ -199,7 +200,7 @@ class Engine(QObject):
          "prompt_progress": self.worker.promptProgress,
          "plain_rate": self.worker.plainRateMeasured, "profile": self.worker.profileChosen,
          "serving": self.worker.serving, "serve_failed": self.worker.serveFailed,
-         "served_request": self.worker.servedRequest}[kind].emit(*payload)
+         "served_request": self.worker.servedRequest, "measuring": self.worker.measuring}[kind].emit(*payload)
 
     def _on_exit(self, code: int | None) -> None:
         """Reader thread: the engine process ended without being asked to."""
