@@ -17,7 +17,7 @@ from speculum.documents import html_to_text
 from speculum.engine.cycle import Cycle, PolicyReport
 from speculum.ui import look
 from speculum.ui.answer import StagedCycle, answer_so_far, cycle_records, staged_cycles, with_stages
-from speculum.ui.speculation import SpeculationView, token_runs
+from speculum.ui.tokenview import SpeculationView, token_runs
 from speculum.ui.stats import StatsPanel
 from speculum.ui.transcript import Transcript, settled_length
 from speculum.ui.worker import CycleBatcher, replay_snapshots, ui_cpu_budget

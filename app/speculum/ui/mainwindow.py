@@ -24,7 +24,7 @@ from .generationform import GenerationForm
 from .loadstatus import LoadStatus, crash_offer
 from .look import window_words
 from .modelbar import ModelBar
-from .serving import ApiServing
+from .apiserving import ApiServing
 from .setaside import saved_state_notice
 from .settings import Settings
 from .speculationpane import SpeculationPane

@@ -17,7 +17,7 @@ from ..engine.vocabulary import Mode
 from ..models.gguf import is_assistant, nextn_layers
 from .modelchoices import local_models
 from .richtext import escaped_tooltip
-from .serve import ServePanel
+from .servepanel import ServePanel
 from .look import BUILT_IN, BUILT_IN_MTP, MODE_NAMES  # noqa: F401 (BUILT_IN*: the pair picker's, re-exported)
 from .settings import Settings
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
 from .replaycontroller import ReplayController
-from .speculation import SpeculationView
+from .tokenview import SpeculationView
 from .stats import StatsPanel
 
 

@@ -10,7 +10,7 @@ from typing import Callable
 
 from PySide6.QtCore import QObject, Signal
 
-from .serve import ServePanel
+from .servepanel import ServePanel
 from .speculationpane import SpeculationPane
 
 SERVING_MESSAGE_MS = 5000
