@@ -164,8 +164,8 @@ def main() -> int:
     load_start = time.perf_counter()
     window.load_pair()
     while not window.loaded:
-        if window.banner.text():
-            print(window.banner.text(), file=sys.stderr)
+        if window.chat.banner.text():
+            print(window.chat.banner.text(), file=sys.stderr)
             return 2
         app.processEvents()
         time.sleep(0.005)
@@ -185,7 +185,7 @@ def main() -> int:
 
     def in_window(mode: str, prompt: str, watch: bool = False, drawn: bool = True) -> Run:
         window.engine.batcher.blockSignals(not drawn)  # undrawn: no frame is handed to the widgets
-        window.mode_combo.setCurrentIndex(window.mode_combo.findData(mode))
+        window.model_bar.mode_combo.setCurrentIndex(window.model_bar.mode_combo.findData(mode))
         window.new_conversation()
         seen.clear()
         done.clear()
@@ -201,7 +201,7 @@ def main() -> int:
         threads = {k: v - threads_start.get(k, 0.0) for k, v in thread_cpu().items()}
         answer = window.current.messages[-1]
         if answer.role != "assistant":
-            raise SystemExit(f"the window did not answer: {window.banner.text()}")
+            raise SystemExit(f"the window did not answer: {window.chat.banner.text()}")
         end, ui_end, _ = seen[-1]
         return Run([c for *_, c in seen], end - start, blocked, (ui_end - ui_start) / (end - start),
                    process_cpu / (time.perf_counter() - start), seen[0][0] - start,

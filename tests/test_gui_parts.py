@@ -17,7 +17,7 @@ from speculum.documents import html_to_text
 from speculum.engine.cycle import Cycle, PolicyReport
 from speculum.ui import look
 from speculum.ui.answer import StagedCycle, answer_so_far, cycle_records, staged_cycles, with_stages
-from speculum.ui.speculation import SpeculationView, token_runs
+from speculum.ui.tokenview import SpeculationView, token_runs
 from speculum.ui.stats import StatsPanel
 from speculum.ui.transcript import Transcript, settled_length
 from speculum.ui.worker import CycleBatcher, replay_snapshots, ui_cpu_budget
@@ -93,6 +93,15 @@ def cycle(index, source, drafted, n_accepted, emitted, finish=None):
                  n_generated=0, finish=finish, policy=PolicyReport(source, len(drafted)))
 
 
+def test_engine_messages_speak_of_the_windows_controls():
+    from speculum.engine.policy import NO_MTP
+
+    assert look.window_words("Draft mode needs a draft model: pass --draft, or use --mode lookup.") == (
+        "Draft mode needs a draft model: pick a draft model, or use Mode: Prompt lookup.")
+    assert "--" not in look.window_words(NO_MTP) and "Mode: Draft model" in look.window_words(NO_MTP)
+    assert look.window_words("in MTP mode (--mode mtp), on") == "in MTP mode (Mode: Built-in (MTP)), on"
+
+
 def test_token_kinds_of_a_cycle():
     rejected = cycle(0, "lookup", [1, 2, 3], 1, [1, 9])
     assert [k for _, k, _ in token_runs(rejected)] == [look.ACCEPTED, look.REJECTED, look.REJECTED, look.CORRECTION]
@@ -136,6 +145,11 @@ def test_status_bar_names_a_built_in_mtp_head_as_the_draft(qtbot):
     assert "←  Gemma 4 E4B assistant (Gemma 4 assistant, on the target's KV cache)" in status.model_label.text()
     status.show_pair(SimpleNamespace(name="SmolLM2", quantization="Q4_1", n_ctx=2048), None)  # older facts
     assert "no draft model" in status.model_label.text()
+    # The demo draft's GGUF calls itself "… AWQ": it is a Q4_K_M GGUF, and shown as one.
+    status.show_pair(SimpleNamespace(name="Qwen2.5 Coder 1.5B Instruct GGUF", quantization="Q4_K_M", n_ctx=4096),
+                     SimpleNamespace(name="Qwen2.5 Coder 0.5B Instruct AWQ", quantization="Q4_K_M"))
+    assert status.model_label.text().startswith(
+        "Qwen2.5 Coder 1.5B Instruct (Q4_K_M)  ←  Qwen2.5 Coder 0.5B Instruct (Q4_K_M)  ·")
 
 
 def test_whitespace_is_visible():
@@ -162,7 +176,7 @@ def test_speculation_view_formats(qtbot):
 def test_each_cycle_keeps_its_stage_in_the_answer_and_its_stored_record():
     staged = [StagedCycle(cycle(0, "none", [], 0, [1]), "Part 1 of 2"),
               StagedCycle(cycle(1, "none", [], 0, [2]), "Part 2 of 2"), StagedCycle(cycle(2, "none", [], 0, [3]), "Part 2 of 2")]
-    assert answer_so_far(staged) == "*Part 2 of 2…*\n\nt2t3"
+    assert answer_so_far(staged) == "*Part 1 of 2*\n\nt1\n\n*Part 2 of 2…*\n\nt2t3"  # part 1 stays
     assert answer_so_far([StagedCycle(cycle(0, "none", [], 0, [1]))]) == "t1"
     records = cycle_records(staged + [StagedCycle(cycle(3, "none", [], 0, [4]))])
     assert [r.get("stage") for r in records] == ["Part 1 of 2", "Part 2 of 2", "Part 2 of 2", None]
@@ -172,11 +186,48 @@ def test_each_cycle_keeps_its_stage_in_the_answer_and_its_stored_record():
     assert [s.stage for s in with_stages([s.cycle for s in staged], events)] == ["Part 1 of 2", "Part 2 of 2", ""]
 
 
+def test_replay_names_the_part_and_counts_cycles_over_the_whole_answer():
+    from speculum.ui.replaycontroller import describe_step
+
+    staged = [StagedCycle(cycle(0, "none", [], 0, [1]), "Part 1 of 2"),
+              StagedCycle(cycle(0, "none", [], 0, [2]), "Part 2 of 2"), StagedCycle(cycle(1, "none", [], 0, [3]), "Part 2 of 2")]
+    assert describe_step(staged, 6).startswith("Part 2 of 2 · Cycle 3 of 3: ")
+
+
+def test_replay_bar_seeks_where_clicked_jumps_to_either_end_and_plays_at_three_speeds(qtbot):
+    from PySide6.QtCore import QPoint, Qt
+
+    from speculum.ui.replay import ReplayBar
+
+    bar = ReplayBar()
+    qtbot.addWidget(bar)
+    bar.resize(600, 40)
+    bar.show()
+    qtbot.waitExposed(bar)
+    bar.start(50)  # 100 steps, at the end: the final answer
+    assert bar.step == 100 and bar.at_end
+    slider = bar.slider
+    qtbot.mouseClick(slider, Qt.LeftButton, pos=QPoint(slider.width() // 4, slider.height() // 2))
+    assert 15 <= bar.step <= 35, bar.step  # where the click was, not one page from the handle
+    qtbot.mouseClick(bar.first, Qt.LeftButton)
+    assert bar.step == 0
+    qtbot.mouseClick(bar.last, Qt.LeftButton)
+    assert bar.step == 100
+    assert [bar.speed.itemText(i) for i in range(bar.speed.count())] == ["1×", "4×", "Instant"]
+    bar.speed.setCurrentText("4×")
+    assert bar.timer.interval() == 100
+    bar.speed.setCurrentText("Instant")
+    bar.play.click()  # from the end: starts over, and plays through without a wait per step
+    assert bar.timer.interval() == 0 and bar.step == 0
+    qtbot.waitUntil(lambda: bar.at_end and not bar.play.isChecked(), timeout=10_000)
+
+
 def test_replay_snapshots_follow_the_cycles():
     snaps = replay_snapshots([cycle(0, "lookup", [1, 2], 1, [1, 9]), cycle(1, "none", [], 0, [7])], 10.0)
     assert [s.tokens for s in snaps] == [2, 3]
     assert snaps[0].acceptance_rate == 0.5 and snaps[1].drafted == 2
-    assert snaps[-1].speedup is not None and snaps[-1].speedup_source == "measured"
+    # A bare rate has no age: measured at another moment, so only an estimate.
+    assert snaps[-1].speedup is not None and snaps[-1].speedup_source == "estimate"
 
 
 def test_acceptance_bars_labels_fit_their_bars(qtbot):
@@ -236,37 +287,111 @@ def test_a_dark_desktop_theme_still_gets_dark_text_on_the_light_window(qtbot):
         app.setPalette(saved_palette)
 
 
+def timed(c, seconds, policy=None):
+    c.verify_s = seconds
+    c.policy = policy or c.policy
+    return c
+
+
 def test_the_speedup_is_the_answers_own_not_its_last_cycles_estimate():
     # Auto mode: copies at twice plain speed, then a plain step whose estimate is 1.00x. The
     # answer ran at 2x; "1.00x (policy estimate)" is what the row said once it ended.
     from speculum.engine.stats import Stats
-    from speculum.runner import snapshot_of
+    from speculum.protocol import PlainBasis, snapshot_of
 
-    def auto_cycle(i, drafted, accepted, emitted, expected, seconds):
-        c = cycle(i, "lookup" if drafted else "none", drafted, accepted, emitted)
-        c.verify_s = seconds
-        c.policy = PolicyReport(c.source, len(drafted), mode="auto", plain_tokens_per_s=10.0,
-                                expected_speedup=expected)
-        return c
-
-    stats = Stats()
-    copy = auto_cycle(0, [1, 2, 3], 3, [1, 2, 3, 4], 2.4, 0.2)  # 4 tokens in two plain steps' time
-    plain = auto_cycle(1, [], 0, [5], 1.0, 0.1)
-    stats.add(copy)
-    snap = snapshot_of(stats, copy, None)
-    assert snap.speedup == pytest.approx(2.0) and snap.speedup_source == "measured"
-    stats.add(plain)
-    snap = snapshot_of(stats, plain, None)
-    assert snap.speedup == pytest.approx(5 / 0.3 / 10.0) and snap.speedup_source == "measured"
+    report = lambda source, expected: PolicyReport(source, 0, mode="auto", plain_tokens_per_s=10.0,  # noqa: E731
+                                                   expected_speedup=expected)
+    stats, plain = Stats(), PlainBasis(10.0, age_s=30.0)  # measured here half a minute ago
+    copy = timed(cycle(0, "lookup", [1, 2, 3], 3, [1, 2, 3, 4]), 0.2, report("lookup", 2.4))  # 4 tokens in 2 steps' time
+    step = timed(cycle(1, "none", [], 0, [5]), 0.1, report("none", 1.0))
+    for c, expected in ((copy, 2.0), (step, 5 / 0.3 / 10.0)):
+        stats.add(c)
+        plain.observe(c)
+        snap = snapshot_of(stats, c, plain)
+        assert snap.speedup == pytest.approx(expected) and snap.speedup_source == "measured"
+        assert "measured on this machine 30 s ago (10.0 tok/s)" in snap.speedup_basis
     # No plain rate known yet (a forced mode's first cycle): the estimate, said to be one.
-    plain.policy = PolicyReport("none", 0, expected_speedup=1.0)
-    assert (snapshot_of(stats, plain, None).speedup, snapshot_of(stats, plain, None).speedup_source) == (
-        1.0, "policy estimate")
-    assert snapshot_of(stats, plain, 12.5).speedup == pytest.approx(5 / 0.3 / 12.5)
+    step.policy = PolicyReport("none", 0, expected_speedup=1.0)
+    snap = snapshot_of(stats, step, None)
+    assert (snap.speedup, snap.speedup_source) == (1.0, "estimate") and "policy's expected" in snap.speedup_basis
+
+
+def test_the_speedup_is_measured_against_plain_steps_in_the_same_answer_or_says_it_is_an_estimate(qtbot):
+    # "1.17x (measured)" divided the answer's rate by a plain rate kept in the settings from
+    # another session, on a machine whose speed moved from 9 to 13 tok/s within an hour.
+    from speculum.engine.stats import Stats
+    from speculum.protocol import RECENT_PLAIN_S, PlainBasis, snapshot_of
+
+    def answer(plain: PlainBasis, cycles):
+        stats = Stats()
+        for c in cycles:
+            stats.add(c)
+            plain.observe(c)
+        return snapshot_of(stats, cycles[-1], plain)
+
+    drafted = [timed(cycle(i, "model", [1, 2], 2, [1, 2, 3]), 0.2) for i in range(3)]  # 15 tok/s
+    # Plain steps in the answer itself: the yardstick, whatever was stored before.
+    own = answer(PlainBasis(4.0, age_s=None), drafted + [timed(cycle(3, "none", [], 0, [4]), 0.125),
+                                                        timed(cycle(4, "none", [], 0, [5]), 0.125)])
+    assert own.speedup_source == "measured" and own.speedup == pytest.approx((11 / 0.85) / 8.0)
+    assert own.speedup_basis == "Against the 2 plain steps in this answer (8.0 tok/s)."
+    # None in the answer: a rate measured here minutes ago still counts; an older one, or one
+    # from an earlier session, is an estimate with its basis on hover.
+    recent = answer(PlainBasis(10.0, age_s=120.0), drafted)
+    assert recent.speedup_source == "measured" and recent.speedup == pytest.approx(1.5)
+    for stale in (PlainBasis(10.0, age_s=RECENT_PLAIN_S + 1), PlainBasis(10.0, age_s=None)):
+        snap = answer(stale, drafted)
+        assert snap.speedup_source == "estimate" and snap.speedup == pytest.approx(1.5)
+        assert snap.speedup_basis.startswith("Estimate: no plain step in this answer; against a plain rate measured")
+    panel = StatsPanel()
+    qtbot.addWidget(panel)
+    panel.show_snapshot(snap)
+    assert panel.value(panel.SPEEDUP) == "1.50×  (estimate)"
+    assert "earlier session (10.0 tok/s)" in panel.readout.tips[panel.SPEEDUP]
+    assert panel.readout.row_at(4 * panel.readout._line()) == panel.SPEEDUP
 
 
 ANSWER = ("Here is the plan.\n\nFirst, read the file:\n\n```python\nwith open(path) as f:\n\n    data = f.read()\n```\n\n"
           "1. Parse it.\n2. Check it.\n\nDone, with `inline code` too.")
+
+
+def test_code_blocks_wrap_inside_the_transcript_and_copy_whole(qtbot):
+    from PySide6.QtCore import QUrl
+    from PySide6.QtGui import QGuiApplication
+
+    code = "x = compute(" + ", ".join(f"argument_number_{i}" for i in range(12)) + ")\n    return x"
+    view = Transcript()
+    qtbot.addWidget(view)
+    view.resize(420, 300)
+    view.show()
+    view.show_messages([Message("user", "Look at **this**:\n\n```\ny = 2\n```"),
+                        Message("assistant", f"Here:\n\n```python\n{code}\n```\n\nDone.")])
+    qtbot.waitUntil(lambda: view.document().size().width() <= view.viewport().width() + 1, timeout=5_000)
+    assert view.horizontalScrollBar().maximum() == 0  # a long line wraps; the transcript never scrolls sideways
+    text = view.toPlainText()
+    assert "**" not in text and "```" not in text  # the user's Markdown renders like the model's
+    assert text.count("Copy") == 2
+    view.anchorClicked.emit(QUrl("copy:2"))
+    assert QGuiApplication.clipboard().text() == code
+    view.anchorClicked.emit(QUrl("copy:1"))
+    assert QGuiApplication.clipboard().text() == "y = 2"
+
+
+def test_the_input_grows_with_its_text_up_to_half_the_pane(qtbot):
+    from speculum.ui.chatpane import ChatPane
+
+    pane = ChatPane()
+    qtbot.addWidget(pane)
+    pane.resize(700, 800)
+    pane.show()
+    box = pane.input
+    short = box.height()
+    box.setPlainText("\n".join(f"line {i}" for i in range(8)))
+    qtbot.waitUntil(lambda: short < box.height() < pane.height() // 2, timeout=5_000)
+    box.setPlainText("\n".join(f"line {i}" for i in range(50)))  # a 50-line paste
+    qtbot.waitUntil(lambda: box.height() == pane.height() // 2, timeout=5_000)
+    box.clear()
+    qtbot.waitUntil(lambda: box.height() == short, timeout=5_000)
 
 
 def test_settled_markdown_ends_at_a_blank_line_outside_code():

@@ -126,20 +126,20 @@ def test_model_names_and_saved_drafter_names_show_as_text(qtbot, window, trap):
     conv = w.current
     conv.messages += [Message("user", "q"), Message("assistant", "ac", cycles=[cycle.to_json()])]
     w.replay_message(1, step=1)  # "Cycle 1 of 1: <drafter> proposed 2 tokens"
-    w.speculation.append_cycles([StagedCycle(cycle)])
+    w.speculation_pane.speculation.append_cycles([StagedCycle(cycle)])
     settle(w)
-    cursor = w.speculation.textCursor()
+    cursor = w.speculation_pane.speculation.textCursor()
     cursor.setPosition(0)
-    spot = w.speculation.cursorRect(cursor).center() + QPoint(2, 0)
-    QApplication.sendEvent(w.speculation.viewport(),
-                           QHelpEvent(QEvent.ToolTip, spot, w.speculation.viewport().mapToGlobal(spot)))
+    spot = w.speculation_pane.speculation.cursorRect(cursor).center() + QPoint(2, 0)
+    QApplication.sendEvent(w.speculation_pane.speculation.viewport(),
+                           QHelpEvent(QEvent.ToolTip, spot, w.speculation_pane.speculation.viewport().mapToGlobal(spot)))
     tip = QToolTip.text()
     settle(w)
 
     assert trap.opened == 0
-    assert w.banner.label.textFormat() == Qt.PlainText and hostile in w.banner.text()
-    assert w.model_label.textFormat() == Qt.PlainText and hostile in w.model_label.text()
-    assert w.replay_label.textFormat() == Qt.PlainText and hostile in w.replay_label.text()
+    assert w.chat.banner.label.textFormat() == Qt.PlainText and hostile in w.chat.banner.text()
+    assert w.load_status.model_label.textFormat() == Qt.PlainText and hostile in w.load_status.model_label.text()
+    assert w.speculation_pane.replay.label.textFormat() == Qt.PlainText and hostile in w.speculation_pane.replay.label.text()
     assert hostile not in tip and "&lt;img" in tip
 
 
@@ -153,8 +153,8 @@ def test_a_model_whose_architecture_is_html_fails_to_load_in_plain_words(qtbot, 
         w.load_pair()
     settle(w)
     assert trap.opened == 0
-    assert w.banner.isVisible() and w.banner.label.textFormat() == Qt.PlainText
-    assert "evil.gguf" in w.banner.text() and hostile in w.banner.text()
+    assert w.chat.banner.isVisible() and w.chat.banner.label.textFormat() == Qt.PlainText
+    assert "evil.gguf" in w.chat.banner.text() and hostile in w.chat.banner.text()
 
 
 def test_the_window_opens_on_a_damaged_data_folder_and_says_what_it_set_aside(qtbot, window, data_dirs, trap):
@@ -184,16 +184,16 @@ def test_the_window_opens_on_a_damaged_data_folder_and_says_what_it_set_aside(qt
 
     assert trap.opened == 0
     assert w.current.id == "hostile"
-    shown = w.transcript.toPlainText()
+    shown = w.chat.transcript.toPlainText()
     assert f"![x]({trap.path})" in shown and f"<img src=\"{trap.path}\">" in shown
-    assert w.replay_bar.isEnabled()  # the older cycle record still replays
-    assert w.max_tokens.value() == 256 and w.temperature.value() == 0.4
-    titles = {w.conversation_list.item(i).text() for i in range(w.conversation_list.count())}
+    assert w.speculation_pane.replay.bar.isEnabled()  # the older cycle record still replays
+    assert w.generation_form.max_tokens.value() == 0 and w.generation_form.temperature.value() == 0.4
+    titles = {w.conversations.view.item(i).text() for i in range(w.conversations.view.count())}
     assert titles == {"Hostile", "Strange", "Broken"}
-    said = w.banner.text()
-    assert w.banner.isVisible() and w.banner.label.textFormat() == Qt.PlainText
+    said = w.chat.banner.text()
+    assert w.chat.banner.isVisible() and w.chat.banner.label.textFormat() == Qt.PlainText
     for name in ("settings.json", "library.json", "alist.json", "strange.json", "broken.json"):
         assert name in said
     assert "hostile.json" not in said
     w.open_conversation("broken")
-    assert "text survives" in w.transcript.toPlainText() and not w.replay_bar.isEnabled()
+    assert "text survives" in w.chat.transcript.toPlainText() and not w.speculation_pane.replay.bar.isEnabled()

@@ -43,7 +43,7 @@ def pairs(tmp_path, hub):
 @pytest.fixture
 def dialog(qtbot, tmp_path, pairs):
     library = Library(tmp_path / "models", pairs=pairs)
-    d = ModelsDialog(library=library, machine=LAPTOP, pairs=pairs)
+    d = ModelsDialog(library=library, machine=LAPTOP, pairs=pairs, plain_rates={})  # speed not measured yet
     qtbot.addWidget(d)
     d.show()
     yield d
@@ -70,6 +70,42 @@ def test_catalog_shows_fit_marks_and_the_recommendation(dialog, pairs):
     # the recommendation follows the use the user picks
     dialog.use_filter.setCurrentText("documents")
     assert [p.id for p in pairs if cell(dialog, p.id, 0) == "★"] == ["llama3.1-8b"]
+
+
+def test_the_recommendation_judges_speed_as_well_as_memory(qtbot, tmp_path, pairs, qwen_target_path):
+    # On a 2-core CPU whose plain speed was measured at 10 tok/s on the 1.1 GB demo target, an
+    # 8B pair (a 5 GB target) would write about 2 tok/s: it fits in memory, but is not recommended.
+    from PySide6.QtWidgets import QPushButton
+
+    cpu = Machine(int(16 * GB))
+    d = ModelsDialog(library=Library(tmp_path / "models", pairs=pairs), machine=cpu, pairs=pairs,
+                     plain_rates={str(qwen_target_path): 10.0, str(tmp_path / "gone.gguf"): 50.0})
+    qtbot.addWidget(d)
+    speeds = {p.id: d.speed.expected(p) for p in pairs}
+    best = d.recommended()
+    assert speeds[best.id] >= 5.0 and best.memory_bytes > bundled_target_memory(pairs)
+    assert speeds["qwen3-8b"] < 5.0 and cell(d, "qwen3-8b", 5) == "✓ fits" and cell(d, "qwen3-8b", 0) == ""
+    assert cell(d, "qwen2.5-coder-1.5b", 7) == "~10 tok/s"
+    tip = d.catalog_table.item(catalog_row(d, "qwen3-8b"), 7).toolTip()
+    assert "10.0 tok/s measured with qwen2.5-coder-1.5b-instruct-q4_k_m.gguf (1.1 GB)" in tip
+    # The header and the table give the same size; every button says what it does.
+    assert f"({best.memory_gb:.1f} GB)" in d.machine_label.text() and cell(d, best.id, 4) == f"{best.memory_gb:.1f} GB"
+    assert all(b.toolTip() for b in d.findChildren(QPushButton) if b.isVisibleTo(d)), \
+        [b.text() for b in d.findChildren(QPushButton) if not b.toolTip()]
+    # Not measured yet: said so on hover, and memory alone decides.
+    assert cell(dialog_without_speed(qtbot, tmp_path, pairs), "qwen3-8b", 7) == "—"
+    d.done(0)
+
+
+def bundled_target_memory(pairs) -> int:
+    return next(p for p in pairs if p.id == "qwen2.5-coder-1.5b").memory_bytes
+
+
+def dialog_without_speed(qtbot, tmp_path, pairs) -> ModelsDialog:
+    d = ModelsDialog(library=Library(tmp_path / "models2", pairs=pairs), machine=LAPTOP, pairs=pairs, plain_rates={})
+    qtbot.addWidget(d)
+    assert "Not measured yet" in d.catalog_table.item(0, 7).toolTip()
+    return d
 
 
 def test_download_runs_on_a_worker_thread_with_progress_then_use_emits_pair_ready(qtbot, dialog, hub):

@@ -14,14 +14,14 @@ def test_the_window_loads_the_target_on_rpc_workers_and_answers(qtbot, open_wind
     assert w.generation_form.rpc.text() == endpoints
     with qtbot.waitSignal(w.modelsLoaded, timeout=LOAD_MS):
         w.load_pair()
-    assert "RPC" in w.backend_label.text()
+    assert "RPC" in w.load_status.backend_label.text()
     assert send(qtbot, w, "Say hello.").content.strip()
 
 
 def test_a_malformed_worker_address_is_one_message_before_loading(qtbot, open_window, smollm_path):
     w = open_window(smollm_path, load=False, rpc="localhost")
     w.load_pair()
-    assert "localhost" in w.banner.text() and not w.loading
+    assert "localhost" in w.chat.banner.text() and not w.loading
 
 
 def test_a_worker_lost_mid_answer_is_named_and_reload_is_offered(qtbot, open_window, smollm_path, workers):
@@ -37,7 +37,7 @@ def test_a_worker_lost_mid_answer_is_named_and_reload_is_offered(qtbot, open_win
     finally:
         doomed.stop()
     assert w.isVisible()
-    assert f"Lost the connection to the RPC worker at {doomed.name}" in w.banner.text()
-    assert w.banner.action_labels() == ["Reload"]  # a safer profile would not bring a worker back
+    assert f"Lost the connection to the RPC worker at {doomed.name}" in w.chat.banner.text()
+    assert w.chat.banner.action_labels() == ["Reload"]  # a safer profile would not bring a worker back
     answer = w.current.messages[-1]
     assert answer.role == "assistant" and answer.content.strip()

@@ -53,9 +53,9 @@ class Conversation:
     document: str = ""
     document_name: str = ""
 
-    def history(self) -> list[dict]:
-        """The turns the model sees next time, oldest first."""
-        return [{"role": m.role, "content": m.content} for m in self.messages if m.in_history and m.content]
+    def history(self, before: int | None = None) -> list[dict]:
+        """The turns the model sees next time, oldest first (those before message ``before``)."""
+        return [{"role": m.role, "content": m.content} for m in self.messages[:before] if m.in_history and m.content]
 
     def json_text(self) -> str:
         """The conversation as JSON text, for its file. Saved after every question and answer, on

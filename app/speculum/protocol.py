@@ -14,7 +14,7 @@ from enum import Enum
 
 from .engine.backend import ModelFacts
 from .engine.stats import Stats
-from .engine.vocabulary import Mode
+from .engine.vocabulary import Mode, Source
 
 
 class Asker(str, Enum):
@@ -45,8 +45,9 @@ class GenerationRequest:
     k: int | None = None  # None: adaptive; otherwise forced modes draft exactly k
     temperature: float = 0.0
     top_p: float = 1.0
-    max_tokens: int = 256
+    max_tokens: int = 0  # 0: until the answer ends or the context is full
     document: str | None = None  # set: summarise this document (in parts when long)
+    continues: list[int] = field(default_factory=list)  # the answer so far (token ids) to write on from
 
 
 # -- the numbers the stats panel shows ---------------------------------------------------------
@@ -62,24 +63,79 @@ class StatsSnapshot:
     seconds: float = 0.0
     drafted: int = 0
     speedup: float | None = None  # against plain decoding on this machine
-    speedup_source: str = ""  # "policy estimate" or "measured"
+    speedup_source: str = ""  # "measured" or "estimate"
+    speedup_basis: str = ""  # what it was measured against, in words (the row's tooltip)
+    plain_known: float | None = None  # the plain rate known when the answer began (kept for replay)
+    plain_age_s: float | None = None  # how long before it was measured here; None: an earlier run
     policy: dict = field(default_factory=dict)
     prompt_tokens: int = 0  # decoded this time (the rest came from the KV cache)
     prompt_total: int = 0
     prompt_reused: int = 0  # prompt tokens found in the KV cache of the conversation so far
 
 
-def snapshot_of(stats: Stats, cycle, plain_tokens_per_s: float | None, prompt_total: int = 0) -> StatsSnapshot:
-    """Stats after ``cycle``. The speedup is the answer's so far against plain decoding's rate
-    on this machine; the policy's estimate for the cycle only while no plain rate is known
-    (the Policy row shows the cycle's own estimate)."""
+# A plain rate older than this is not a measurement of now: this machine's speed moves with its
+# load (9 to 13 tok/s within an hour on a 2-core CPU).
+RECENT_PLAIN_S = 300.0
+OWN_PLAIN_STEPS = 2  # plain steps an answer needs before they are its yardstick
+
+
+def is_plain_step(cycle) -> bool:
+    return cycle.source == Source.NONE and len(cycle.emitted) == 1 and cycle.seconds > 0
+
+
+def _ago(seconds: float) -> str:
+    return f"{seconds:.0f} s ago" if seconds < 90 else f"{seconds / 60:.0f} min ago"
+
+
+@dataclass
+class PlainBasis:
+    """What an answer's speedup is measured against: the plain steps it took itself, where it
+    took some; else a plain rate measured on this machine in the last minutes; else the ratio is
+    only an estimate, and says so."""
+    rate: float | None = None  # plain tokens/s known when the answer began
+    age_s: float | None = None  # since this engine measured it; None: from an earlier run
+    tokens: int = 0  # the answer's own plain steps
+    seconds: float = 0.0
+
+    def observe(self, cycle) -> None:
+        if is_plain_step(cycle):
+            self.tokens += 1
+            self.seconds += cycle.seconds
+
+    def speedup(self, tokens_per_s: float, policy) -> tuple[float | None, str, str]:
+        """(speedup, "measured" or "estimate", its basis in words) for an answer at ``tokens_per_s``."""
+        if not tokens_per_s:
+            return None, "", ""
+        if self.tokens >= OWN_PLAIN_STEPS:
+            own = self.tokens / self.seconds
+            return (tokens_per_s / own, "measured",
+                    f"Against the {self.tokens} plain steps in this answer ({own:.1f} tok/s).")
+        if self.rate and self.age_s is not None and self.age_s <= RECENT_PLAIN_S:
+            return (tokens_per_s / self.rate, "measured",
+                    f"Against plain decoding measured on this machine {_ago(self.age_s)} ({self.rate:.1f} tok/s).")
+        when = (f"measured {_ago(self.age_s)}" if self.age_s is not None else "measured in an earlier session")
+        plain, said = self.rate, f"a plain rate {when}"
+        if not plain and policy is not None and policy.plain_tokens_per_s:
+            plain, said = policy.plain_tokens_per_s, "the policy's cost model's plain rate"
+        if plain:
+            return (tokens_per_s / plain, "estimate",
+                    f"Estimate: no plain step in this answer; against {said} ({plain:.1f} tok/s), "
+                    "and this machine's speed moves with its load.")
+        if policy is not None and policy.expected_speedup:
+            return (float(policy.expected_speedup), "estimate",
+                    "Estimate: the policy's expected speedup for its last choice; no plain rate measured yet.")
+        return None, "", ""
+
+
+def snapshot_of(stats: Stats, cycle, plain: PlainBasis | float | None, prompt_total: int = 0) -> StatsSnapshot:
+    """Stats after ``cycle``. The speedup is the answer's rate so far against ``plain`` (which has
+    seen the answer's cycles up to this one; a bare rate: one with no age, an estimate). The
+    policy's estimate for the cycle only while no plain rate is known: the row tells the answer,
+    not the last cycle's hopes (the Policy row shows those)."""
+    if not isinstance(plain, PlainBasis):
+        plain = PlainBasis(plain)
     policy = cycle.policy
-    speedup, source = None, ""
-    plain = (policy.plain_tokens_per_s if policy is not None else None) or plain_tokens_per_s
-    if plain and stats.tokens_per_s:
-        speedup, source = stats.tokens_per_s / plain, "measured"
-    elif policy is not None and policy.expected_speedup:
-        speedup, source = float(policy.expected_speedup), "policy estimate"
+    speedup, source, basis = plain.speedup(stats.tokens_per_s, policy)
     return StatsSnapshot(
         acceptance_rate=stats.acceptance_rate,
         acceptance_by_position=stats.acceptance_by_position,
@@ -90,6 +146,9 @@ def snapshot_of(stats: Stats, cycle, plain_tokens_per_s: float | None, prompt_to
         drafted=stats.drafted,
         speedup=speedup,
         speedup_source=source,
+        speedup_basis=basis,
+        plain_known=plain.rate,
+        plain_age_s=plain.age_s,
         policy=policy.to_json() if policy is not None else {},
         prompt_tokens=stats.prompt_tokens,
         prompt_total=prompt_total,
@@ -101,14 +160,17 @@ def snapshot_of(stats: Stats, cycle, plain_tokens_per_s: float | None, prompt_to
     )
 
 
-def replay_snapshots(cycles: list, plain_tokens_per_s: float | None = None, prompt_tokens: int = 0,
+def replay_snapshots(cycles: list, plain: PlainBasis | float | None = None, prompt_tokens: int = 0,
                      prompt_total: int = 0, prompt_reused: int | None = None) -> list[StatsSnapshot]:
-    """The stats as they stood after each stored cycle, for replay (the prompt's counts as stored)."""
+    """The stats as they stood after each stored cycle, for replay (the prompt's counts and the
+    plain rate known when the answer began, as stored)."""
     stats = Stats(prompt_tokens=prompt_tokens, prompt_cached=prompt_reused)
+    basis = plain if isinstance(plain, PlainBasis) else PlainBasis(plain)
     out = []
     for cycle in cycles:
         stats.add(cycle)
-        out.append(snapshot_of(stats, cycle, plain_tokens_per_s, prompt_total))
+        basis.observe(cycle)
+        out.append(snapshot_of(stats, cycle, basis, prompt_total))
     return out
 
 
@@ -252,6 +314,12 @@ class Finished(Event):
 class Failed(Event):
     message: str
     asker: Asker = Asker.WINDOW
+
+
+@dataclass
+class Measuring(Event):
+    """The engine is (no longer) measuring this machine's costs for auto mode, between requests."""
+    active: bool
 
 
 @dataclass

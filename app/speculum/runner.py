@@ -9,17 +9,20 @@ and, for tests, in-process.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Callable
 
 from . import summarise
 from .engine.loading import LoadOptions, load_decoder
 from .engine.sampling import SamplingParams
-from .engine.vocabulary import Finish, Source
+from .engine.stats import Stats
+from .engine.vocabulary import Finish, Mode
 from .errors import SpeculumError
 # The request and result types live in protocol; older callers import them from here.
-from .protocol import (CycleEvent, Event, Failed, Finished, GenerationRequest, GenerationResult,  # noqa: F401
-                       Loaded, LoadFailed, LoadProgress, LoadRequest, PlainRateMeasured, PromptProgress, ServeFailed,
-                       ServingAt, StageChanged, StatsSnapshot, replay_snapshots, snapshot_of)
+from .protocol import (RECENT_PLAIN_S, CycleEvent, Event, Failed, Finished, GenerationRequest,  # noqa: F401
+                       GenerationResult, Loaded, LoadFailed, LoadProgress, LoadRequest, Measuring, PlainBasis,
+                       PlainRateMeasured, PromptProgress, ServeFailed, ServingAt, StageChanged, StatsSnapshot,
+                       is_plain_step, replay_snapshots, snapshot_of)
 
 
 class PlainRate:
@@ -27,12 +30,19 @@ class PlainRate:
 
     def __init__(self, tokens_per_s: float | None = None):
         self.tokens_per_s = tokens_per_s
+        self.measured_at: float | None = None  # time.monotonic() of the last plain step here; None: given
 
     def observe(self, cycle) -> None:
-        if cycle.source == Source.NONE and len(cycle.emitted) == 1 and cycle.seconds > 0:
+        if is_plain_step(cycle):
             rate = 1.0 / cycle.seconds
             # A running mean that forgets slowly: one slow step must not swing it.
             self.tokens_per_s = rate if self.tokens_per_s is None else 0.9 * self.tokens_per_s + 0.1 * rate
+            self.measured_at = time.monotonic()
+
+    def basis(self) -> PlainBasis:
+        """The yardstick for an answer beginning now."""
+        age = time.monotonic() - self.measured_at if self.measured_at is not None else None
+        return PlainBasis(self.tokens_per_s, age)
 
 
 # Where the runner's events go: the engine process sends them down its pipe.
@@ -114,13 +124,21 @@ class EngineRunner:
         self.report(Finished(result))
 
     def _answer(self, request: GenerationRequest, on_cycle) -> GenerationResult:
+        shown = [""]
+
+        def on_stage(stage: str) -> None:  # as a stage begins: its prompt is read under its name
+            if stage != shown[0]:
+                shown[0] = stage
+                self.report(StageChanged("Combining the part summaries" if stage == "Combining" else stage))
+
         if request.document is None:
             generation = self._generation(request, request.messages)
             steps = (("", cycle, generation) for cycle in generation)
-            return self._follow(request, steps, on_cycle)
-        summary = summarise.DocumentSummary(self.decoder.target, request.document, request.max_tokens,
+            return self._follow(request, steps, on_cycle, on_stage)
+        summary = summarise.DocumentSummary(self.decoder.target, request.document, self._limit(request),
                                             lambda messages: self._generation(request, messages))
-        result = self._follow(request, summary, on_cycle)
+        summary.on_stage = on_stage
+        result = self._follow(request, summary, on_cycle, on_stage)
         result.text, result.part_summaries = summary.text, summary.part_summaries
         if summary.stopped_at:
             result.finish = Finish.STOPPED
@@ -141,7 +159,7 @@ class EngineRunner:
             self.report(ServeFailed("Load a model before serving it."))
             return
         served = ServedModel(self.decoder, Path(self.target_path).stem, mode=mode, turn=self.turn,
-                             on_event=self.report, plain_rate=lambda: self.plain.tokens_per_s)
+                             on_event=self.report, plain_rate=lambda: self.plain.basis())
         serving = Serving(served, host, port, api_key)
         try:
             serving.start()
@@ -157,11 +175,19 @@ class EngineRunner:
             self.serving = None
             self.report(ServingAt("", ""))
 
+    def _limit(self, request: GenerationRequest) -> int:
+        """Tokens the answer may take: the user's limit, else until it ends or fills the context
+        (a summary's parts: room kept for the document beside each)."""
+        if request.max_tokens > 0:
+            return request.max_tokens
+        return summarise.PART_ANSWER_TOKENS if request.document is not None else self.decoder.target.n_ctx
+
     def _generation(self, request: GenerationRequest, messages: list[dict]):
         target = self.decoder.target
-        prompt = target.tokenize(target.apply_chat_template(messages))
+        # Continuing an answer: its tokens follow the prompt as written, so the KV cache holds them all.
+        prompt = target.tokenize(target.apply_chat_template(messages)) + list(request.continues)
         sampling = SamplingParams(temperature=request.temperature, top_p=request.top_p)
-        return self.decoder.generate(prompt, max_tokens=request.max_tokens, sampling=sampling,
+        return self.decoder.generate(prompt, max_tokens=self._limit(request), sampling=sampling,
                                      policy=request.mode, k=request.k,
                                      stop=self.stop, want_probs=True, on_prompt=self._prompt_progress,
                                      origin=request.conversation_id)  # the n-gram memory's, forgotten with it
@@ -178,7 +204,13 @@ class EngineRunner:
         if self.decoder is None or self.serving is not None:
             return
         with self.turn:
-            self.decoder.calibrate(interrupted)
+            if not self.decoder.policy_for(Mode.AUTO).needs_calibration:
+                return
+            self.report(Measuring(True))  # the window says so, quietly
+            try:
+                self.decoder.calibrate(interrupted)
+            finally:
+                self.report(Measuring(False))
 
     def tune_while_idle(self, interrupted) -> None:
         """Once per machine (again for a much larger target): time the tiled matmul both ways in
@@ -192,17 +224,24 @@ class EngineRunner:
             return
         tuning.measure_and_remember(target.path, target.n_threads, interrupted)
 
-    def _follow(self, request: GenerationRequest, steps, on_cycle) -> GenerationResult:
-        """Report each (stage, cycle, generation) as it comes; the result of the whole run."""
-        text, cycles, last, snap, stage_now = [], [], None, StatsSnapshot(), ""
+    def _follow(self, request: GenerationRequest, steps, on_cycle, on_stage) -> GenerationResult:
+        """Report each (stage, cycle, generation) as it comes; the result of the whole run. One
+        Stats for the whole answer, all its parts' generations in one (each with its own prompt)."""
+        text, cycles, last, snap = [], [], None, StatsSnapshot()
+        plain = self.plain.basis()
+        answer, part, prompt_total = Stats(), None, 0
         for stage, cycle, generation in steps:
             if on_cycle is not None:
                 on_cycle(cycle)
-            if stage != stage_now:
-                stage_now = stage
-                self.report(StageChanged("Combining the part summaries" if stage == "Combining" else stage))
+            on_stage(stage)
+            if generation is not part:  # a generation begins: its prompt counts join the answer's
+                part = generation
+                answer.merge(Stats(prompt_tokens=part.stats.prompt_tokens, prompt_cached=part.stats.prompt_cached))
+                prompt_total += part.prompt_total
+            answer.add(cycle)
             self.plain.observe(cycle)
-            snap = snapshot_of(generation.stats, cycle, self.plain.tokens_per_s, generation.prompt_total)
+            plain.observe(cycle)
+            snap = snapshot_of(answer, cycle, plain, prompt_total)
             self.report(CycleEvent(cycle, snap, stage))
             text.append(cycle.text)
             cycles.append(cycle)

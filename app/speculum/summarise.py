@@ -113,6 +113,9 @@ def copied_spans(document: str, copies: Sequence[str], min_chars: int = 4) -> li
     return merged
 
 
+# A summary (and each part's) when the user set no limit: room for the document stays beside it.
+PART_ANSWER_TOKENS = 512
+
 # (messages) -> one generation answering them (engine.decoder.Generation: its cycles, its stats).
 Generate = Callable[[list], Iterable]
 
@@ -134,6 +137,7 @@ class DocumentSummary:
         self.request = request  # what to do with a document that fits whole (default: summarise it)
         self.max_tokens = max_tokens
         self.generate = generate
+        self.on_stage: Callable[[str], None] | None = None  # a stage begins (before its prompt is read)
         self.text = ""
         self.part_summaries: list[str] = []
         self.stopped_at = ""
@@ -148,6 +152,8 @@ class DocumentSummary:
         """Yield the cycles of one answer; its text lands in ``self._last_text``."""
         pieces = []
         self._last_finish = None
+        if self.on_stage is not None:
+            self.on_stage(stage)
         generation = self.generate(messages)
         for cycle in generation:
             pieces.append(cycle.text)

@@ -31,6 +31,9 @@ RAM_FITS, RAM_TIGHT = 0.60, 0.85
 # Without a GPU, decoding speed is bound by RAM bandwidth: past the 7-8B class it drops
 # to a few tokens per second, so recommend nothing larger on CPU-only machines.
 CPU_RECOMMEND_LIMIT = 8 * GB
+# Below this an answer is written slower than it is read: nothing that slow is recommended
+# where a faster pair fits.
+READABLE_TOKENS_PER_S = 5.0
 
 
 class Fit(str, Enum):
@@ -122,6 +125,36 @@ def detect() -> Machine:
     return Machine(ram)
 
 
+@dataclass(frozen=True)
+class PlainSpeed:
+    """This machine's plain decoding speed as measured on one model file. Each token reads every
+    weight once, so another target's speed here scales with its size (speculation adds to it)."""
+    tokens_per_s: float
+    model_bytes: int
+    model_name: str
+
+    def expected(self, pair: CatalogPair) -> float:
+        return self.tokens_per_s * self.model_bytes / max(pair.target.size, 1)
+
+    def basis(self, pair: CatalogPair) -> str:
+        return (f"Plain decoding here: {self.tokens_per_s:.1f} tok/s measured with {self.model_name} "
+                f"({self.model_bytes / GB:.1f} GB), scaled to this target's {pair.target.size / GB:.1f} GB "
+                "(each token reads every weight once). Speculation adds to it.")
+
+    @classmethod
+    def from_measurements(cls, rates: dict[str, float]) -> "PlainSpeed | None":
+        """From plain rates per model file (the window's settings): the largest file still there."""
+        best = None
+        for path, rate in rates.items():
+            try:
+                size = os.stat(path).st_size
+            except (OSError, ValueError, TypeError):
+                continue
+            if isinstance(rate, (int, float)) and rate > 0 and size > 0 and (best is None or size > best.model_bytes):
+                best = cls(float(rate), size, os.path.basename(path))
+        return best
+
+
 def fit(pair: CatalogPair, machine: Machine) -> Fit:
     need = pair.memory_bytes
     if machine.unified:
@@ -139,16 +172,21 @@ def fit(pair: CatalogPair, machine: Machine) -> Fit:
     return Fit.TIGHT if need <= RAM_TIGHT * machine.ram_bytes else Fit.TOO_BIG
 
 
-def recommend(pairs: Iterable[CatalogPair], machine: Machine, use: str | None = None) -> CatalogPair | None:
-    """The most capable pair that fits (for ``use`` when given), else the smallest that runs.
-    Entries read from a community page (``source``: rounded sizes, never loaded by us) are
-    listed for the user to choose, not recommended: a first download should be one we ran."""
+def recommend(pairs: Iterable[CatalogPair], machine: Machine, use: str | None = None,
+              speed: PlainSpeed | None = None) -> CatalogPair | None:
+    """The most capable pair that fits (for ``use`` when given) and, where this machine's speed
+    was measured, writes at a readable speed (else the fastest that fits); else the smallest
+    that runs. Entries read from a community page (``source``: rounded sizes, never loaded by
+    us) are listed for the user to choose, not recommended: a first download should be one we ran."""
     pairs = [p for p in pairs if p.source is None]
     pairs = [p for p in pairs if use is None or use in p.good_at] or pairs
     fitting = [p for p in pairs if fit(p, machine) is Fit.FITS]
     if not machine.has_gpu and fitting:
         small = [p for p in fitting if p.memory_bytes <= CPU_RECOMMEND_LIMIT]
         fitting = small or [min(fitting, key=lambda p: p.memory_bytes)]
+    if speed is not None and fitting:
+        readable = [p for p in fitting if speed.expected(p) >= READABLE_TOKENS_PER_S]
+        fitting = readable or [max(fitting, key=speed.expected)]
     if fitting:
         return max(fitting, key=lambda p: (p.memory_bytes, len(p.good_at)))
     running = [p for p in pairs if fit(p, machine) is Fit.TIGHT]

@@ -20,7 +20,7 @@ from ..engine.sampling import SamplingParams
 from ..engine.stats import Stats
 from ..engine.vocabulary import Source
 from ..errors import ContextFullError, SpeculumError
-from ..protocol import Asker, CycleEvent, Decoded, Event, Failed, Finished, Started, snapshot_of
+from ..protocol import Asker, CycleEvent, Decoded, Event, Failed, Finished, PlainBasis, Started, snapshot_of
 from .pace import Pace
 
 if TYPE_CHECKING:
@@ -126,7 +126,7 @@ class ServedModel:
 
     def __init__(self, decoder, model_id: str, mode: str = "auto", max_waiting: int = 8,
                  turn: threading.Lock | None = None, on_event: Callable[[Event], None] | None = None,
-                 plain_rate: Callable[[], float | None] = lambda: None):
+                 plain_rate: Callable[[], PlainBasis | float | None] = lambda: None):
         self.decoder = decoder
         # Held while the decoder generates: the window's own answers take the same turn.
         self.turn = turn or threading.Lock()
@@ -138,7 +138,7 @@ class ServedModel:
         # Each request's life as the window's own answers tell theirs (Started, CycleEvent per
         # cycle, Decoded once it let go of the models, then Finished or Failed), for its live view.
         self.on_event = on_event
-        self.plain_rate = plain_rate  # plain decoding's tokens/s on this machine, for the speedup shown
+        self.plain_rate = plain_rate  # plain decoding on this machine (a PlainBasis or tokens/s), for the speedup shown
         self._stop: threading.Event | None = None  # the running request's
         self.pace = Pace()  # reading and writing rates: the Retry-After estimate
         self.state, self.state_message = "ready", ""  # what GET /health says: ready, loading, worker_lost
@@ -228,9 +228,12 @@ class ServedModel:
                                                            grammar=completion.grammar, logprobs=completion.logprobs,
                                                            on_prompt=prompt_read,  # (a stop within one chunk)
                                                            origin="api")  # for the n-gram memory
+                        plain = self.plain_rate()
+                        plain = plain if isinstance(plain, PlainBasis) else PlainBasis(plain)
                         for cycle in generation:
                             if self.on_event is not None:
-                                snapshot = snapshot_of(generation.stats, cycle, self.plain_rate(),
+                                plain.observe(cycle)
+                                snapshot = snapshot_of(generation.stats, cycle, plain,
                                                        generation.prompt_total)
                                 self._tell(CycleEvent(cycle, snapshot, STAGE, Asker.API))
                             loop.call_soon_threadsafe(queue.put_nowait, (cycle, generation.stats))

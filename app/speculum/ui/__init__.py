@@ -1,7 +1,8 @@
-"""The desktop window (PySide6). Widgets render Cycle events; the engine runs in worker.py's thread.
+"""The desktop window (PySide6). Widgets render Cycle events; the engine runs in its own process.
 
     app.py          run_app(): the QApplication and the window
-    mainwindow.py   MainWindow: the panes laid out and wired to the engine; the live answer
+    mainwindow.py   MainWindow: the panes laid out, models loaded, conversations, crash recovery
+    answering.py    writing answers: send, summarise, Continue, live frames, how each ends
     modelbar.py     the toolbar: pair picker, Load, Models…, mode, document, Serve switch
     conversationlist.py  the conversations: list, New/Rename/Delete, titles, saving
     generationform.py    the Generation and Hardware groups, bound to the settings
@@ -11,11 +12,11 @@
     answer.py       an answer's cycles with their stages, and what is stored with it
     banner.py       messages with action buttons
     loadstatus.py   the status bar: loaded pair, load progress, backend; what a crash offers
-    serving.py      the Serve switch wired to the engine; API requests shown live
-    serve.py        the Serve switch and its URL
+    apiserving.py   ApiServing: the Serve switch wired to the engine; API requests shown live
+    servepanel.py   ServePanel: the Serve switch, its URL, the request count and log
     models_dialog.py  the Models dialog (downloadrow.py: a download and its thread; hubpair.py)
-    worker.py       EngineWorker (owns the models, in a QThread), CycleBatcher (frames within a UI CPU budget), requests/results
-    speculation.py  the token-by-token speculation view and its legend
+    worker.py       Engine (the engine process's client), CycleBatcher (frames within a UI CPU budget)
+    tokenview.py    SpeculationView: the token-by-token view and its legend
     stats.py        the stats panel and its QPainter charts
     transcript.py   the chat transcript (Markdown answers)
     document.py     the document pane (paste, open, drop; copied spans highlighted)

@@ -17,6 +17,7 @@ from ..conversations import Conversation, Message
 from ..engine.cycle import Cycle
 from ..engine.prompts import document_message
 from ..engine.vocabulary import Finish
+from ..protocol import PlainBasis, replay_snapshots
 
 
 class StagedCycle(NamedTuple):
@@ -30,6 +31,8 @@ class LiveAnswer:
     conversation: Conversation
     kind: str  # "chat" or "summary"
     restore: str = ""  # the question, put back in the input box when the generation fails
+    continues: int | None = None  # the index of the answer this one writes on from (Continue)
+    before: str = ""  # that answer's text so far
     events: list = field(default_factory=list)  # the CycleEvents received, in order
     answer_clock: QElapsedTimer = field(default_factory=QElapsedTimer)  # since the Markdown answer was drawn
     stats_clock: QElapsedTimer = field(default_factory=QElapsedTimer)  # since the stats panel was
@@ -45,11 +48,25 @@ class LiveAnswer:
     def stats_due(self, interval_ms: int) -> bool:
         return _due(self.stats_clock, interval_ms)
 
-    def partial_message(self, mode: str, note: str) -> Message:
-        """The answer as it stands after the last cycle received, kept as a stopped one."""
-        return Message("assistant", "".join(e.cycle.text for e in self.events), cycles=cycle_records(self.events),
-                       stats=answer_stats(self.snapshot) if self.snapshot else {}, mode=mode, finish=Finish.STOPPED,
-                       note=note)
+    @property
+    def text(self) -> str:
+        """The answer as shown while it is written (after the text it continues)."""
+        return self.before + answer_so_far(self.events)
+
+    def keep_partial(self, mode: str, note: str) -> bool:
+        """Keep the answer as it stands after the last cycle received, as a stopped one; False
+        when nothing was written (no empty turn is kept)."""
+        text = "".join(e.cycle.text for e in self.events)
+        messages = self.conversation.messages
+        if self.continues is not None:
+            extend_answer(messages[self.continues], text, self.events, Finish.STOPPED, note)
+            return True
+        if not text.strip():
+            return False
+        messages.append(Message("assistant", text, cycles=cycle_records(self.events),
+                                stats=answer_stats(self.snapshot) if self.snapshot else {}, mode=mode,
+                                finish=Finish.STOPPED, note=note))
+        return True
 
 
 def _due(clock: QElapsedTimer, interval_ms: int) -> bool:
@@ -66,11 +83,15 @@ def with_stages(cycles, events) -> list[StagedCycle]:
 
 def answer_so_far(staged) -> str:
     """The answer as it stood after ``staged``: while a long document is summarised in parts,
-    the part being written under its stage name."""
+    each part written so far under its stage name (part 1 stays while part 2 is written)."""
     stage = staged[-1].stage if staged else ""
     if not stage:
         return "".join(s.cycle.text for s in staged)
-    return f"*{stage}…*\n\n" + "".join(s.cycle.text for s in staged if s.stage == stage)
+    parts: dict[str, list[str]] = {}
+    for s in staged:
+        parts.setdefault(s.stage, []).append(s.cycle.text)
+    return "\n\n".join(f"*{name}{'…' if name == stage else ''}*\n\n" + "".join(texts).strip()
+                       for name, texts in parts.items())
 
 
 def cycle_records(staged) -> list[dict]:
@@ -98,7 +119,33 @@ def answer_stats(snap) -> dict:
             "acceptance_rate": round(snap.acceptance_rate, 4), "tokens_per_pass": round(snap.tokens_per_pass, 4),
             "prompt_tokens": snap.prompt_tokens, "prompt_total": snap.prompt_total,
             "prompt_reused": snap.prompt_reused,
-            "seconds": round(snap.seconds, 4)}
+            "seconds": round(snap.seconds, 4),
+            # The plain rate the answer began with: replay measures its speedup as the answer did.
+            **({"plain_known": round(snap.plain_known, 3)} if snap.plain_known else {}),
+            **({"plain_age_s": round(snap.plain_age_s, 1)} if snap.plain_age_s is not None else {})}
+
+
+def plain_basis(stats: dict, fallback: float | None = None) -> PlainBasis:
+    """The plain rate an answer began with, as stored (``fallback``: answers saved before it was)."""
+    return PlainBasis(stats.get("plain_known", fallback), stats.get("plain_age_s"))
+
+
+def extend_answer(message: Message, text: str, staged, finish, note: str) -> None:
+    """Continue: the answer grows in place by ``text`` and the cycles that wrote it; its numbers
+    are the whole answer's, as replay computes them."""
+    offset = len(message.cycles)
+    records = cycle_records(staged)
+    for record in records:
+        record["index"] = record.get("index", 0) + offset
+    message.content += text
+    message.cycles = message.cycles + records
+    cycles = [s.cycle for s in staged_cycles(message.cycles)]
+    if cycles:
+        stats = message.stats
+        snap = replay_snapshots(cycles, plain_basis(stats), stats.get("prompt_tokens", 0), stats.get("prompt_total", 0),
+                                stats.get("prompt_reused"))[-1]
+        message.stats = answer_stats(snap)
+    message.finish, message.note = finish, note
 
 
 def document_question(text: str, name: str) -> Message:

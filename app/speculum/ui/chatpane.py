@@ -28,8 +28,7 @@ class ChatPane(QWidget):
         self.chat_split.addWidget(self.transcript)
         self.chat_split.addWidget(self.document)
         self.chat_split.setChildrenCollapsible(False)
-        self.input = InputBox()
-        self.input.setFixedHeight(84)
+        self.input = InputBox(tallest=lambda: self.height() // 2)
         self.send_button = QPushButton("Send", objectName="sendButton")
         self.stop_button = QPushButton("Stop", objectName="stopButton", toolTip="Stop generating (Esc)")
         self.stop_button.setEnabled(False)
@@ -52,6 +51,10 @@ class ChatPane(QWidget):
         self.input.submitted.connect(self.sendRequested)
         self.input.stopRequested.connect(self.stopRequested)
         self.stop_button.clicked.connect(self.stopRequested)
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        self.input.fit()  # its tallest is half the pane
 
     def set_busy(self, generating: bool, loading: bool) -> None:
         busy = generating or loading

@@ -78,8 +78,8 @@ class DownloadRow(QFrame):
         self.total_bar.setFormat("total %p%")
         self.stats = plain_label("")
         self.stats.setObjectName("caption")
-        self.cancel_button = QPushButton("Cancel")
-        self.use_button = QPushButton("Use this pair")
+        self.cancel_button = QPushButton("Cancel", toolTip="Stop this download; nothing is added to the library")
+        self.use_button = QPushButton("Use this pair", toolTip="Load the downloaded pair in the window")
         self.use_button.hide()
         self.result: object = None
         self.use_button.clicked.connect(lambda: self.use_requested.emit(self.result))

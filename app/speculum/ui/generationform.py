@@ -7,6 +7,7 @@ from PySide6.QtWidgets import (QDoubleSpinBox, QFormLayout, QGroupBox, QLabel, Q
                                QWidget)
 
 from ..engine import rpc  # addresses only: this module loads no llama.cpp
+from .look import BUILT_IN_MTP
 from .settings import Settings
 from .worker import GenerationRequest
 
@@ -19,9 +20,12 @@ class GenerationForm(QWidget):
         self.temperature = QDoubleSpinBox(objectName="temperature", minimum=0.0, maximum=2.0, singleStep=0.1,
                                           decimals=2, toolTip="0 = greedy: always the most likely token")
         self.top_p = QDoubleSpinBox(objectName="topP", minimum=0.05, maximum=1.0, singleStep=0.05, decimals=2)
-        self.max_tokens = QSpinBox(objectName="maxTokens", minimum=1, maximum=32768, singleStep=64)
+        self.max_tokens = QSpinBox(objectName="maxTokens", minimum=0, maximum=32768, singleStep=64,
+                                   specialValueText="Until the end",
+                                   toolTip="Until the end: the answer runs until the model ends it or the context "
+                                           "is full.\nA number stops it there, with Continue to write on.")
         self.k_spin = QSpinBox(objectName="draftLength", minimum=0, maximum=15, specialValueText="Adaptive",
-                               toolTip="Tokens drafted per cycle in Draft model, Prompt lookup and Built-in (MTP) modes; "
+                               toolTip=f"Tokens drafted per cycle in Draft model, Prompt lookup and {BUILT_IN_MTP} modes; "
                                        "Adaptive lets Speculum pick k from what it measures")
         generation = QGroupBox("Generation")
         form = QFormLayout(generation)

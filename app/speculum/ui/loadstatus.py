@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import re
+
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QProgressBar, QPushButton, QStatusBar
 
 from ..engine import profiles
 
 PROGRESS_SCALE = 1000  # the bar counts thousandths of the load
+# Words a GGUF's name may carry from the model it was converted from, untrue of the GGUF itself:
+# the demo draft calls itself "Qwen2.5 Coder 0.5B Instruct AWQ" and is a Q4_K_M GGUF.
+_FORMAT_WORDS = re.compile(r"\s+\b(AWQ|GPTQ|GGUF|EXL2|MLX|HQQ|bnb|4bit|8bit)\b", re.IGNORECASE)
+
+
+def shown_name(name: str) -> str:
+    """A model's name as the status bar shows it: what it is, less another format's tag."""
+    return _FORMAT_WORDS.sub("", name).strip() or name
 
 
 def crash_offer(death, has_gpu: bool) -> tuple[str, profiles.Profile | None, str]:
@@ -33,10 +43,19 @@ class LoadStatus(QStatusBar):
         self.cancel_button = QPushButton("Cancel", objectName="cancelLoad", toolTip="Cancel loading")
         self.load_progress.hide()
         self.cancel_button.hide()
+        self.measuring = QLabel("Measuring this machine…",
+                                toolTip="Timing target passes of a few sizes, once, so Auto mode picks what is "
+                                        "fastest here. It gives way at once when you send.")
+        self.measuring.setObjectName("caption")
+        self.measuring.hide()
         self.addWidget(self.model_label, 1)
+        self.addPermanentWidget(self.measuring)
         self.addPermanentWidget(self.load_progress)
         self.addPermanentWidget(self.cancel_button)
         self.addPermanentWidget(self.backend_label)
+
+    def show_measuring(self, on: bool) -> None:
+        self.measuring.setVisible(on)
 
     def begin_load(self) -> None:
         self.load_progress.setValue(0)
@@ -57,9 +76,9 @@ class LoadStatus(QStatusBar):
             self.model_label.setText(model_text)
 
     def show_pair(self, target, draft) -> None:
-        pair = f"{target.name} ({target.quantization})"
+        pair = f"{shown_name(target.name)} ({target.quantization})"
         if draft:
-            pair += f"  ←  {draft.name} ({draft.quantization})"
+            pair += f"  ←  {shown_name(draft.name)} ({draft.quantization})"
         elif getattr(target, "nextn_layers", 0):  # (facts pickled by an older engine have none)
             pair += "  ←  built-in (its own MTP head)"
         elif getattr(target, "assistant", ""):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from PySide6.QtGui import QColor
 
 from ..engine.vocabulary import Mode, Source
@@ -34,7 +36,22 @@ SHORT = {ACCEPTED: "accepted", REJECTED: "rejected", CORRECTION: "correction", B
 # The window lists the modes in this order.
 MODE_NAMES = {Mode.AUTO: "Auto", Mode.DRAFT: "Draft model", Mode.LOOKUP: "Prompt lookup",
               Mode.MTP: "Built-in (MTP)", Mode.OFF: "Off"}
-BUILT_IN = "builtin:mtp"  # the draft pickers' data for Built-in (MTP): the target's own head, no draft file
+BUILT_IN_MTP = MODE_NAMES[Mode.MTP]  # also the draft picker's choice for a target that drafts for itself
+BUILT_IN = "builtin:mtp"  # that choice's data: no draft file
+
+
+def window_words(message: str) -> str:
+    """An engine message (shared with the CLI) in the window's words: its controls, not flags."""
+    message = re.sub(r"\(--mode (\w+)\)", lambda m: f"(Mode: {_mode_name(m[1])})", message)
+    message = re.sub(r"--mode (\w+)", lambda m: f"Mode: {_mode_name(m[1])}", message)
+    return message.replace("pass --draft", "pick a draft model").replace("--draft", "a draft model")
+
+
+def _mode_name(word: str) -> str:
+    try:
+        return MODE_NAMES[Mode(word)]
+    except ValueError:
+        return word
 
 LABELS = {
     ACCEPTED: "accepted draft",

@@ -17,12 +17,11 @@ from ..engine.vocabulary import Mode
 from ..models.gguf import is_assistant, nextn_layers
 from .modelchoices import local_models
 from .richtext import escaped_tooltip
-from .serve import ServePanel
-from .look import BUILT_IN, MODE_NAMES
+from .servepanel import ServePanel
+from .look import BUILT_IN, BUILT_IN_MTP, MODE_NAMES  # noqa: F401 (BUILT_IN*: the pair picker's, re-exported)
 from .settings import Settings
 
 NO_DRAFT = "(no draft model)"
-BUILT_IN_MTP = MODE_NAMES[Mode.MTP]  # a target with NextN layers drafts for itself (its item's data: BUILT_IN)
 
 
 def models_dialog_class():
@@ -136,10 +135,26 @@ class ModelBar(QToolBar):
             if self.draft_combo.currentIndex() == index:
                 self.draft_combo.setCurrentIndex(0)
             self.draft_combo.removeItem(index)
+        self._offer_mtp_mode()
+
+    def _offer_mtp_mode(self) -> None:
+        """Built-in (MTP) mode only for a pair that has an MTP head: the target's own NextN layers,
+        or a Gemma 4 assistant as its draft (picked otherwise, it failed only after Send)."""
+        target, draft = self.target_combo.currentData() or "", self.draft_combo.currentData() or ""
+        has = bool(target) and (nextn_layers(target) > 0 or (draft not in ("", BUILT_IN) and is_assistant(draft)))
+        index = self.mode_combo.findData(Mode.MTP)
+        self.mode_combo.model().item(index).setEnabled(has)
+        self.mode_combo.setItemData(index, None if has else
+                                    "This target has no multi-token prediction (NextN) layers of its own, and its "
+                                    "draft is no MTP assistant: pick Draft model, Prompt lookup or Auto.",
+                                    Qt.ToolTipRole)
+        if not has and self.mode_combo.currentData() == Mode.MTP:
+            self.mode_combo.setCurrentIndex(self.mode_combo.findData(Mode.AUTO))
 
     def _on_draft_changed(self, *_) -> None:
         """Built-in (MTP) and a Gemma 4 assistant both draft as an MTP head: MTP mode."""
         draft = self.draft_combo.currentData() or ""
+        self._offer_mtp_mode()
         if (draft == BUILT_IN or (draft and is_assistant(draft))) and not self._applying:
             self.mode_combo.setCurrentIndex(max(0, self.mode_combo.findData(Mode.MTP)))
 
@@ -156,7 +171,10 @@ class ModelBar(QToolBar):
         """Show the saved pair and mode (setting the mode fires currentIndexChanged: not a change)."""
         self._applying = True
         self.refresh_models(s.target, s.draft)
-        self.mode_combo.setCurrentIndex(max(0, self.mode_combo.findData(s.mode)))
+        index = self.mode_combo.findData(s.mode)
+        if index < 0 or not self.mode_combo.model().item(index).isEnabled():
+            index = self.mode_combo.findData(Mode.AUTO)
+        self.mode_combo.setCurrentIndex(index)
         self._applying = False
 
     def refresh_models(self, target: str = "", draft: str = "") -> None:

@@ -21,40 +21,44 @@ from PySide6.QtWidgets import (
     QPushButton, QScrollArea, QTableWidget, QTableWidgetItem, QTabWidget, QVBoxLayout, QWidget,
 )
 
-from ..engine.vocabulary import Mode
 from ..errors import SpeculumError
 from ..models import catalog as catalog_mod
 from ..models import hardware
 from ..models.catalog import CatalogPair
 from ..models.commands import human_bytes
 from ..models.download import staged_bytes
-from ..models.hardware import Fit, Machine
+from ..models.hardware import Fit, Machine, PlainSpeed
 from ..models.library import IncompatiblePair, Library, LibraryPair, LocalModel, bundled_available
 from .downloadrow import DownloadRow, DownloadWorker, leave_running, running_downloads
 from .hubpair import HubPairDialog
-from .look import MODE_NAMES
-from .look import BUILT_IN
+from .look import BUILT_IN, BUILT_IN_MTP
 from .richtext import ask, escaped_tooltip, plain_label, warn
+from .settings import Settings
 
+NOT_MEASURED = ("Not measured yet: once a model has written an answer here, Speculum knows this machine's "
+                "plain speed and estimates each pair's from it.")
 FIT_COLOURS = {Fit.FITS: "#1a7f37", Fit.TIGHT: "#b26a00", Fit.TOO_BIG: "#b42318"}
-BUILT_IN_MTP = MODE_NAMES[Mode.MTP]  # the draft of a target that drafts with its own MTP head
 
 
 class ModelsDialog(QDialog):
     pair_ready = Signal(str, str)  # target path, draft path (modelbar.BUILT_IN: the target's own MTP head)
 
-    CATALOG_COLUMNS = ["", "Pair", "Good at", "Download", "Memory", "This machine", "Status"]
+    CATALOG_COLUMNS = ["", "Pair", "Good at", "Download", "Memory", "This machine", "Status", "Speed here"]
     LIBRARY_COLUMNS = ["Name", "Kind", "Size", "Files"]
 
     def __init__(self, parent: QWidget | None = None, *, library: Library | None = None,
                  machine: Machine | None = None, pairs: list[CatalogPair] | None = None,
-                 disk_usage=shutil.disk_usage, on_pair_ready: Callable[[str, str], None] | None = None):
+                 disk_usage=shutil.disk_usage, on_pair_ready: Callable[[str, str], None] | None = None,
+                 plain_rates: dict[str, float] | None = None):
         super().__init__(parent)
         self.setWindowTitle("Models")
         self.setObjectName("modelsDialog")
         self.pairs = pairs if pairs is not None else catalog_mod.load()
         self.library = library or Library(pairs=self.pairs)
         self.machine = machine or hardware.detect()
+        # This machine's measured plain speed (the window keeps it per model file), if any yet.
+        self.speed = PlainSpeed.from_measurements(Settings.load().plain_tokens_per_s if plain_rates is None
+                                                  else plain_rates)
         self.disk_usage = disk_usage
         self.rows: list[DownloadRow] = []
         self.offline_demo = bundled_available()  # looked up once: it probes ~30 packages
@@ -68,6 +72,7 @@ class ModelsDialog(QDialog):
         self.tabs.addTab(self._build_library(), "On this computer")
         self.tabs.addTab(self._build_downloads(), "Downloads")
         close = QDialogButtonBox(QDialogButtonBox.Close)
+        close.button(QDialogButtonBox.Close).setToolTip("Close; unfinished downloads are kept and resume next time")
         close.rejected.connect(self.reject)
 
         layout = QVBoxLayout(self)
@@ -90,9 +95,9 @@ class ModelsDialog(QDialog):
         self.pair_summary = plain_label()
         self.pair_summary.setWordWrap(True)
         self.pair_summary.setObjectName("caption")
-        self.download_button = QPushButton("Download")
+        self.download_button = QPushButton("Download", toolTip="Download the selected pair into the library")
         self.download_button.clicked.connect(self._catalog_action)
-        self.use_catalog_button = QPushButton("Use this pair")
+        self.use_catalog_button = QPushButton("Use this pair", toolTip="Load the selected pair in the window")
         self.use_catalog_button.clicked.connect(self._use_selected_catalog_pair)
 
         top = QHBoxLayout()
@@ -112,7 +117,7 @@ class ModelsDialog(QDialog):
 
     def recommended(self) -> CatalogPair | None:
         use = self.use_filter.currentText()
-        return hardware.recommend(self.pairs, self.machine, None if use == "anything" else use)
+        return hardware.recommend(self.pairs, self.machine, None if use == "anything" else use, self.speed)
 
     def _fill_catalog(self) -> None:
         best = self.recommended()
@@ -133,8 +138,9 @@ class ModelsDialog(QDialog):
                 status = "installs offline"
             else:
                 status = ""
+            speed = f"~{self.speed.expected(pair):.0f} tok/s" if self.speed else "—"
             cells = [star, pair.name, ", ".join(pair.good_at), human_bytes(pair.download_size),
-                     f"{pair.memory_gb:.1f} GB", f"{fit.mark} {fit.value}", status]
+                     f"{pair.memory_gb:.1f} GB", f"{fit.mark} {fit.value}", status, speed]
             for col, text in enumerate(cells):
                 item = QTableWidgetItem(text)
                 item.setData(Qt.UserRole, pair.id)
@@ -149,6 +155,8 @@ class ModelsDialog(QDialog):
                     item.setToolTip("Recommended for this machine: the most capable pair that fits.")
                 if col == 4 and pair.memory_note:
                     item.setToolTip(escaped_tooltip(pair.memory_note))  # how an estimate was made
+                if col == 7:
+                    item.setToolTip(escaped_tooltip(self.speed.basis(pair) if self.speed else NOT_MEASURED))
                 table.setItem(row, col, item)
         table.resizeColumnsToContents()
         table.horizontalHeader().setSectionResizeMode(1, QHeaderView.Stretch)
@@ -196,7 +204,7 @@ class ModelsDialog(QDialog):
             return
         if hardware.fit(pair, self.machine) is Fit.TOO_BIG:
             if not ask(self, "Too big for this machine",
-                       f"{pair.name} needs about {pair.memory_gb:.0f} GB of memory; this machine has "
+                       f"{pair.name} needs about {pair.memory_gb:.1f} GB of memory; this machine has "
                        f"{self.machine.describe()}. Download it anyway?"):
                 return
         self.download_pair(pair)
@@ -216,15 +224,17 @@ class ModelsDialog(QDialog):
         self.library_table.itemDoubleClicked.connect(lambda _item: self._use_selected_library_pair())
         self.disk_label = plain_label()
         self.disk_label.setObjectName("caption")
-        self.use_library_button = QPushButton("Use this pair")
+        self.use_library_button = QPushButton("Use this pair", toolTip="Load the selected pair in the window")
         self.use_library_button.clicked.connect(self._use_selected_library_pair)
-        self.delete_button = QPushButton("Delete…")
+        self.delete_button = QPushButton("Delete…", toolTip="Delete the selected files from the library (asks first)")
         self.delete_button.clicked.connect(self._delete_selected)
-        self.reveal_button = QPushButton("Show in folder")
+        self.reveal_button = QPushButton("Show in folder", toolTip="Open the folder that holds the selected files")
         self.reveal_button.clicked.connect(self._reveal_selected)
-        self.add_files_button = QPushButton("Add two files…")
+        self.add_files_button = QPushButton("Add two files…",
+                                            toolTip="Pick a target and a draft GGUF on this computer; checked to be a pair")
         self.add_files_button.clicked.connect(self._add_local_pair)
-        self.add_hub_button = QPushButton("Add from the Hub…")
+        self.add_hub_button = QPushButton("Add from the Hub…",
+                                          toolTip="Name a target and a draft on the Hugging Face Hub to download")
         self.add_hub_button.clicked.connect(self._add_from_hub)
         buttons = QHBoxLayout()
         for b in (self.use_library_button, self.delete_button, self.reveal_button):
@@ -409,7 +419,7 @@ class ModelsDialog(QDialog):
 
     def refresh(self) -> None:
         best = self.recommended()
-        pick = f" Recommended: <b>{html.escape(best.name)}</b> ({best.memory_gb:.0f} GB)." if best else ""
+        pick = f" Recommended: <b>{html.escape(best.name)}</b> ({best.memory_gb:.1f} GB)." if best else ""
         self.machine_label.setText(f"This machine: {html.escape(self.machine.describe())}.{pick}")
         self._fill_catalog()
         self._fill_library()

@@ -10,7 +10,7 @@ from PySide6.QtWidgets import QLabel
 
 from ..conversations import Conversation
 from . import look
-from .answer import StagedCycle, answer_so_far, staged_cycles
+from .answer import StagedCycle, answer_so_far, plain_basis, staged_cycles
 from .replay import ReplayBar
 from .worker import replay_snapshots
 
@@ -31,8 +31,10 @@ def describe_step(staged, step: int) -> str:
     n = len(staged)
     if step == 0:
         return f"Replay: before the first of {n} cycles. Press Play or step forward."
-    cycle = staged[(step - 1) // 2].cycle
-    head = f"Cycle {cycle.index + 1} of {n}"
+    at = staged[(step - 1) // 2]
+    cycle = at.cycle
+    # Counted over the whole answer (a part's generation counts from 0 again), its part named.
+    head = (f"{at.stage} · " if at.stage else "") + f"Cycle {(step - 1) // 2 + 1} of {n}"
     drafter = look.DRAFTERS.get(cycle.source, cycle.source)
     k = len(cycle.drafted)
     if step % 2:
@@ -81,7 +83,8 @@ class ReplayController(QObject):
         cycles = staged if staged is not None else staged_cycles(message.cycles)
         reused = message.stats.get("prompt_reused")  # a number (conversations.py); absent before it was kept
         self.state = ReplayState(conv, index, cycles,
-                                 replay_snapshots([s.cycle for s in cycles], plain_tokens_per_s,
+                                 replay_snapshots([s.cycle for s in cycles],
+                                                  plain_basis(message.stats, plain_tokens_per_s),
                                                   message.stats.get("prompt_tokens", 0),
                                                   message.stats.get("prompt_total", 0),
                                                   max(int(reused), 0) if reused is not None else None))

@@ -18,7 +18,7 @@ class Settings:
     k: int = 0  # 0: adaptive; otherwise forced modes draft exactly k
     temperature: float = 0.0
     top_p: float = 1.0
-    max_tokens: int = 256
+    max_tokens: int = 0  # 0: until the answer ends or the context is full
     n_ctx: int = 4096
     target_gpu_layers: int = -1  # -1: all layers on the GPU when there is one
     draft_gpu_layers: int = -1

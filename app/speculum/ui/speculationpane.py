@@ -7,7 +7,7 @@ from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
 from ..protocol import Finished, Started
 from .replaycontroller import ReplayController
-from .speculation import SpeculationView
+from .tokenview import SpeculationView
 from .stats import StatsPanel
 
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import re
 
-from PySide6.QtCore import QPointF, QRectF, QSize, Qt
+from PySide6.QtCore import QEvent, QPointF, QRectF, QSize, Qt
 from PySide6.QtGui import QAction, QFont, QFontInfo, QFontMetricsF, QGuiApplication, QPainter, QPainterPath, QPen, QTextOption
-from PySide6.QtWidgets import QGroupBox, QLabel, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QGroupBox, QLabel, QToolTip, QVBoxLayout, QWidget
 
 from . import look
 from .opaque import paints_own_background
@@ -64,6 +64,7 @@ class Readout(QWidget):
         super().__init__(parent)
         self.rows = rows  # (name, lines)
         self.values = {name: "—" for name, _ in rows}
+        self.tips: dict[str, str] = {}  # a row's words on hover (what a number is measured against)
         paints_own_background(self)
         self.setContextMenuPolicy(Qt.ActionsContextMenu)
         copy = QAction("Copy stats", self)
@@ -77,6 +78,24 @@ class Readout(QWidget):
 
     def value(self, name: str) -> str:
         return self.values[name]
+
+    def row_at(self, y: int) -> str | None:
+        top = 0
+        for name, lines in self.rows:
+            top += lines * self._line() + self.ROW_GAP
+            if y < top:
+                return name
+        return None
+
+    def event(self, event) -> bool:
+        if event.type() == QEvent.ToolTip:
+            tip = self.tips.get(self.row_at(event.pos().y()) or "", "")
+            if tip:
+                QToolTip.showText(event.globalPos(), tip, self)
+            else:
+                QToolTip.hideText()
+            return True
+        return super().event(event)
 
     def as_text(self) -> str:
         return "\n".join(f"{name}: {self.values[name]}" for name, _ in self.rows).translate(_ORDINARY)
@@ -286,6 +305,7 @@ class StatsPanel(QGroupBox):
 
     def reset(self) -> None:
         self.readout.set_values({name: "—" for name, _ in self.readout.rows})
+        self.readout.tips.clear()
         self.bars.set_rates([])
         self.chart.set_points([])
 
@@ -306,6 +326,7 @@ class StatsPanel(QGroupBox):
             self.POLICY: policy_text(snap.policy or {}),
             self.PROMPT: prompt,
         })
+        self.readout.tips[self.SPEEDUP] = snap.speedup_basis
         self.bars.set_rates(snap.acceptance_by_position)
 
     def show_history(self, snapshots, proposing: dict | None = None) -> None:

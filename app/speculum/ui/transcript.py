@@ -5,7 +5,8 @@ from __future__ import annotations
 import html
 
 from PySide6.QtCore import QUrl, Signal
-from PySide6.QtGui import QColor, QFontDatabase, QTextBlockFormat, QTextCharFormat, QTextCursor, QTextFormat
+from PySide6.QtGui import (QColor, QFontDatabase, QGuiApplication, QTextBlockFormat, QTextCharFormat, QTextCursor,
+                           QTextFormat, QTextOption)
 from PySide6.QtWidgets import QTextBrowser
 
 from ..engine.vocabulary import Finish
@@ -15,9 +16,9 @@ from .richtext import RefusingResources, markdown_fragment
 
 
 CODE_BACKGROUND = QColor("#f2f4f7")
+CODE = QTextFormat.UserProperty + 1  # marks a code block's lines (what its Copy link copies)
 FINISH_NOTES = {
     Finish.STOPPED: "stopped",
-    Finish.MAX_TOKENS: "reached max tokens",
     Finish.CONTEXT_FULL: "context full",
 }
 
@@ -52,9 +53,10 @@ def settled_length(markdown: str) -> int:
     return end
 
 
-def replay_index(url: QUrl) -> int | None:
-    """The message a ``replay:N`` link points at; None for any other link (answers hold links too)."""
-    if url.scheme() != "replay":
+def replay_index(url: QUrl, scheme: str = "replay") -> int | None:
+    """The message a ``replay:N`` (or ``continue:N``) link points at; None for any other link
+    (answers hold links too)."""
+    if url.scheme() != scheme:
         return None
     number = url.path() or url.host()
     return int(number) if number.isascii() and number.isdigit() and len(number) < 10 else None
@@ -65,6 +67,7 @@ WRITING = "writing…"  # the live answer's header while it is written
 
 class Transcript(OpaqueScrollArea, RefusingResources, QTextBrowser):
     replayRequested = Signal(int)  # index of an assistant message in the conversation
+    continueRequested = Signal(int)  # index of an answer stopped at the user's token limit
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -77,11 +80,16 @@ class Transcript(OpaqueScrollArea, RefusingResources, QTextBrowser):
         self._status = ""
         self._settled_text = ""  # the live answer's head already rendered, ending at _settled_at
         self._settled_at = 0
+        self._copies = 0  # Copy links made: each names its own
+        self.setWordWrapMode(QTextOption.WrapAtWordBoundaryOrAnywhere)  # a long identifier wraps too
 
     def _anchor(self, url: QUrl) -> None:
-        index = replay_index(url)
-        if index is not None:
-            self.replayRequested.emit(index)
+        if url.scheme() == "copy":
+            self._copy(url.toString())
+        for scheme, signal in (("replay", self.replayRequested), ("continue", self.continueRequested)):
+            index = replay_index(url, scheme)
+            if index is not None:
+                signal.emit(index)
 
     # -- building blocks --
 
@@ -110,22 +118,59 @@ class Transcript(OpaqueScrollArea, RefusingResources, QTextBrowser):
         start = cursor.position()
         self._new_block(cursor, 4)
         cursor.insertFragment(markdown_fragment(text or " "))  # no raw HTML, no images: see richtext
-        self._style_code(start, cursor.position())
+        for block in reversed(self._style_code(start, cursor.position())):
+            self._copy_link(block)
+        cursor.movePosition(QTextCursor.End)
 
-    def _plain(self, cursor: QTextCursor, text: str) -> None:
-        self._new_block(cursor, 4)
-        cursor.insertText(text, QTextCharFormat())
+    def _copy_link(self, code) -> None:
+        """A Copy link on its own line under a code block (the view cannot hold a button); under
+        it, not above: everything stays after where the piece began (see ``update_answer``)."""
+        self._copies += 1
+        cursor = QTextCursor(code)
+        cursor.movePosition(QTextCursor.EndOfBlock)
+        fmt = QTextBlockFormat()
+        fmt.setTopMargin(4)
+        cursor.insertBlock(fmt, QTextCharFormat())
+        cursor.insertHtml(f"<a href='copy:{self._copies}' style='font-size:small'>Copy</a>")
 
-    def _style_code(self, start: int, end: int) -> None:
-        """Code blocks and inline code in a monospaced font; blocks on a light background."""
+    def code_of(self, link: str) -> str:
+        """The code block over the Copy link ``link`` ("copy:N"), as written."""
+        block = self.document().begin()
+        while block.isValid():
+            it = block.begin()
+            if not it.atEnd() and it.fragment().charFormat().anchorHref() == link:
+                lines, block = [], block.previous()
+                while block.isValid() and block.blockFormat().boolProperty(CODE):
+                    lines.append(block.text())
+                    block = block.previous()
+                return "\n".join(reversed(lines))
+            block = block.next()
+        return ""
+
+    def _copy(self, link: str) -> None:
+        QGuiApplication.clipboard().setText(self.code_of(link))
+
+    def _style_code(self, start: int, end: int) -> list:
+        """Code blocks and inline code in a monospaced font; blocks on a light background, their
+        long lines wrapped inside the transcript (not pushing it sideways). Returns the last block
+        of each code block."""
         mono = QFontDatabase.systemFont(QFontDatabase.FixedFont)
         block = self.document().findBlock(start)
+        lasts, in_code = [], False
         while block.isValid() and block.position() <= end:
             fmt = block.blockFormat()
-            if (fmt.hasProperty(QTextFormat.BlockCodeFence) or fmt.hasProperty(QTextFormat.BlockCodeLanguage)
-                    or _all_fixed_pitch(block)):
+            code = (fmt.hasProperty(QTextFormat.BlockCodeFence) or fmt.hasProperty(QTextFormat.BlockCodeLanguage)
+                    or _all_fixed_pitch(block))
+            if code and not in_code:
+                lasts.append(block)
+            elif code:
+                lasts[-1] = block
+            in_code = code
+            if code:
                 fmt.setBackground(CODE_BACKGROUND)
                 fmt.setLeftMargin(6)
+                fmt.setNonBreakableLines(False)
+                fmt.setProperty(CODE, True)
                 cursor = QTextCursor(block)
                 cursor.setBlockFormat(fmt)
                 cursor.select(QTextCursor.BlockUnderCursor)
@@ -147,6 +192,7 @@ class Transcript(OpaqueScrollArea, RefusingResources, QTextBrowser):
                         cursor.mergeCharFormat(char)
                     it += 1
             block = block.next()
+        return lasts
 
     # -- whole conversation --
 
@@ -158,7 +204,7 @@ class Transcript(OpaqueScrollArea, RefusingResources, QTextBrowser):
         for i, m in enumerate(messages):
             if m.role == "user":
                 self._header(cursor, "You")
-                self._plain(cursor, m.shown)
+                self._markdown(cursor, m.shown)  # what the user writes reads as what the model does
             else:
                 details = [MODE_NAMES.get(m.mode, m.mode)] if m.mode else []
                 if m.stats.get("tokens_per_s"):
@@ -171,6 +217,8 @@ class Transcript(OpaqueScrollArea, RefusingResources, QTextBrowser):
                 self._markdown(cursor, m.shown)
                 if m.note:
                     self._note(cursor, m.note)
+                if m.finish == Finish.MAX_TOKENS:
+                    self._limit_reached(cursor, m.stats.get("tokens", 0), i if i == len(messages) - 1 else None)
         self._follow()
 
     def _note(self, cursor: QTextCursor, note: str) -> None:
@@ -179,6 +227,12 @@ class Transcript(OpaqueScrollArea, RefusingResources, QTextBrowser):
         fmt.setForeground(QColor("#8a5a00"))
         fmt.setFontItalic(True)
         cursor.insertText(note, fmt)
+
+    def _limit_reached(self, cursor: QTextCursor, tokens: int, index: int | None) -> None:
+        """An answer cut by the user's token limit says so, and the last one offers to write on."""
+        self._new_block(cursor, 4)
+        more = f" — <a href='continue:{index}'>Continue</a>" if index is not None else ""
+        cursor.insertHtml(f"<span style='color:#8a5a00; font-weight:600'>Stopped at {tokens:,} tokens</span>{more}")
 
     # -- the answer being written --
 

@@ -22,7 +22,7 @@ from ..engine_process import EngineProcess, describe_exit
 # The window imports the protocol's request and result types from here.
 from ..protocol import (Asker, CycleEvent, Decoded, Event, Failed, Finished, Generate,  # noqa: F401
                         GenerationRequest, GenerationResult, Load, Loaded, LoadFailed, LoadProgress, LoadRequest,
-                        PlainRateMeasured, ProfileChosen, PromptProgress, Ready, ServeFailed, Serve, ServingAt,
+                        Measuring, PlainRateMeasured, ProfileChosen, PromptProgress, Ready, ServeFailed, Serve, ServingAt,
                         SetPlainRate, StageChanged, Started, StatsSnapshot, StopServing, WorkerLost,
                         replay_snapshots, snapshot_of)
 from .. import yielding
@@ -120,6 +120,7 @@ class EngineSignals(QObject):
     serveFailed = Signal(str)
     servedRequest = Signal(object)  # an API request's Started, Finished or Failed
     servedCycle = Signal(object)  # CycleEvent of an API client's request
+    measuring = Signal(bool)  # the engine is (no longer) measuring this machine's costs for auto mode
 
 
 class EngineDeath:
@@ -190,6 +191,7 @@ class Engine(QObject):
             ServingAt: lambda e: w.serving.emit(e.url, e.model_id),
             ServeFailed: lambda e: w.serveFailed.emit(e.message),
             WorkerLost: self._on_worker_lost,
+            Measuring: lambda e: w.measuring.emit(e.active),
         }
 
     def _on_event(self, event: Event) -> None:

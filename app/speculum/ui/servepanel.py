@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import time
+from collections import deque
+
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QGuiApplication
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QSpinBox, QToolButton, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QMenu, QSpinBox, QToolButton, QWidget
 
 DEFAULT_PORT = 8080
+LOG_LINES = 8  # the requests the log keeps
 
 
 def example_request(base_url: str, model_id: str) -> str:
@@ -34,9 +38,14 @@ class ServePanel(QWidget):
         self.copy = QToolButton(text="Copy", objectName="serveCopy",
                                 toolTip="Copy the base URL and an example request")
         self.copy.clicked.connect(self.copy_example)
+        # How many requests were answered, and the last few on hover or click.
+        self.requests = QToolButton(objectName="serveRequests", popupMode=QToolButton.InstantPopup)
+        self.requests.setMenu(QMenu(self.requests))
+        self.answered = 0
+        self.log: deque[str] = deque(maxlen=LOG_LINES)
         layout = QHBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
-        for widget in (self.switch, self.port, self.url, self.copy):
+        for widget in (self.switch, self.port, self.url, self.copy, self.requests):
             layout.addWidget(widget)
         self.switch.toggled.connect(lambda on: self.switched.emit(on, self.port.value()))
         self.base_url = self.model_id = ""
@@ -44,6 +53,20 @@ class ServePanel(QWidget):
 
     def show_serving(self, base_url: str, model_id: str) -> None:
         self._show(True, base_url, model_id)
+
+    def add_request(self, tokens: int, tokens_per_s: float | None) -> None:
+        """One request answered: counted, and logged with its size and speed."""
+        self.answered += 1
+        rate = f", {tokens_per_s:.1f} tok/s" if tokens_per_s else ""
+        self.log.appendleft(f"{time.strftime('%H:%M:%S')}  {tokens} token{'s' * (tokens != 1)}{rate}")
+        self.requests.setText(f"{self.answered} request{'s' * (self.answered != 1)}")
+        self.requests.setToolTip("Requests answered since Serve was switched on; the last ones:\n"
+                                 + "\n".join(self.log))
+        menu = self.requests.menu()
+        menu.clear()
+        for line in self.log:
+            menu.addAction(line).setEnabled(False)
+        self.requests.show()
 
     def show_stopped(self) -> None:
         self._show(False, "", "")
@@ -57,6 +80,10 @@ class ServePanel(QWidget):
         self.url.setText(base_url)
         self.url.setVisible(serving)
         self.copy.setVisible(serving)
+        if not serving:  # a new serving counts afresh
+            self.answered = 0
+            self.log.clear()
+        self.requests.setVisible(serving and self.answered > 0)
 
     def example(self) -> str:
         return f"{self.base_url}\n\n{example_request(self.base_url, self.model_id)}\n"
