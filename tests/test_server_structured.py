@@ -114,6 +114,22 @@ def test_tools_for_a_template_without_tools_is_a_400_saying_so(server):
     assert reply.choices[0].message.content and not reply.choices[0].message.tool_calls
 
 
+@pytest.mark.parametrize("options, param", [
+    ({"tools": [{"type": "function", "function": {"name": "no spaces allowed"}}]}, "tools[0]"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": "text"}}]},
+     "tools[0].function.parameters"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}],
+      "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "always"}, "tool_choice"),
+])
+def test_tools_asked_wrongly_are_400s_naming_what(server, options, param):
+    s = server()
+    response = httpx.post(s.url + "/v1/chat/completions", json={"model": MODEL, "messages": ASK, "max_tokens": 4,
+                                                               **options}, timeout=60)
+    assert response.status_code == 400 and response.json()["error"]["param"] == param
+
+
 # --- reading calls back: each family's format (pure parsing) ---------------------------------------------
 
 def _use(fmt):
