@@ -275,7 +275,8 @@ class CallStream:
                 deltas.append(self._begin(head.group(1)))
                 self.pending, self.streaming = self.pending[head.end():], ""
             end = self.pending.find(_CLOSE)
-            body = self.pending[:end] if end >= 0 else self.pending[:len(self.pending) - _partial_tail(self.pending, _CLOSE)]
+            end_of_text = end if end >= 0 else len(self.pending) - _partial_tail(self.pending, _CLOSE)
+            body = self.pending[:end_of_text]
             # The arguments end before the call object's last "}": held back until the call closes.
             cut = body.rstrip()
             cut = cut[:-1] if cut.endswith("}") else cut
