@@ -164,6 +164,13 @@ def _streamed(fmt, text, size):
     return "".join(sent) + piece, deltas + found
 
 
+def test_a_code_block_is_streamed_once_it_is_plainly_no_call():
+    stream = tools.CallStream(_use(tools.HERMES))
+    code = "```python\ndef get_weather(city: str) -> str:\n"
+    assert stream.feed(code[:10]) == ("", [])  # may still be a call in a fence
+    assert stream.feed(code[10:]) == (code, [])
+
+
 def test_a_hermes_call_streams_its_arguments_as_they_are_written():
     head = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa'
     stream = tools.CallStream(_use(tools.HERMES))
@@ -181,6 +188,7 @@ def test_a_hermes_call_streams_its_arguments_as_they_are_written():
 
 @pytest.mark.parametrize("fmt, text", [
     (tools.HERMES, "The weather is fine."),
+    (tools.HERMES, "```python\ndef get_weather(city):\n    return 'sunny'\n```"),
     (tools.HERMES, '<tool_call>\n{"name": "delete_everything", "arguments": {}}\n</tool_call>'),  # not offered
     (tools.MISTRAL, "[TOOL_CALLS] not json"),
     (tools.LLAMA3, '{"answer": 42}'),
