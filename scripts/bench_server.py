@@ -297,7 +297,8 @@ def structured(args, served, url) -> int:
     if args.json:
         print(json.dumps({"repeat": args.repeat, "rows": rows}, indent=1))
         return 0
-    print(f"{'request':<24}{'mode':<7}{'tok/s':>7}{'x plain':>9}{'accepted':>10}{'tok/pass':>10}{'tokens':>8}  json  same")
+    print(f"{'request':<24}{'mode':<7}{'tok/s':>7}{'x plain':>9}{'accepted':>10}{'tok/pass':>10}{'tokens':>8}"
+          "  json  same")
     for r in rows:
         acc = "" if r["acceptance_rate"] is None or r["mode"] == "off" else f"{100 * r['acceptance_rate']:.0f}%"
         print(f"{r['request']:<24}{r['mode']:<7}{r['tokens_per_s']:>7.2f}{r['ratio_to_plain']:>9.2f}{acc:>10}"

@@ -60,8 +60,8 @@ def test_openai_tool_call_auto_then_the_result_answered(live):
     call = choice.message.tool_calls[0]
     assert call.type == "function" and call.function.name == "get_weather" and call.id
     assert "paris" in _city(call.function.arguments).lower()
-    follow = ASK_WEATHER + [choice.message.model_dump(exclude_none=True),
-                            {"role": "tool", "tool_call_id": call.id, "content": '{"temperature_c": 21, "sky": "clear"}'}]
+    result = {"role": "tool", "tool_call_id": call.id, "content": '{"temperature_c": 21, "sky": "clear"}'}
+    follow = ASK_WEATHER + [choice.message.model_dump(exclude_none=True), result]
     answer = client.chat.completions.create(model=MODEL, messages=follow, tools=[WEATHER], max_tokens=40,
                                             temperature=0)
     assert answer.choices[0].finish_reason in ("stop", "length") and not answer.choices[0].message.tool_calls

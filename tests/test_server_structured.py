@@ -114,6 +114,22 @@ def test_tools_for_a_template_without_tools_is_a_400_saying_so(server):
     assert reply.choices[0].message.content and not reply.choices[0].message.tool_calls
 
 
+@pytest.mark.parametrize("options, param", [
+    ({"tools": [{"type": "function", "function": {"name": "no spaces allowed"}}]}, "tools[0]"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": "text"}}]},
+     "tools[0].function.parameters"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}],
+      "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "always"}, "tool_choice"),
+])
+def test_tools_asked_wrongly_are_400s_naming_what(server, options, param):
+    s = server()
+    response = httpx.post(s.url + "/v1/chat/completions", json={"model": MODEL, "messages": ASK, "max_tokens": 4,
+                                                               **options}, timeout=60)
+    assert response.status_code == 400 and response.json()["error"]["param"] == param
+
+
 # --- reading calls back: each family's format (pure parsing) ---------------------------------------------
 
 def _use(fmt):
@@ -148,6 +164,13 @@ def _streamed(fmt, text, size):
     return "".join(sent) + piece, deltas + found
 
 
+def test_a_code_block_is_streamed_once_it_is_plainly_no_call():
+    stream = tools.CallStream(_use(tools.HERMES))
+    code = "```python\ndef get_weather(city: str) -> str:\n"
+    assert stream.feed(code[:10]) == ("", [])  # may still be a call in a fence
+    assert stream.feed(code[10:]) == (code, [])
+
+
 def test_a_hermes_call_streams_its_arguments_as_they_are_written():
     head = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa'
     stream = tools.CallStream(_use(tools.HERMES))
@@ -165,6 +188,7 @@ def test_a_hermes_call_streams_its_arguments_as_they_are_written():
 
 @pytest.mark.parametrize("fmt, text", [
     (tools.HERMES, "The weather is fine."),
+    (tools.HERMES, "```python\ndef get_weather(city):\n    return 'sunny'\n```"),
     (tools.HERMES, '<tool_call>\n{"name": "delete_everything", "arguments": {}}\n</tool_call>'),  # not offered
     (tools.MISTRAL, "[TOOL_CALLS] not json"),
     (tools.LLAMA3, '{"answer": 42}'),

@@ -77,6 +77,7 @@ class Grammar:
     def from_json_schema(cls, schema: dict) -> "Grammar":
         """The grammar of JSON documents that conform to ``schema`` (llama.cpp's converter)."""
         _check_schema(schema)
+        _lc()  # through the gate first: llama_cpp's package loads libllama
         from llama_cpp.llama_grammar import json_schema_to_gbnf
         try:
             gbnf = json_schema_to_gbnf(json.dumps(schema))
@@ -363,6 +364,7 @@ def grammar_for_response_format(response_format: dict | None) -> Grammar | None:
 
 def json_object_grammar() -> Grammar:
     """Any JSON object (llama.cpp's json.gbnf)."""
+    _lc()  # through the gate first: llama_cpp's package loads libllama
     from llama_cpp.llama_grammar import JSON_GBNF
     return Grammar(JSON_GBNF)
 

@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, AsyncIterator, Callable
 from ..engine.sampling import SamplingParams
 from ..engine.stats import Stats
 from ..engine.vocabulary import Source
-from ..errors import ContextFullError, SpeculumError
+from ..errors import ContextFullError
 from ..protocol import Asker, CycleEvent, Decoded, Event, Failed, Finished, PlainBasis, Started, snapshot_of
+from .errors import BadRequest, Busy  # noqa: F401 (re-exported: the API answers them)
 from .pace import Pace
 
 if TYPE_CHECKING:
@@ -29,23 +30,6 @@ if TYPE_CHECKING:
 
 # How an API request's cycles are labelled beside the window's own.
 STAGE = "API request"
-
-
-class Busy(SpeculumError):
-    """Too many requests are waiting; ``retry_after`` seconds is a fair guess."""
-
-    def __init__(self, waiting: int, retry_after: int):
-        super().__init__(f"The server is busy: {waiting} requests are waiting for the model. Retry shortly.")
-        self.retry_after = retry_after
-
-
-class BadRequest(SpeculumError):
-    """A request the model cannot run as given (the prompt does not fit, ...)."""
-
-    def __init__(self, message: str, param: str | None = None, code: str | None = None):
-        super().__init__(message)
-        self.param = param
-        self.code = code
 
 
 @dataclass

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine.grammar import Grammar
-from .service import BadRequest
+from .errors import BadRequest
 
 MAX_TOOLS = 128
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
@@ -214,6 +214,7 @@ def parse_calls(text: str, use: ToolUse) -> tuple[str | None, list[ToolCall]]:
 
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
 # The head of a Hermes call, up to where its arguments begin: the name is known from here on.
+_BARE_CALL = re.compile(r'\s*(```[a-z]*\s*)?\{\s*"name"')
 _HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]*)"\s*,\s*"arguments"\s*:\s*')
 
 
@@ -243,6 +244,8 @@ class CallStream:
             head = self.pending.lstrip()
             markers = {LLAMA3: ("{", "<|python_tag|>"), MISTRAL: ("[TOOL_CALLS]",), HERMES: ("{", "```")}[fmt]
             self.whole = any(head.startswith(m) or m.startswith(head) for m in markers)
+        if self.whole and fmt is HERMES and not _BARE_CALL.match(self.pending) and len(self.pending.strip()) > 40:
+            self.whole = False  # a code block or JSON that is no call: streamed as text after all
         if self.whole or not self.started:
             return "", []
         if fmt is not HERMES:
@@ -275,7 +278,8 @@ class CallStream:
                 deltas.append(self._begin(head.group(1)))
                 self.pending, self.streaming = self.pending[head.end():], ""
             end = self.pending.find(_CLOSE)
-            body = self.pending[:end] if end >= 0 else self.pending[:len(self.pending) - _partial_tail(self.pending, _CLOSE)]
+            end_of_text = end if end >= 0 else len(self.pending) - _partial_tail(self.pending, _CLOSE)
+            body = self.pending[:end_of_text]
             # The arguments end before the call object's last "}": held back until the call closes.
             cut = body.rstrip()
             cut = cut[:-1] if cut.endswith("}") else cut
