@@ -114,6 +114,11 @@ def test_token_kinds_of_a_cycle():
     assert tip == "Cycle 1 · draft position 3 of 3 · drafter: prompt lookup · rejected · p = 0.50"
 
 
+def test_drafts_from_the_ngram_memory_are_named_as_such():
+    memory = cycle(0, "memory", [1, 2], 2, [1, 2, 3])
+    assert token_runs(memory)[0][2] == "Cycle 1 · draft position 1 of 2 · drafter: n-gram memory · accepted · p = 0.50"
+
+
 def test_mtp_drafts_have_their_own_label_colour_and_hover_text(qtbot):
     mtp = cycle(0, "mtp", [1, 2], 1, [1, 9])
     assert token_runs(mtp)[0][2] == ("Cycle 1 · draft position 1 of 2 · drafter: MTP head (the model's own NextN "

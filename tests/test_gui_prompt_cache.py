@@ -19,5 +19,6 @@ def test_switching_back_to_a_conversation_reads_only_its_new_turn(qtbot, open_wi
     # The first turn came back from the prompt cache: only the new one was read.
     assert again.stats["prompt_reused"] >= first.stats["prompt_total"] - 1
     assert again.stats["prompt_tokens"] < again.stats["prompt_total"] - first.stats["prompt_total"] + 8
-    shown = w.stats.value(w.stats.PROMPT)
+    stats = w.speculation_pane.stats
+    shown = stats.value(stats.PROMPT)
     assert f"{again.stats['prompt_reused']:,} reused from the cache" in shown
