@@ -45,8 +45,8 @@ class Server:
         self.log.seek(0)
         return self.log.read()
 
-    def chat(self, max_tokens: int = 8) -> httpx.Response:
-        return httpx.post(self.url + "/v1/chat/completions", timeout=120,
+    def chat(self, max_tokens: int = 8, timeout: float = 120) -> httpx.Response:
+        return httpx.post(self.url + "/v1/chat/completions", timeout=timeout,
                           json={"model": "m", "messages": PROMPT, "max_tokens": max_tokens})
 
     def stream_until_fault(self, fault, read_timeout: float) -> list[str]:
@@ -130,6 +130,14 @@ def test_a_frozen_worker_ends_the_stream_with_an_error_naming_it_within_the_time
         assert f"The RPC worker at {w.name} did not answer for {timeout_s} s" in error["message"]
         health = s.health()
         assert health.json()["status"] == "worker_lost" and w.name in health.json()["message"]
+        assert s.process.poll() is None
+
+        w.process.send_signal(signal.SIGCONT)  # the laptop wakes up
+        assert s.chat().status_code == 200  # the models load again, and this request is answered
+        w.process.send_signal(signal.SIGSTOP)
+        refused = s.chat(timeout=timeout_s + 5)  # not streamed: a 503 in OpenAI's shape, within the bound
+        assert refused.status_code == 503
+        assert refused.json()["error"]["code"] == "worker_lost" and w.name in refused.json()["error"]["message"]
         assert s.process.poll() is None
     finally:
         w.stop()

@@ -213,6 +213,8 @@ def _default_worker_lost(message: str) -> None:
     os._exit(2)
 
 
+# How a lost worker's sentence ends for a command (a server says what it does instead).
+CANNOT_CONTINUE = "llama.cpp cannot continue without it; start the worker again and rerun."
 _on_lost: Callable[[str], None] = _default_worker_lost
 _abort_hook = None  # the ctypes callback, kept alive while llama.cpp holds it
 
@@ -243,7 +245,7 @@ def _words_for_abort(text: str) -> str | None:
     for kind in ("timeout", "closed"):
         failed = [l for l in links if l.failure and l.failure[0] == kind]
         if failed and kind == "timeout":
-            return f"{failed[0].failure[1]} llama.cpp cannot continue without it; start the worker again and rerun."
+            return f"{failed[0].failure[1]} {CANNOT_CONTINUE}"
         if failed:
             who = f"the RPC worker at {', '.join(l.worker.name for l in failed)}"
             break
@@ -251,7 +253,7 @@ def _words_for_abort(text: str) -> str | None:
         names = [l.worker.name for l in links]
         who = f"an RPC worker ({', '.join(names)})" if names else "an RPC worker"
     return (f"Lost the connection to {who}: it stopped, or the network dropped. "
-            "llama.cpp cannot continue without it; start the worker again and rerun.")
+            f"{CANNOT_CONTINUE}")
 
 
 def _install_abort_hook() -> None:

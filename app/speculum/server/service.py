@@ -181,6 +181,10 @@ class ServedModel:
         """llama.cpp lost an RPC worker (``rpc.on_worker_lost``; on llama.cpp's thread, about to abort).
         The request running ends with ``message``; the thread inside llama.cpp can never return there,
         so it is parked for good and the models it holds are given up; the server serves on."""
+        from ..engine.rpc import CANNOT_CONTINUE
+
+        message = message.replace(CANNOT_CONTINUE, "This request ends; start the worker again and the server "
+                                                   "loads the model again once it answers.")
         self.state, self.state_message = "worker_lost", message
         self._lost_message = message
         self.turn = threading.Lock()  # the parked thread holds the old one
