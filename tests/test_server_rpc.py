@@ -19,15 +19,15 @@ PROMPT = [{"role": "user", "content": "Write a very long story about a lighthous
 
 
 class Server:
-    """`speculum serve --rpc WORKER` on 127.0.0.1, its stderr kept in a file."""
+    """`speculum serve --rpc WORKER[,WORKER]` on 127.0.0.1, its stderr kept in a file."""
 
-    def __init__(self, model, worker: Worker, *extra: str):
+    def __init__(self, model, workers: list[Worker], *extra: str):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.TemporaryFile(mode="w+")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "speculum.cli", "serve", "--target", str(model), "--mode", "off", "--threads", "1",
-             "--rpc", worker.endpoint, "--port", str(self.port), "--model-id", "m", *extra],
+             "--rpc", ",".join(w.endpoint for w in workers), "--port", str(self.port), "--model-id", "m", *extra],
             stdout=self.log, stderr=self.log, text=True,
             env={**ENV, "SPECULUM_DATA_DIR": tempfile.mkdtemp(prefix="speculum-serve-")})
         deadline = time.monotonic() + 120
@@ -85,8 +85,8 @@ def _error_of(lines: list[str]) -> dict:
 def served(smollm_path):
     made: list = []
 
-    def start(worker: Worker, *extra: str) -> Server:
-        made.append(Server(smollm_path, worker, *extra))
+    def start(workers: list[Worker], *extra: str) -> Server:
+        made.append(Server(smollm_path, workers, *extra))
         return made[-1]
 
     yield start
@@ -94,10 +94,12 @@ def served(smollm_path):
         s.stop()
 
 
-def test_a_killed_worker_ends_the_stream_with_an_error_and_the_server_serves_again_once_it_is_back(served):
+@pytest.mark.parametrize("others", [0, 1], ids=["one worker", "and a survivor"])
+def test_a_killed_worker_ends_the_stream_with_an_error_and_the_server_serves_again_once_it_is_back(served, others):
+    survivors = [Worker(insecure=True) for _ in range(others)]  # it serves one client: the reload must free it
     w = Worker(insecure=True)
     try:
-        s = served(w)
+        s = served(survivors + [w])
         lines = s.stream_until_fault(w.process.kill, read_timeout=30)
         w.process.wait(10)
         error = _error_of(lines)
@@ -115,14 +117,15 @@ def test_a_killed_worker_ends_the_stream_with_an_error_and_the_server_serves_aga
         assert answer.json()["choices"][0]["message"]["content"]
         assert s.health().json()["status"] == "ready"
     finally:
-        w.stop()
+        for worker in survivors + [w]:
+            worker.stop()
 
 
 def test_a_frozen_worker_ends_the_stream_with_an_error_naming_it_within_the_timeout(served):
     w = Worker(insecure=True)
     timeout_s = 3
     try:
-        s = served(w, "--rpc-timeout", str(timeout_s))
+        s = served([w], "--rpc-timeout", str(timeout_s))
         # The read timeout is the promised bound: the error event comes within it, or the stream fails.
         lines = s.stream_until_fault(lambda: w.process.send_signal(signal.SIGSTOP), read_timeout=timeout_s + 5)
         error = _error_of(lines)
