@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import httpx
@@ -100,10 +101,21 @@ def test_a_killed_worker_ends_the_stream_with_an_error_and_the_server_serves_aga
     w = Worker(insecure=True)
     try:
         s = served(survivors + [w])
-        lines = s.stream_until_fault(w.process.kill, read_timeout=30)
+        queued: dict = {}
+        waiter = threading.Thread(target=lambda: queued.update(answer=s.chat()))
+
+        def kill_with_one_waiting() -> None:
+            waiter.start()
+            while s.health().json()["waiting"] < 1:  # the next request waits its turn
+                time.sleep(0.05)
+            w.process.kill()
+
+        lines = s.stream_until_fault(kill_with_one_waiting, read_timeout=30)
         w.process.wait(10)
         error = _error_of(lines)
         assert error["code"] == "worker_lost" and w.name in error["message"]
+        waiter.join(60)  # it never runs on the given-up models: a 503 that says why
+        assert queued["answer"].status_code == 503 and queued["answer"].json()["error"]["code"] == "worker_lost"
         health = s.health()
         assert health.status_code == 503
         assert health.json()["status"] == "worker_lost" and w.name in health.json()["message"]

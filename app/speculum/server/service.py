@@ -262,6 +262,8 @@ class ServedModel:
         finally:
             self._waiting -= 1
         try:
+            if self.state == "worker_lost":  # lost while this one waited: never enter the given-up models
+                raise WorkerLost(self.state_message)
             async for piece in self._generate(completion):
                 yield piece
         finally:
