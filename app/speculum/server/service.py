@@ -211,9 +211,18 @@ class ServedModel:
             loop = asyncio.get_running_loop()
             done: asyncio.Future = loop.create_future()
 
-            def settle(outcome) -> None:
+            def settle(outcome) -> None:  # on the loop, whether or not the request that asked still waits
+                if isinstance(outcome, WorkerLost):
+                    pass  # lost again while loading: worker_lost says so
+                elif isinstance(outcome, BaseException):  # the worker is still away: say so, keep waiting
+                    self.state = "worker_lost"
+                    self.state_message = f"{self._lost_message} Not back yet: {outcome}"
+                else:
+                    self._given_up.append(self.decoder)
+                    self.decoder = outcome
+                    self.state, self.state_message = "ready", ""
                 if not done.done():
-                    (done.set_exception if isinstance(outcome, BaseException) else done.set_result)(outcome)
+                    done.set_result(None)
 
             def load() -> None:
                 ident = threading.get_ident()
@@ -227,23 +236,13 @@ class ServedModel:
                     self.state, self.state_message = "loading", "The model is loading again: its RPC worker is back."
                     decoder = self.reload()
                     loop.call_soon_threadsafe(settle, decoder)
-                except BaseException as exc:  # noqa: BLE001 - told to the awaiting request
+                except BaseException as exc:  # noqa: BLE001 - settled on the loop
                     loop.call_soon_threadsafe(settle, exc)
                 finally:
                     self._engine_threads.pop(ident, None)
 
             threading.Thread(target=load, name="speculum-reload", daemon=True).start()
-            try:
-                decoder = await done
-            except WorkerLost:
-                return  # lost again while loading: worker_lost says so
-            except Exception as exc:  # noqa: BLE001 - the worker is still away: say so, keep waiting
-                self.state = "worker_lost"
-                self.state_message = f"{self._lost_message} Not back yet: {exc}"
-                return
-            self._given_up.append(self.decoder)
-            self.decoder = decoder
-            self.state, self.state_message = "ready", ""
+            await asyncio.shield(done)
 
     # -- running --
 
