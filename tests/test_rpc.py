@@ -46,8 +46,9 @@ class Worker:
     ``endpoint`` is what a client passes as --rpc: the pairing string it printed (secure, the
     default), or HOST:PORT (``insecure``); ``name`` is HOST:PORT either way."""
 
-    def __init__(self, threads: int = 1, insecure: bool = False, data_dir: str | None = None, extra=()):
-        self.port = free_port()
+    def __init__(self, threads: int = 1, insecure: bool = False, data_dir: str | None = None, extra=(),
+                 port: int | None = None):
+        self.port = port or free_port()  # (a given one: the same worker started again)
         self.name = f"127.0.0.1:{self.port}"
         self.data_dir = data_dir or tempfile.mkdtemp(prefix="speculum-worker-")
         self.process = subprocess.Popen(

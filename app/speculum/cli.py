@@ -294,6 +294,13 @@ def cmd_serve(args) -> int:
     decoder.policy_for(args.mode)  # a mode these models cannot run (mtp without NextN layers) stops here
     model_id = args.model_id or Path(args.target).stem
     served = ServedModel(decoder, model_id, mode=args.mode, max_waiting=args.max_waiting)
+    if getattr(args, "rpc", None):
+        from .engine import rpc
+
+        # A lost worker ends the request, not the server: the models load again once it is back.
+        served.workers = rpc.parse_endpoints(args.rpc)
+        served.reload = lambda: _load(args)
+        rpc.on_worker_lost(served.worker_lost)
     app = create_app(served, api_key=args.api_key, cors_origins=args.cors_origin or None, bind_host=args.host)
     print(f"Serving {model_id} ({args.mode} mode) at http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     uvicorn.Server(listen.config(app, args.host, args.port, header_timeout=args.header_timeout,

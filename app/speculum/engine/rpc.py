@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import socket
 import struct
 import sys
 import threading
@@ -212,6 +213,8 @@ def _default_worker_lost(message: str) -> None:
     os._exit(2)
 
 
+# How a lost worker's sentence ends for a command (a server says what it does instead).
+CANNOT_CONTINUE = "llama.cpp cannot continue without it; start the worker again and rerun."
 _on_lost: Callable[[str], None] = _default_worker_lost
 _abort_hook = None  # the ctypes callback, kept alive while llama.cpp holds it
 
@@ -219,7 +222,8 @@ _abort_hook = None  # the ctypes callback, kept alive while llama.cpp holds it
 def on_worker_lost(handler: Callable[[str], None]) -> None:
     """Who hears that a worker was lost, in words. It runs on llama.cpp's RPC thread while
     the process is about to abort, so it should report and end the process itself (the
-    default writes one stderr line and exits with status 2); if it returns, llama.cpp aborts."""
+    default writes one stderr line and exits with status 2) or never return (a server parks
+    the thread and serves on); if it returns, llama.cpp aborts."""
     global _on_lost
     _on_lost = handler
 
@@ -241,7 +245,7 @@ def _words_for_abort(text: str) -> str | None:
     for kind in ("timeout", "closed"):
         failed = [l for l in links if l.failure and l.failure[0] == kind]
         if failed and kind == "timeout":
-            return f"{failed[0].failure[1]} llama.cpp cannot continue without it; start the worker again and rerun."
+            return f"{failed[0].failure[1]} {CANNOT_CONTINUE}"
         if failed:
             who = f"the RPC worker at {', '.join(l.worker.name for l in failed)}"
             break
@@ -249,7 +253,7 @@ def _words_for_abort(text: str) -> str | None:
         names = [l.worker.name for l in links]
         who = f"an RPC worker ({', '.join(names)})" if names else "an RPC worker"
     return (f"Lost the connection to {who}: it stopped, or the network dropped. "
-            "llama.cpp cannot continue without it; start the worker again and rerun.")
+            f"{CANNOT_CONTINUE}")
 
 
 def _install_abort_hook() -> None:
@@ -342,6 +346,25 @@ def hold(endpoints: Sequence[str], loaded: bool) -> None:
             _in_use[name] = max(0, _in_use.get(name, 0) + (1 if loaded else -1))
 
 
+def forget_lost(endpoints: Sequence[str]) -> None:
+    """After a worker was lost: the models loaded on ``endpoints`` are given up (a thread of llama.cpp's
+    stays parked inside them), and llama.cpp keeps its dead connection cached by the relay's address.
+    So each worker gets a new relay, at a new address, registered anew by the next load; the old relays
+    drop their workers' connections, so a surviving worker (it serves one client) is free again."""
+    with _register_lock:
+        for name in {parse_worker(e).name for e in endpoints}:
+            link = _links.pop(name, None)
+            if link is not None:
+                link.close()
+                for sock in list(link.upstreams):
+                    try:
+                        sock.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+            _registered.pop(name, None)
+            _in_use.pop(name, None)
+
+
 def any_registered() -> bool:
     """Once a worker is registered, llama.cpp's default device list includes it for every
     model: the draft must then be given its (local) devices explicitly."""
@@ -395,5 +418,5 @@ def c_stdout_line_buffered() -> None:
 
 __all__ = ["PROTOCOL", "DEFAULT_PORT", "RpcUnavailable", "libraries", "availability", "parse_endpoints", "names",
            "set_read_timeout", "check_worker", "register_workers", "keep_alive", "computes_on_cpu", "workers_in_use", "hold",
-           "any_registered", "device_array", "on_worker_lost",
+           "any_registered", "device_array", "on_worker_lost", "forget_lost",
            "worker_device", "serve", "c_stdout_line_buffered"]

@@ -26,7 +26,7 @@ from ..errors import SpeculumError
 from . import listen
 from .guard import Guard
 from .params import PromptBound, chat_request, json_body, text_request
-from .service import BadRequest, Busy, Completion, Delta, Done, ServedModel
+from .service import BadRequest, Busy, Completion, Delta, Done, ServedModel, WorkerLost
 from .tools import CallStream, parse_calls
 
 log = logging.getLogger("speculum.serve")
@@ -82,12 +82,19 @@ class Api:
                              headers={"Retry-After": str(exc.retry_after)})
             except BadRequest as exc:
                 return error(400, str(exc), param=exc.param, code=exc.code)
+            except WorkerLost as exc:  # this request ends; the server serves again once the worker is back
+                return error(503, str(exc), kind="server_error", code="worker_lost", headers={"Retry-After": "5"})
             except SpeculumError as exc:  # the engine's own failure, in plain words: this request ends
                 return error(500, str(exc), kind="server_error")
         return route
 
-    def unavailable(self) -> Response | None:
-        """503 while the models load (the routes that need them wait for ready)."""
+    async def unavailable(self) -> Response | None:
+        """503 while the models load or an RPC worker is lost (the routes that need them wait for
+        ready); a lost worker that answers again has the models loaded afresh first."""
+        await self.served.recover()
+        if self.served.state == "worker_lost":
+            return error(503, self.served.state_message, kind="server_error", code="worker_lost",
+                         headers={"Retry-After": "5"})
         if self.served.state != "loading":
             return None
         return error(503, self.served.state_message or "The model is still loading; retry shortly.",
@@ -98,6 +105,7 @@ class Api:
     async def health(self, request: Request) -> Response:
         """Ready, loading, or worker lost: 200 only when a request would be served now."""
         served = self.served
+        await served.recover()  # a lost worker back: the models load again
         body = {"status": served.state, "model": served.model_id, "waiting": served.waiting}
         if served.state_message:
             body["message"] = served.state_message
@@ -117,13 +125,13 @@ class Api:
         return JSONResponse(self._card())
 
     async def chat(self, request: Request) -> Response:
-        if (loading := self.unavailable()) is not None:
+        if (loading := await self.unavailable()) is not None:
             return loading
         body = await json_body(request)
         return await self.answer(request, body, chat_request(self.served, body, self.bound), chat=True)
 
     async def completions(self, request: Request) -> Response:
-        if (loading := self.unavailable()) is not None:
+        if (loading := await self.unavailable()) is not None:
             return loading
         body = await json_body(request)
         return await self.answer(request, body, text_request(self.served, body, self.bound), chat=False)
@@ -210,7 +218,8 @@ class Reply:
         """A generation that failed midway: an error event in OpenAI's shape, then [DONE]."""
         message = str(exc) if isinstance(exc, SpeculumError) else f"{exc.__class__.__name__}: {exc}"
         body = {"error": {"message": f"The answer failed midway: {message}", "type": "server_error",
-                          "param": None, "code": "generation_failed"}}
+                          "param": None,
+                          "code": "worker_lost" if isinstance(exc, WorkerLost) else "generation_failed"}}
         return [f"data: {json.dumps(body)}\n\n", "data: [DONE]\n\n"]
 
     def last(self, done: Done, usage: bool, offset: int = 0) -> list[str]:

@@ -21,3 +21,7 @@ class BadRequest(SpeculumError):
         super().__init__(message)
         self.param = param
         self.code = code
+
+
+class WorkerLost(SpeculumError):
+    """An RPC worker holding the target's layers was lost: this request ends (503), the server stays."""

@@ -21,7 +21,7 @@ from ..engine.stats import Stats
 from ..engine.vocabulary import Source
 from ..errors import ContextFullError
 from ..protocol import Asker, CycleEvent, Decoded, Event, Failed, Finished, PlainBasis, Started, snapshot_of
-from .errors import BadRequest, Busy  # noqa: F401 (re-exported: the API answers them)
+from .errors import BadRequest, Busy, WorkerLost  # noqa: F401 (re-exported: the API answers them)
 from .pace import Pace
 
 if TYPE_CHECKING:
@@ -127,6 +127,14 @@ class ServedModel:
         self.pace = Pace()  # reading and writing rates: the Retry-After estimate
         self.state, self.state_message = "ready", ""  # what GET /health says: ready, loading, worker_lost
         self.on_prompt = None  # optional observer, on the engine thread: (prompt tokens read, of total)
+        # Under --rpc: the workers, and how to load the models afresh once a lost one answers again.
+        self.workers: tuple[str, ...] = ()
+        self.reload: Callable[[], object] | None = None
+        self._engine_threads: dict[int, Callable[[BaseException], None]] = {}  # thread -> fails its request
+        self._parked: set[int] = set()  # threads a lost worker left inside llama.cpp, for good
+        self._given_up: list = []  # their decoders: never freed while a thread is inside them
+        self._recovering = asyncio.Lock()
+        self._lost_message = ""
 
     @property
     def stopping(self) -> bool:
@@ -167,6 +175,75 @@ class ServedModel:
         return [(t, lp, ids, lps) for t, lp, ids, lps in
                 zip(cycle.emitted, cycle.logprobs, cycle.top_tokens, cycle.top_logprobs) if not target.is_eog(t)]
 
+    # -- a lost RPC worker --
+
+    def worker_lost(self, message: str) -> None:
+        """llama.cpp lost an RPC worker (``rpc.on_worker_lost``; on llama.cpp's thread, about to abort).
+        The request running ends with ``message``; the thread inside llama.cpp can never return there,
+        so it is parked for good and the models it holds are given up; the server serves on."""
+        from ..engine.rpc import CANNOT_CONTINUE
+
+        message = message.replace(CANNOT_CONTINUE, "This request ends; start the worker again and the server "
+                                                   "loads the model again once it answers.")
+        self.state, self.state_message = "worker_lost", message
+        self._lost_message = message
+        self.turn = threading.Lock()  # the parked thread holds the old one
+        threads, self._engine_threads = self._engine_threads, {}
+        for ident, fail in threads.items():
+            self._parked.add(ident)
+            fail(WorkerLost(message))
+        self._parked.add(threading.get_ident())
+        threading.Event().wait()
+
+    def _joined(self, thread: threading.Thread) -> None:
+        """Wait for an engine thread to end, or to be parked by a lost worker."""
+        while thread.is_alive() and thread.ident not in self._parked:
+            thread.join(0.1)
+
+    async def recover(self) -> None:
+        """After a lost worker: once every worker answers again, load the models afresh (the
+        next request, or a health check). Until then the state stays worker_lost."""
+        if self.state != "worker_lost" or self.reload is None:
+            return
+        async with self._recovering:
+            if self.state != "worker_lost":
+                return
+            loop = asyncio.get_running_loop()
+            done: asyncio.Future = loop.create_future()
+
+            def settle(outcome) -> None:  # on the loop, whether or not the request that asked still waits
+                if isinstance(outcome, WorkerLost):
+                    pass  # lost again while loading: worker_lost says so
+                elif isinstance(outcome, BaseException):  # the worker is still away: say so, keep waiting
+                    self.state = "worker_lost"
+                    self.state_message = f"{self._lost_message} Not back yet: {outcome}"
+                else:
+                    self._given_up.append(self.decoder)
+                    self.decoder = outcome
+                    self.state, self.state_message = "ready", ""
+                if not done.done():
+                    done.set_result(None)
+
+            def load() -> None:
+                ident = threading.get_ident()
+                self._engine_threads[ident] = lambda exc: loop.call_soon_threadsafe(settle, exc)
+                try:
+                    from ..engine import rpc
+
+                    rpc.forget_lost(self.workers)
+                    for worker in self.workers:
+                        rpc.check_worker(worker, timeout=2.0)  # SpeculumError, in words, while it is away
+                    self.state, self.state_message = "loading", "The model is loading again: its RPC worker is back."
+                    decoder = self.reload()
+                    loop.call_soon_threadsafe(settle, decoder)
+                except BaseException as exc:  # noqa: BLE001 - settled on the loop
+                    loop.call_soon_threadsafe(settle, exc)
+                finally:
+                    self._engine_threads.pop(ident, None)
+
+            threading.Thread(target=load, name="speculum-reload", daemon=True).start()
+            await asyncio.shield(done)
+
     # -- running --
 
     def _tell(self, event: Event) -> None:
@@ -184,6 +261,8 @@ class ServedModel:
         finally:
             self._waiting -= 1
         try:
+            if self.state == "worker_lost":  # lost while this one waited: never enter the given-up models
+                raise WorkerLost(self.state_message)
             async for piece in self._generate(completion):
                 yield piece
         finally:
@@ -201,6 +280,7 @@ class ServedModel:
                 self.on_prompt(read, total)
 
         def produce() -> None:
+            self._engine_threads[threading.get_ident()] = lambda exc: loop.call_soon_threadsafe(queue.put_nowait, exc)
             try:
                 with self.turn:
                     self._tell(Started(len(completion.prompt)))
@@ -228,6 +308,8 @@ class ServedModel:
                 if isinstance(exc, Exception):
                     self._tell(Failed(str(exc) or exc.__class__.__name__, Asker.API))
                 loop.call_soon_threadsafe(queue.put_nowait, exc)
+            finally:
+                self._engine_threads.pop(threading.get_ident(), None)
 
         thread = threading.Thread(target=produce, name="speculum-serve", daemon=True)
         thread.start()
@@ -261,5 +343,5 @@ class ServedModel:
             yield done
         finally:
             stop.set()  # a consumer that left (client gone) stops the generation
-            await asyncio.to_thread(thread.join)
+            await asyncio.to_thread(self._joined, thread)
             self.pace.finished()
