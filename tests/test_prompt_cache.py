@@ -104,17 +104,18 @@ def test_the_budget_keeps_the_latest_states_and_is_never_exceeded(small_model):
 
 
 def test_switching_back_to_a_conversation_reads_only_its_new_turn(smollm_path, data_dirs):
+    from speculum.protocol import Finished
     from speculum.runner import EngineRunner, GenerationRequest, LoadRequest
 
     events = []
-    runner = EngineRunner(lambda kind, *payload: events.append((kind, *payload)))
+    runner = EngineRunner(events.append)
     assert runner.load(LoadRequest(str(smollm_path), n_ctx=2048), LoadOptions(n_ctx=2048))
 
     def answer(conversation, messages):
         events.clear()
         runner.generate(GenerationRequest(conversation, messages, max_tokens=12))
-        assert events[-1][0] == "finished"
-        return events[-1][1]
+        assert isinstance(events[-1], Finished)
+        return events[-1].result
 
     first = [{"role": "user", "content": LIGHTHOUSE + "\nWhat did the keeper log?"}]
     one = answer("c1", first)
