@@ -96,6 +96,8 @@ class Backend(TokenPieces):
     has_mtp: bool = False  # whether an MTP head can draft for it (open_mtp_head)
     mtp_unavailable: str = ""  # why MTP mode cannot run although the file has NextN layers
     assistant_path: Path | None = None  # a Gemma 4 assistant attached to draft on its cache
+    saves_state: bool = False  # whether save_state / load_state work (llama.cpp's sequence state)
+    llama_vocab = None  # llama.cpp's vocabulary handle, for a grammar (None: no llama.cpp vocabulary)
 
     def decode(self, tokens: Sequence[int], rows: Sequence[int] | None = None) -> np.ndarray:
         raise NotImplementedError
@@ -129,6 +131,14 @@ class Backend(TokenPieces):
         """Call ``listener(tokens, pos, hidden)`` after each decode (only where ``has_mtp``)."""
         raise NotImplementedError(f"{type(self).__name__} has no NextN hidden states.")
 
+    def save_state(self):
+        """A copy of the sequence's state for ``load_state`` (only where ``saves_state``)."""
+        raise NotImplementedError
+
+    def load_state(self, state, n_tokens: int) -> bool:
+        """Put back a state ``save_state`` made when the sequence held ``n_tokens`` tokens."""
+        raise NotImplementedError
+
     def close(self) -> None:
         """Give back what it holds (native memory); nothing by default."""
 
@@ -147,7 +157,7 @@ class CachedSequence:
         # Saving needs the model's state calls (llama.cpp's); a synthetic model has none. Nor is
         # a model with an MTP head cached: the head's own cache holds pairs built from the
         # target's hidden states, which a saved state does not carry.
-        self.cache = cache if hasattr(model, "save_state") and not getattr(model, "has_mtp", False) else None
+        self.cache = cache if model.saves_state and not model.has_mtp else None
         self.owner = owner  # whose saved states are this sequence's in the shared cache
         self._saved_memo: tuple | None = None  # reusable's: (cache version, context length, its last token, saved)
 
@@ -209,7 +219,7 @@ class CachedSequence:
     @property
     def _exact(self) -> bool:
         """A recurrent state cannot be cut back: only a whole saved state serves."""
-        return getattr(self.model, "max_rollback", None) is not None
+        return self.model.max_rollback is not None
 
     def _trim(self, n: int) -> int:
         kept = self.model.trim(n)

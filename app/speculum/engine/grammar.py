@@ -100,7 +100,7 @@ class Grammar:
 
     def start(self, model) -> "GrammarState":
         """The state at the start of an answer, over ``model``'s vocabulary (``model.llama_vocab``)."""
-        vocab = getattr(model, "llama_vocab", None)
+        vocab = model.llama_vocab
         if not vocab:
             raise ValueError("This model has no llama.cpp vocabulary to apply a grammar with.")
         return GrammarState(self._sampler(vocab), _Candidates(model.n_vocab))

@@ -52,6 +52,8 @@ def _backend_name(gpu: str | None, rpc: Sequence[str], n_gpu_layers: int) -> str
 
 
 class LlamaModel(Backend):
+    saves_state = True  # llama.cpp's sequence state: the prompt cache saves and restores it
+
     def __init__(
         self,
         path: str | os.PathLike,
