@@ -59,7 +59,7 @@ def test_serve_switch_serves_the_loaded_model_and_shows_requests_live(qtbot, ope
     # Counted, and logged with its size and speed.
     assert w.model_bar.serve_panel.requests.isVisible() and w.model_bar.serve_panel.requests.text() == "1 request"
     tokens = replies[0].usage.completion_tokens
-    assert f"{tokens} tokens, " in w.model_bar.serve_panel.log[0] and w.model_bar.serve_panel.log[0].endswith(" tok/s")
+    assert f"  127.0.0.1  {tokens} tokens, " in w.model_bar.serve_panel.log[0] and w.model_bar.serve_panel.log[0].endswith(" tok/s")
     assert w.model_bar.serve_panel.log[0] in w.model_bar.serve_panel.requests.toolTip()
 
     # A request with a prediction: its accepted drafts have their own colour, named in the legend.

@@ -276,6 +276,7 @@ class Started(Event):
     """A generation took the models (an API request's; the window knows when its own start)."""
     prompt_tokens: int
     asker: Asker = Asker.API
+    client: str = ""  # the API client's address, where one asked
 
 
 @dataclass

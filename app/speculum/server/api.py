@@ -141,6 +141,7 @@ class Api:
     async def answer(self, request: Request, body: dict, completion: Completion, chat: bool) -> Response:
         """The completion as one JSON answer or as server-sent events; either stops when the client leaves."""
         self.served.check_fits(completion)
+        completion.client = request.client.host if request.client is not None else ""
         reply = Reply(self.served.model_id, chat, completion, self.served.decoder.target)
         pieces = _until_disconnected(request, self.served.run(completion))
         if body.get("stream") is not True:

@@ -43,6 +43,7 @@ class Completion:
     grammar: Grammar | None = None  # the answer follows it (response_format, required tool calls)
     logprobs: int | None = None  # None, or how many likeliest tokens to give at each position
     tools: ToolUse | None = None  # tools shown to the model: its calls are read back from its text
+    client: str = ""  # who asked (the client's address), for the window's Serve log
 
 
 @dataclass
@@ -283,7 +284,7 @@ class ServedModel:
             self._engine_threads[threading.get_ident()] = lambda exc: loop.call_soon_threadsafe(queue.put_nowait, exc)
             try:
                 with self.turn:
-                    self._tell(Started(len(completion.prompt)))
+                    self._tell(Started(len(completion.prompt), client=completion.client))
                     try:
                         prediction = self.predicted_tokens(completion.prediction)
                         generation = self.decoder.generate(completion.prompt, max_tokens=completion.max_tokens,

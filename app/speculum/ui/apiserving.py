@@ -35,6 +35,7 @@ class ApiServing(QObject):
         self.serving = False
         self.resume_port: int | None = None  # served when the engine crashed: served again once reloaded
         self._last = None  # the served request's last cycle event (its speed)
+        self._client = ""  # the served request's client address (its Started event's)
 
     def _switch(self, on: bool, port: int) -> None:
         self.resume_port = None  # the user decides now
@@ -81,11 +82,13 @@ class ApiServing(QObject):
     def _on_served_request(self, event) -> None:
         """An API client's request (Started, Finished, Failed): counted and logged; shown live in
         the speculation view and stats, like the window's own, unless the window is writing an answer."""
-        if not isinstance(event, Started):
+        if isinstance(event, Started):
+            self._client = event.client
+        else:
             self.engine.served_batcher.flush()  # its last cycles before its count
         if isinstance(event, Finished):
             rate = self._last.snapshot.tokens_per_s if self._last is not None else None
-            self.panel.add_request((event.usage or {}).get("completion_tokens", 0), rate)
+            self.panel.add_request((event.usage or {}).get("completion_tokens", 0), rate, self._client)
         self._last = None
         if not self._answering():
             self.pane.show_served_request(event)

@@ -54,11 +54,12 @@ class ServePanel(QWidget):
     def show_serving(self, base_url: str, model_id: str) -> None:
         self._show(True, base_url, model_id)
 
-    def add_request(self, tokens: int, tokens_per_s: float | None) -> None:
-        """One request answered: counted, and logged with its size and speed."""
+    def add_request(self, tokens: int, tokens_per_s: float | None, client: str = "") -> None:
+        """One request answered: counted, and logged with who asked, its size and speed."""
         self.answered += 1
         rate = f", {tokens_per_s:.1f} tok/s" if tokens_per_s else ""
-        self.log.appendleft(f"{time.strftime('%H:%M:%S')}  {tokens} token{'s' * (tokens != 1)}{rate}")
+        who = f"{client}  " if client else ""
+        self.log.appendleft(f"{time.strftime('%H:%M:%S')}  {who}{tokens} token{'s' * (tokens != 1)}{rate}")
         self.requests.setText(f"{self.answered} request{'s' * (self.answered != 1)}")
         self.requests.setToolTip("Requests answered since Serve was switched on; the last ones:\n"
                                  + "\n".join(self.log))
