@@ -44,10 +44,11 @@ def first_token(decoder, prompt: list[int], mode: str) -> tuple[float, int, int]
     """(seconds to the first token, prompt tokens read, prompt tokens reused)."""
     start = time.perf_counter()
     seconds = None
-    for cycle in decoder.generate(prompt, max_tokens=4, policy=mode):
+    generation = decoder.generate(prompt, max_tokens=4, policy=mode)
+    for cycle in generation:
         if cycle.emitted and seconds is None:
             seconds = time.perf_counter() - start
-    return seconds, decoder.stats.prompt_tokens, decoder.stats.prompt_cached
+    return seconds, generation.stats.prompt_tokens, generation.stats.prompt_cached
 
 
 def main() -> None:
