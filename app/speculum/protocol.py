@@ -216,6 +216,13 @@ class SetPlainRate(Command):
 
 
 @dataclass
+class PostponeMeasuring(Command):
+    """The engine's idle measurement of this machine waits: ``seconds`` after the user's last
+    keystroke, or as long as the user asked ("Later"); None: not again while this engine runs."""
+    seconds: float | None
+
+
+@dataclass
 class Serve(Command):
     host: str
     port: int

@@ -145,6 +145,8 @@ class MainWindow(QMainWindow):
         self.serving.error.connect(self.show_error)
         self.engine.worker.loadProgress.connect(self.load_status.show_load_progress)
         self.engine.worker.measuring.connect(self.load_status.show_measuring)
+        self.load_status.postponeMeasuring.connect(self.engine.postpone_measuring)
+        chat.input.typed.connect(self.engine.user_typed)  # measuring this machine waits while the user types
         bar.load_button.clicked.connect(self.load_pair)
         self.load_status.cancel_button.clicked.connect(self.cancel_load)
         bar.pairReady.connect(self._on_pair_ready)
