@@ -20,9 +20,9 @@ from .engine.vocabulary import Finish, Mode
 from .errors import SpeculumError
 # The request and result types live in protocol; older callers import them from here.
 from .protocol import (RECENT_PLAIN_S, CycleEvent, Event, Failed, Finished, GenerationRequest,  # noqa: F401
-                       GenerationResult, Loaded, LoadFailed, LoadProgress, LoadRequest, Measuring, PlainBasis,
-                       PlainRateMeasured, PromptProgress, ServeFailed, ServingAt, StageChanged, StatsSnapshot,
-                       is_plain_step, replay_snapshots, snapshot_of)
+                       GenerationResult, Loaded, LoadFailed, LoadProgress, LoadRequest, Measuring, PartPrompt,
+                       PlainBasis, PlainRateMeasured, PromptProgress, ServeFailed, ServingAt, StageChanged,
+                       StatsSnapshot, is_plain_step, replay_snapshots, snapshot_of)
 
 
 class PlainRate:
@@ -241,19 +241,21 @@ class EngineRunner:
         Stats for the whole answer, all its parts' generations in one (each with its own prompt)."""
         text, cycles, last, snap = [], [], None, StatsSnapshot()
         plain = self.plain.basis()
-        answer, part, prompt_total = Stats(), None, 0
+        answer, part, prompt_total, part_prompt = Stats(), None, 0, None
         for stage, cycle, generation in steps:
             if on_cycle is not None:
                 on_cycle(cycle)
             on_stage(stage)
             if generation is not part:  # a generation begins: its prompt counts join the answer's
                 part = generation
-                answer.merge(Stats(prompt_tokens=part.stats.prompt_tokens, prompt_cached=part.stats.prompt_cached))
-                prompt_total += part.prompt_total
+                counts = PartPrompt.of(stage, part.stats.prompt_tokens, part.prompt_total, part.stats.prompt_cached)
+                answer.merge(Stats(prompt_tokens=counts.tokens, prompt_cached=counts.reused))
+                prompt_total += counts.total
+                part_prompt = counts if stage else None  # shown while a part of a many-part answer is written
             answer.add(cycle)
             self.plain.observe(cycle)
             plain.observe(cycle)
-            snap = snapshot_of(answer, cycle, plain, prompt_total)
+            snap = snapshot_of(answer, cycle, plain, prompt_total, part_prompt)
             self.report(CycleEvent(cycle, snap, stage))
             text.append(cycle.text)
             cycles.append(cycle)
