@@ -8,6 +8,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QLabel, QMenu, QProgressBar, QPushButton, QStatusBar, QToolButton
 
 from ..engine import profiles
+from .richtext import escaped_tooltip
 
 PROGRESS_SCALE = 1000  # the bar counts thousandths of the load
 # Words a GGUF's name may carry from the model it was converted from, untrue of the GGUF itself:
@@ -34,10 +35,10 @@ def crash_offer(death, has_gpu: bool) -> tuple[str, profiles.Profile | None, str
 
 
 LATER_MINUTES = 15  # the shorter of the two ways to put the first measurement off
-MEASURING_TIP = ("Speculum times a few target passes of different sizes, once per model pair, so that Auto "
+MEASURING_TIP = escaped_tooltip("Speculum times a few target passes of different sizes, once per model pair, so that Auto "
                  "mode knows what drafting costs on this machine and picks what is fastest here. It uses the "
                  "cores for about a minute, and gives way at once when you send, and while you type.")
-LATER_TIP = ("Put the measuring off. Until it is done, Auto mode chooses from estimates of this machine's costs "
+LATER_TIP = escaped_tooltip("Put the measuring off. Until it is done, Auto mode chooses from estimates of this machine's costs "
              "(and learns from your answers as they come), so its first choices may be slower than they "
              "could be.")
 

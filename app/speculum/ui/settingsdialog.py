@@ -3,30 +3,31 @@ the prompt cache's budget and the n-gram memory. Both apply at the next Load."""
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QValidator
 from PySide6.QtWidgets import (QCheckBox, QDialog, QDialogButtonBox, QFormLayout, QGroupBox, QHBoxLayout, QLabel,
                                QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
 from ..engine import ngrammemory
 from ..engine.promptcache import MIB, default_budget
+from .richtext import escaped_tooltip
 from .settings import MAX_PROMPT_CACHE_MIB, Settings
 
 AUTOMATIC, OFF = -1, 0  # the prompt cache's two special values
 
-CACHE_TIP = ("The prompt cache keeps what the models computed for recent prompts in memory, so a "
+CACHE_TIP = escaped_tooltip("The prompt cache keeps what the models computed for recent prompts in memory, so a "
              "conversation you switch back to, an answer you ask again, or an API client that resends the "
              "same document starts at the first new token instead of reading everything again.\n"
              "Automatic: a quarter of the memory free when the models load (between 256 MiB and 8 GiB).\n"
              "Off: every prompt is read in full. A number: at most that many MiB; the least recently used "
              "prompts go first.\nApplies at the next Load.")
-MEMORY_TIP = ("The n-gram memory lets Speculum draft from text this machine has written and read before "
+MEMORY_TIP = escaped_tooltip("The n-gram memory lets Speculum draft from text this machine has written and read before "
               "(earlier answers and documents), not only from the prompt at hand: a regenerated answer or a "
               "document quoted again is drafted whole. It is kept in the data folder, at most 1 MiB per "
               "model family, and a conversation's part is forgotten when you delete it.\n"
               "Off: nothing is drafted from it or added to it (what it holds stays until you forget it).\n"
               "Applies at the next Load.")
-FORGET_TIP = ("Empty the n-gram memory now: everything it learned from every conversation and API request is "
+FORGET_TIP = escaped_tooltip("Empty the n-gram memory now: everything it learned from every conversation and API request is "
               "deleted from the data folder. Conversations themselves are kept.")
 
 
@@ -71,19 +72,26 @@ class CacheSpin(QSpinBox):
         return QValidator.Invalid, text, pos
 
 
+EMPTY = "It is empty."
+
+
+def caption(text: str) -> QLabel:
+    label = QLabel(text, objectName="caption", wordWrap=True)
+    label.setTextFormat(Qt.PlainText)
+    return label
+
+
 def memory_size_words() -> str:
     """How much the n-gram memory holds on disk, in words."""
     folder = ngrammemory.folder()
     size = sum(f.stat().st_size for f in folder.glob("*.bin") if f.is_file()) if folder.is_dir() else 0
     if not size:
-        return "It is empty."
+        return EMPTY
     return f"It holds {size / 1024:,.0f} KiB." if size < MIB else f"It holds {size / MIB:,.1f} MiB."
 
 
 class SettingsDialog(QDialog):
     """The memory settings; OK stores them in ``settings`` (the window saves them)."""
-
-    forgotten = Signal()  # the n-gram memory was emptied
 
     def __init__(self, settings: Settings, parent: QWidget | None = None):
         super().__init__(parent)
@@ -98,18 +106,22 @@ class SettingsDialog(QDialog):
                                   toolTip=FORGET_TIP)
         self.held = QLabel(memory_size_words(), objectName="caption", toolTip=FORGET_TIP)
         self.forget.clicked.connect(self.forget_memory)
-        group = QGroupBox("Between prompts")
+        self.forget.setEnabled(self.held.text() != EMPTY)
+        group = QGroupBox("What is kept between prompts")
         form = QFormLayout(group)
         form.addRow("Prompt cache", self.cache)
         form.labelForField(self.cache).setToolTip(CACHE_TIP)
+        form.addRow("", caption("A prompt seen before is not read again: a conversation you switch back to, "
+                                "an answer asked again."))
         form.addRow("N-gram memory", self.memory)
         form.labelForField(self.memory).setToolTip(MEMORY_TIP)
+        form.addRow("", caption("Earlier answers and documents become drafts: text written again is "
+                                "written faster."))
         row = QHBoxLayout()
         row.addWidget(self.forget)
         row.addWidget(self.held, 1)
         form.addRow("", row)
-        note = QLabel("Changes apply at the next Load.", objectName="caption")
-        note.setTextFormat(Qt.PlainText)
+        note = caption("Changes apply at the next Load.")
         buttons = QDialogButtonBox(QDialogButtonBox.Ok | QDialogButtonBox.Cancel)
         buttons.button(QDialogButtonBox.Ok).setToolTip("Keep these settings; they apply at the next Load")
         buttons.button(QDialogButtonBox.Cancel).setToolTip("Leave the settings as they were "
@@ -129,7 +141,7 @@ class SettingsDialog(QDialog):
             self.held.setText(f"Could not forget it: {exc.strerror or exc}.")
             return
         self.held.setText("Forgotten: it is empty.")
-        self.forgotten.emit()
+        self.forget.setEnabled(False)
 
     def accept(self) -> None:
         self.settings.prompt_cache_mib = self.cache.value()
