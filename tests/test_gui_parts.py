@@ -638,3 +638,32 @@ def test_prompt_progress_bar_counts_tokens_and_hides_when_read(qtbot):
     assert pane.prompt_progress.value() == 384 and pane.prompt_progress.maximum() == 1200
     pane.show_prompt_progress(1200, 1200)
     assert not pane.prompt_progress.isVisible()
+
+
+def test_the_prompt_cache_setting_reads_automatic_off_and_mib(qtbot):
+    from PySide6.QtGui import QValidator
+
+    from speculum.ui.settings import MAX_PROMPT_CACHE_MIB, Settings
+    from speculum.ui.settingsdialog import CacheSpin
+
+    spin = CacheSpin()
+    qtbot.addWidget(spin)
+    assert spin.textFromValue(-1).startswith("Automatic (about ") and spin.textFromValue(0) == "Off"
+    assert spin.textFromValue(2048) == "2,048 MiB" and spin.valueFromText("2,048 MiB") == 2048
+    assert spin.valueFromText(spin.textFromValue(-1)) == -1 and spin.valueFromText("off") == 0
+    assert spin.validate("512", 3)[0] == QValidator.Acceptable and spin.validate("of", 2)[0] == QValidator.Intermediate
+    assert spin.validate("lots", 4)[0] == QValidator.Invalid and spin.validate("9" * 12, 12)[0] == QValidator.Invalid
+    spin.setValue(-1)
+    seen = []
+    for _ in range(3):
+        spin.stepBy(1)
+        seen.append(spin.value())
+    spin.setValue(300)
+    spin.stepBy(-1)
+    seen.append(spin.value())
+    spin.stepBy(-2)
+    seen.append(spin.value())
+    assert seen == [0, 256, 512, 256, -1]  # Automatic, Off, then whole steps
+    # What the window passes to the engine: None is "from the memory free then"; a file's odd values are bounded.
+    assert [Settings(prompt_cache_mib=v).prompt_cache_budget() for v in (-1, -40, 0, 300, 1 << 40)] == [
+        None, None, 0, 300, MAX_PROMPT_CACHE_MIB]

@@ -35,12 +35,13 @@ def crash_offer(death, has_gpu: bool) -> tuple[str, profiles.Profile | None, str
 
 
 LATER_MINUTES = 15  # the shorter of the two ways to put the first measurement off
-MEASURING_TIP = escaped_tooltip("Speculum times a few target passes of different sizes, once per model pair, so that Auto "
-                 "mode knows what drafting costs on this machine and picks what is fastest here. It uses the "
-                 "cores for about a minute, and gives way at once when you send, and while you type.")
-LATER_TIP = escaped_tooltip("Put the measuring off. Until it is done, Auto mode chooses from estimates of this machine's costs "
-             "(and learns from your answers as they come), so its first choices may be slower than they "
-             "could be.")
+MEASURING_TIP = escaped_tooltip(
+    "Speculum times a few target passes of different sizes, once per model pair, so that Auto mode knows "
+    "what drafting costs on this machine and picks what is fastest here. It uses the cores for about a "
+    "minute, and gives way at once when you send, and while you type.")
+LATER_TIP = escaped_tooltip(
+    "Put the measuring off. Until it is done, Auto mode chooses from estimates of this machine's costs (and "
+    "learns from your answers as they come), so its first choices may be slower than they could be.")
 
 
 class LoadStatus(QStatusBar):

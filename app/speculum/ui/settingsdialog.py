@@ -15,20 +15,23 @@ from .settings import MAX_PROMPT_CACHE_MIB, Settings
 
 AUTOMATIC, OFF = -1, 0  # the prompt cache's two special values
 
-CACHE_TIP = escaped_tooltip("The prompt cache keeps what the models computed for recent prompts in memory, so a "
-             "conversation you switch back to, an answer you ask again, or an API client that resends the "
-             "same document starts at the first new token instead of reading everything again.\n"
-             "Automatic: a quarter of the memory free when the models load (between 256 MiB and 8 GiB).\n"
-             "Off: every prompt is read in full. A number: at most that many MiB; the least recently used "
-             "prompts go first.\nApplies at the next Load.")
-MEMORY_TIP = escaped_tooltip("The n-gram memory lets Speculum draft from text this machine has written and read before "
-              "(earlier answers and documents), not only from the prompt at hand: a regenerated answer or a "
-              "document quoted again is drafted whole. It is kept in the data folder, at most 1 MiB per "
-              "model family, and a conversation's part is forgotten when you delete it.\n"
-              "Off: nothing is drafted from it or added to it (what it holds stays until you forget it).\n"
-              "Applies at the next Load.")
-FORGET_TIP = escaped_tooltip("Empty the n-gram memory now: everything it learned from every conversation and API request is "
-              "deleted from the data folder. Conversations themselves are kept.")
+CACHE_TIP = escaped_tooltip(
+    "The prompt cache keeps what the models computed for recent prompts in memory, so a conversation you "
+    "switch back to, an answer you ask again, or an API client that resends the same document starts at the "
+    "first new token instead of reading everything again.\n"
+    "Automatic: a quarter of the memory free when the models load (between 256 MiB and 8 GiB).\n"
+    "Off: every prompt is read in full. A number: at most that many MiB; the least recently used prompts "
+    "go first.\nApplies at the next Load.")
+MEMORY_TIP = escaped_tooltip(
+    "The n-gram memory lets Speculum draft from text this machine has written and read before (earlier "
+    "answers and documents), not only from the prompt at hand: a regenerated answer or a document quoted "
+    "again is drafted whole. It is kept in the data folder, at most 1 MiB per model family, and a "
+    "conversation's part is forgotten when you delete it.\n"
+    "Off: nothing is drafted from it or added to it (what it holds stays until you forget it).\n"
+    "Applies at the next Load.")
+FORGET_TIP = escaped_tooltip(
+    "Empty the n-gram memory now: everything it learned from every conversation and API request is deleted "
+    "from the data folder. Conversations themselves are kept.")
 
 
 class CacheSpin(QSpinBox):

@@ -170,7 +170,7 @@ class Engine(QObject):
         self._lock = threading.Lock()
         self.typing_quiet_s = TYPING_QUIET_S
         self._typed_told = float("-inf")  # time.monotonic() a keystroke was last told to the engine
-        self._measure_after = float("-inf")  # time.monotonic() until which no engine measures (the user's "Later")
+        self._measure_after = float("-inf")  # time.monotonic() until which no engine measures (typing, "Later")
         self._route = self._routes()
         self._spawn()  # importing llama.cpp takes a moment: do it before the user presses Load
 
@@ -316,7 +316,7 @@ class Engine(QObject):
         self._holds_models = True
         self._activity = "loading the models"
         self._process.cancel_load.clear()
-        if self._measure_after > time.monotonic():  # a fresh engine honours the user's "Later" too
+        if self._measure_after > time.monotonic():  # a fresh engine waits as the last one did
             later = self._measure_after - time.monotonic()
             self._process.send(PostponeMeasuring(None if later == float("inf") else later))
         self._process.send(Load(request, profile.name if profile else "", why))
@@ -330,7 +330,8 @@ class Engine(QObject):
             self._process.send(SetPlainRate(tokens_per_s))
 
     def postpone_measuring(self, seconds: float | None) -> None:
-        """The user's "Later": no measuring of this machine for ``seconds`` (None: until the window closes)."""
+        """No measuring of this machine for ``seconds`` (None: until the window closes), in this
+        engine process and in the next ones (a Load starts a fresh one)."""
         until = float("inf") if seconds is None else time.monotonic() + seconds
         self._measure_after = max(self._measure_after, until)
         if self._process is not None:
@@ -339,9 +340,9 @@ class Engine(QObject):
     def user_typed(self) -> None:
         """A keystroke in the input box: the engine measures nothing until the typing has paused."""
         now = time.monotonic()
-        if self._process is not None and now - self._typed_told >= TYPED_EVERY_S:
+        if now - self._typed_told >= TYPED_EVERY_S:
             self._typed_told = now
-            self._process.send(PostponeMeasuring(self.typing_quiet_s))
+            self.postpone_measuring(self.typing_quiet_s)
 
     def generate(self, request: GenerationRequest) -> None:
         # Cleared here, before sending: a Stop pressed while this request waits must still count.
