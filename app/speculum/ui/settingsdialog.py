@@ -86,8 +86,12 @@ def caption(text: str) -> QLabel:
 
 def memory_size_words() -> str:
     """How much the n-gram memory holds on disk, in words."""
-    folder = ngrammemory.folder()
-    size = sum(f.stat().st_size for f in folder.glob("*.bin") if f.is_file()) if folder.is_dir() else 0
+    size = 0
+    try:
+        for path in ngrammemory.folder().glob("*.bin"):
+            size += path.stat().st_size
+    except OSError:  # a folder that cannot be read, a file the engine replaced meanwhile
+        pass
     if not size:
         return EMPTY
     return f"It holds {size / 1024:,.0f} KiB." if size < MIB else f"It holds {size / MIB:,.1f} MiB."
