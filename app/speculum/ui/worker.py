@@ -23,9 +23,8 @@ from ..engine_process import EngineProcess, describe_exit
 from ..protocol import (Asker, CycleEvent, Decoded, Event, Failed, Finished, Generate,  # noqa: F401
                         GenerationRequest, GenerationResult, Load, Loaded, LoadFailed, LoadProgress, LoadRequest,
                         Measuring, PlainRateMeasured, PostponeMeasuring, ProfileChosen, PromptProgress, Ready,
-                        ServeFailed, Serve, ServingAt,
-                        SetPlainRate, StageChanged, Started, StatsSnapshot, StopServing, WorkerLost,
-                        replay_snapshots, snapshot_of)
+                        ServeFailed, Serve, ServingAt, SetPlainRate, StageChanged, Started, StatsSnapshot,
+                        StopServing, WorkerLost, replay_snapshots, snapshot_of)
 from .. import yielding
 
 # The engine's idle measurement of this machine waits this long after the user's last keystroke
