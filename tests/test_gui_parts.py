@@ -20,7 +20,7 @@ from speculum.ui.answer import StagedCycle, answer_so_far, cycle_records, staged
 from speculum.ui.tokenview import SpeculationView, token_runs
 from speculum.ui.stats import StatsPanel
 from speculum.ui.transcript import Transcript, settled_length
-from speculum.ui.worker import CycleBatcher, replay_snapshots, ui_cpu_budget
+from speculum.ui.worker import CycleBatcher, StatsSnapshot, replay_snapshots, ui_cpu_budget
 
 
 def words(text: str) -> int:
@@ -187,8 +187,41 @@ def test_each_cycle_keeps_its_stage_in_the_answer_and_its_stored_record():
     assert [r.get("stage") for r in records] == ["Part 1 of 2", "Part 2 of 2", "Part 2 of 2", None]
     assert staged_cycles(records)[1] == StagedCycle(Cycle.from_json(records[1]), "Part 2 of 2")
     assert staged_cycles(records)[3].stage == ""  # one-part answers, and conversations saved before stages
-    events = [SimpleNamespace(cycle=s.cycle, stage=s.stage) for s in staged[:2]]
+    events = [SimpleNamespace(cycle=s.cycle, stage=s.stage, snapshot=StatsSnapshot()) for s in staged[:2]]
     assert [s.stage for s in with_stages([s.cycle for s in staged], events)] == ["Part 1 of 2", "Part 2 of 2", ""]
+
+
+def test_each_part_keeps_its_own_prompt_counts_in_the_records_and_in_replay():
+    from speculum.protocol import PartPrompt
+
+    one, two = PartPrompt("Part 1 of 2", 300, 310, 9), PartPrompt("Part 2 of 2", 250, 260, 9)
+    combine = PartPrompt("Combining", 0, 90, 89)
+    staged = [StagedCycle(cycle(0, "none", [], 0, [1]), "Part 1 of 2", one),
+              StagedCycle(cycle(1, "none", [], 0, [2]), "Part 1 of 2", one),
+              StagedCycle(cycle(0, "none", [], 0, [3]), "Part 2 of 2", two),
+              StagedCycle(cycle(0, "none", [], 0, [4]), "Combining", combine)]
+    records = cycle_records(staged)
+    assert [r.get("prompt") for r in records] == [[300, 310, 9], None, [250, 260, 9], [0, 90, 89]]  # once a part
+    assert staged_cycles(records) == staged  # read back: each cycle knows its part's prompt
+    snaps = replay_snapshots([s.cycle for s in staged], None, 999, 999, 0, [s.prompt for s in staged])
+    assert [s.part_prompt for s in snaps] == [one, one, two, combine]
+    # The answer's counts grow part by part, as they did live; after the last part: all together.
+    assert [(s.prompt_tokens, s.prompt_total, s.prompt_reused) for s in snaps] == [
+        (300, 310, 9), (300, 310, 9), (550, 570, 18), (550, 660, 107)]
+    panel = StatsPanel()
+    panel.show_snapshot(snaps[1])
+    assert panel.value(panel.PROMPT) == "Part 1 of 2: 300 of 310 tokens (9 reused from the cache)"
+    assert "550 of 660" not in panel.readout.tips[panel.PROMPT]
+    panel.show_snapshot(snaps[2])
+    assert panel.value(panel.PROMPT) == "Part 2 of 2: 250 of 260 tokens (9 reused from the cache)"
+    assert panel.readout.tips[panel.PROMPT].endswith("All of this answer's prompts so far: 550 of 570 tokens "
+                                                     "(18 reused from the cache).")
+    # Stored counts are outside input: what makes no sense is left out, never a crash.
+    for damaged in ([1, 2], [5, 2, 0], [-1, 2, 0], "300", [1.5, 2, 0], [True, 2, 0], None, {"a": 1}):
+        records[0]["prompt"] = damaged
+        assert staged_cycles(records)[1] == StagedCycle(staged[1].cycle, "Part 1 of 2", None)
+    records[0]["stage"] = ["not", "text"]
+    assert staged_cycles(records)[0].stage == ""
 
 
 def test_replay_names_the_part_and_counts_cycles_over_the_whole_answer():
@@ -605,3 +638,32 @@ def test_prompt_progress_bar_counts_tokens_and_hides_when_read(qtbot):
     assert pane.prompt_progress.value() == 384 and pane.prompt_progress.maximum() == 1200
     pane.show_prompt_progress(1200, 1200)
     assert not pane.prompt_progress.isVisible()
+
+
+def test_the_prompt_cache_setting_reads_automatic_off_and_mib(qtbot):
+    from PySide6.QtGui import QValidator
+
+    from speculum.ui.settings import MAX_PROMPT_CACHE_MIB, Settings
+    from speculum.ui.settingsdialog import CacheSpin
+
+    spin = CacheSpin()
+    qtbot.addWidget(spin)
+    assert spin.textFromValue(-1).startswith("Automatic (about ") and spin.textFromValue(0) == "Off"
+    assert spin.textFromValue(2048) == "2,048 MiB" and spin.valueFromText("2,048 MiB") == 2048
+    assert spin.valueFromText(spin.textFromValue(-1)) == -1 and spin.valueFromText("off") == 0
+    assert spin.validate("512", 3)[0] == QValidator.Acceptable and spin.validate("of", 2)[0] == QValidator.Intermediate
+    assert spin.validate("lots", 4)[0] == QValidator.Invalid and spin.validate("9" * 12, 12)[0] == QValidator.Invalid
+    spin.setValue(-1)
+    seen = []
+    for _ in range(3):
+        spin.stepBy(1)
+        seen.append(spin.value())
+    spin.setValue(300)
+    spin.stepBy(-1)
+    seen.append(spin.value())
+    spin.stepBy(-2)
+    seen.append(spin.value())
+    assert seen == [0, 256, 512, 256, -1]  # Automatic, Off, then whole steps
+    # What the window passes to the engine: None is "from the memory free then"; a file's odd values are bounded.
+    assert [Settings(prompt_cache_mib=v).prompt_cache_budget() for v in (-1, -40, 0, 300, 1 << 40)] == [
+        None, None, 0, 300, MAX_PROMPT_CACHE_MIB]

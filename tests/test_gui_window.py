@@ -13,9 +13,11 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor
 
 from speculum import paths
+from speculum.conversations import ConversationStore
 from speculum.ui import look
 from speculum.ui.mainwindow import MainWindow
 from speculum.ui.settings import Settings
+from speculum.ui.stats import prompt_read
 
 LOAD_MS = 120_000
 GENERATE_MS = 300_000  # the test machine is shared and can be slow
@@ -406,6 +408,9 @@ def test_long_document_is_summarised_in_parts_with_one_set_of_numbers(qtbot, ope
     seen = []  # stage changes and prompt reads, in order
     w.engine.worker.stageChanged.connect(lambda stage: seen.append(("stage", stage)))
     w.engine.worker.promptProgress.connect(lambda read, total: seen.append(("read", read)))
+    totals = {}  # each stage's prompt size, as the engine reported reading it
+    w.engine.worker.promptProgress.connect(lambda read, total: totals.update({stages_seen()[-1]: total}))
+    stages_seen = lambda: [s for kind, s in seen if kind == "stage"] or [""]  # noqa: E731
     with qtbot.waitSignal(w.generationFinished, timeout=GENERATE_MS * 2):
         w.summarise()
         qtbot.waitUntil(lambda: w.chat.document.progress.isVisible(), timeout=GENERATE_MS)
@@ -441,6 +446,24 @@ def test_long_document_is_summarised_in_parts_with_one_set_of_numbers(qtbot, ope
     assert w.speculation_pane.replay.label.text().startswith(f"Part 2 of {len(parts)} · Cycle {part2 + 1} of {len(answer.cycles)}")
     bar.set_step(bar.slider.maximum())
     assert w.speculation_pane.stats.value(w.speculation_pane.stats.RATE).startswith(f"{answer.stats['tokens_per_s']:.1f}  ({tokens} tokens")
+    # Replaying a part shows that part's own prompt; the final answer, all its prompts together.
+    stats = w.speculation_pane.stats
+    whole = prompt_read(answer.stats["prompt_tokens"], answer.stats["prompt_total"], answer.stats["prompt_reused"])
+    assert stats.value(stats.PROMPT) == whole
+    firsts = [i for i, c in enumerate(answer.cycles) if c["index"] == 0]  # where each part begins
+    counts = [answer.cycles[i]["prompt"] for i in firsts]
+    assert len(firsts) > len(parts) and sum(c[1] for c in counts) == answer.stats["prompt_total"]
+    for i, (read, total, reused) in zip(firsts, counts):
+        stage = answer.cycles[i]["stage"]
+        if stage.startswith("Part") and stage in totals:  # the engine's count as it read it (less the last token)
+            assert total == totals[stage] + 1, (stage, totals)
+        bar.set_step(2 * i + 2)  # the part's first cycle verified
+        assert stats.value(stats.PROMPT) == f"{stage}: {prompt_read(read, total, reused)}"
+    assert len({c[1] for c in counts[:len(parts)]}) > 1  # the parts' prompts differ: not one count for all
+    # The same once the conversation is read back from its file.
+    again = next(c for c in ConversationStore().load_all() if c.id == w.current.id)
+    w.speculation_pane.replay.load(again, len(again.messages) - 1, 2 * firsts[1] + 2, None)
+    assert stats.value(stats.PROMPT) == f"{answer.cycles[firsts[1]]['stage']}: {prompt_read(*counts[1])}"
 
 
 def test_missing_model_file_shows_a_message(qtbot, open_window, tmp_path):

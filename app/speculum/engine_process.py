@@ -23,8 +23,8 @@ from typing import Callable
 
 from .engine import profiles
 from .engine.loading import LoadOptions
-from .protocol import (Batch, Command, CycleEvent, Event, Generate, Load, LoadProgress, ProfileChosen, Quit,
-                       Ready, Serve, SetPlainRate, StopServing, WorkerLost)
+from .protocol import (Batch, Command, CycleEvent, Event, Generate, Load, LoadProgress, PostponeMeasuring,
+                       ProfileChosen, Quit, Ready, Serve, SetPlainRate, StopServing, WorkerLost)
 
 # Test-only fault injection, read by the engine process alone: "load", "first_decode" or
 # "mid_generation" makes it crash there with a real segmentation fault.
@@ -125,6 +125,7 @@ class _EngineLoop:
             Load: self.load,
             Generate: lambda command: self.runner.generate(command.request, self.on_cycle),
             SetPlainRate: lambda command: self.runner.set_plain_rate(command.tokens_per_s),
+            PostponeMeasuring: lambda command: self.runner.postpone_measuring(command.seconds),
             Serve: lambda c: self.runner.serve(c.host, c.port, c.api_key, c.mode),
             StopServing: lambda command: self.runner.stop_serving(),
         }
@@ -166,8 +167,16 @@ class _EngineLoop:
         self.fresh = self.runner.load(request, options)
 
     def run(self) -> None:
-        interrupted = lambda: self.conn.poll() or self.stop.is_set()  # noqa: E731
         while True:
+            wait = self.runner.measuring_waits()
+            if 0 < wait < float("inf") and not self.conn.poll(wait):
+                try:
+                    self.idle_work()  # the quiet spell the user asked for is over
+                except Exception:  # nobody asked for it: the engine goes on without it
+                    import traceback
+
+                    traceback.print_exc()
+                continue
             try:
                 command = self.conn.recv()
             except (EOFError, OSError):
@@ -176,16 +185,22 @@ class _EngineLoop:
                 break
             try:
                 self.handlers[type(command)](command)
-                # Between commands, while the user types: what is still unmeasured, stopped at the
-                # next pass (or child process) once a command arrives, and taken up again after it.
-                self.runner.calibrate_while_idle(interrupted)
-                self.runner.tune_while_idle(interrupted)
+                if not self.conn.poll():  # what is queued comes first (a postponement sent with a Load)
+                    self.idle_work()
             except Exception as exc:  # a Python error still reaches the window as words
                 import traceback
 
                 traceback.print_exc()
                 self.report(command.failure(f"The engine failed: {exc.__class__.__name__}: {exc}"))
         self.runner.close_models()
+
+    def idle_work(self) -> None:
+        """Between commands, while the user reads: what is still unmeasured, stopped at the next
+        pass (or child process) once a command arrives (a keystroke's postponement included),
+        and taken up again after it."""
+        interrupted = lambda: self.conn.poll() or self.stop.is_set() or self.runner.measuring_waits() > 0  # noqa: E731
+        self.runner.calibrate_while_idle(interrupted)
+        self.runner.tune_while_idle(interrupted)
 
 
 class EngineProcess:

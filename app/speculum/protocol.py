@@ -53,6 +53,26 @@ class GenerationRequest:
 # -- the numbers the stats panel shows ---------------------------------------------------------
 
 @dataclass
+class PartPrompt:
+    """One part's own prompt, in an answer written in parts (a long document's summary)."""
+    stage: str  # "Part 2 of 5", "Combining"
+    tokens: int  # decoded this time
+    total: int
+    reused: int  # found in the KV cache
+
+    @classmethod
+    def of(cls, stage: str, tokens: int, total: int, cached: int | None) -> "PartPrompt":
+        return cls(stage, tokens, total, reused_of(tokens, total, cached))
+
+
+def reused_of(tokens: int, total: int, cached: int | None) -> int:
+    """Prompt tokens found in the KV cache. The prompt's last token is decoded with the first
+    cycle, so it is neither. (Where what was reused is not known, as in answers saved before it
+    was kept, the rest of the prompt was: unless the answer was stopped while it was read.)"""
+    return cached if cached is not None else max(total - 1 - tokens, 0) if total else 0
+
+
+@dataclass
 class StatsSnapshot:
     """What the stats panel shows after a cycle; computed in the engine so widgets only display."""
     acceptance_rate: float = 0.0
@@ -71,6 +91,7 @@ class StatsSnapshot:
     prompt_tokens: int = 0  # decoded this time (the rest came from the KV cache)
     prompt_total: int = 0
     prompt_reused: int = 0  # prompt tokens found in the KV cache of the conversation so far
+    part_prompt: PartPrompt | None = None  # the prompt of the part being written (answers in parts)
 
 
 # A plain rate older than this is not a measurement of now: this machine's speed moves with its
@@ -127,7 +148,8 @@ class PlainBasis:
         return None, "", ""
 
 
-def snapshot_of(stats: Stats, cycle, plain: PlainBasis | float | None, prompt_total: int = 0) -> StatsSnapshot:
+def snapshot_of(stats: Stats, cycle, plain: PlainBasis | float | None, prompt_total: int = 0,
+                part_prompt: PartPrompt | None = None) -> StatsSnapshot:
     """Stats after ``cycle``. The speedup is the answer's rate so far against ``plain`` (which has
     seen the answer's cycles up to this one; a bare rate: one with no age, an estimate). The
     policy's estimate for the cycle only while no plain rate is known: the row tells the answer,
@@ -152,25 +174,31 @@ def snapshot_of(stats: Stats, cycle, plain: PlainBasis | float | None, prompt_to
         policy=policy.to_json() if policy is not None else {},
         prompt_tokens=stats.prompt_tokens,
         prompt_total=prompt_total,
-        # The prompt's last token is decoded with the first cycle, so it is neither. (Where what
-        # was reused is not known, as in answers saved before it was kept, the rest of the prompt
-        # was: unless the answer was stopped while it was read.)
-        prompt_reused=(stats.prompt_cached if stats.prompt_cached is not None
-                       else max(prompt_total - 1 - stats.prompt_tokens, 0) if prompt_total else 0),
+        prompt_reused=reused_of(stats.prompt_tokens, prompt_total, stats.prompt_cached),
+        part_prompt=part_prompt,
     )
 
 
 def replay_snapshots(cycles: list, plain: PlainBasis | float | None = None, prompt_tokens: int = 0,
-                     prompt_total: int = 0, prompt_reused: int | None = None) -> list[StatsSnapshot]:
+                     prompt_total: int = 0, prompt_reused: int | None = None,
+                     parts: list[PartPrompt | None] | None = None) -> list[StatsSnapshot]:
     """The stats as they stood after each stored cycle, for replay (the prompt's counts and the
-    plain rate known when the answer began, as stored)."""
-    stats = Stats(prompt_tokens=prompt_tokens, prompt_cached=prompt_reused)
+    plain rate known when the answer began, as stored). ``parts``: for an answer in parts, each
+    cycle's part prompt; then each part's prompt joins the counts as the part begins (its first
+    cycle, numbered 0), as they did while it was written."""
+    in_parts = bool(parts) and any(parts)
+    stats = Stats() if in_parts else Stats(prompt_tokens=prompt_tokens, prompt_cached=prompt_reused)
+    total = 0 if in_parts else prompt_total
     basis = plain if isinstance(plain, PlainBasis) else PlainBasis(plain)
     out = []
-    for cycle in cycles:
+    for i, cycle in enumerate(cycles):
+        part = parts[i] if in_parts and i < len(parts) else None
+        if part is not None and (cycle.index == 0 or i == 0):
+            stats.merge(Stats(prompt_tokens=part.tokens, prompt_cached=part.reused))
+            total += part.total
         stats.add(cycle)
         basis.observe(cycle)
-        out.append(snapshot_of(stats, cycle, basis, prompt_total))
+        out.append(snapshot_of(stats, cycle, basis, total, part))
     return out
 
 
@@ -213,6 +241,13 @@ class Generate(Command):
 @dataclass
 class SetPlainRate(Command):
     tokens_per_s: float | None
+
+
+@dataclass
+class PostponeMeasuring(Command):
+    """The engine's idle measurement of this machine waits: ``seconds`` after the user's last
+    keystroke, or as long as the user asked ("Later"); None: not again while this engine runs."""
+    seconds: float | None
 
 
 @dataclass

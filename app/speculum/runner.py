@@ -20,9 +20,9 @@ from .engine.vocabulary import Finish, Mode
 from .errors import SpeculumError
 # The request and result types live in protocol; older callers import them from here.
 from .protocol import (RECENT_PLAIN_S, CycleEvent, Event, Failed, Finished, GenerationRequest,  # noqa: F401
-                       GenerationResult, Loaded, LoadFailed, LoadProgress, LoadRequest, Measuring, PlainBasis,
-                       PlainRateMeasured, PromptProgress, ServeFailed, ServingAt, StageChanged, StatsSnapshot,
-                       is_plain_step, replay_snapshots, snapshot_of)
+                       GenerationResult, Loaded, LoadFailed, LoadProgress, LoadRequest, Measuring, PartPrompt,
+                       PlainBasis, PlainRateMeasured, PromptProgress, ServeFailed, ServingAt, StageChanged,
+                       StatsSnapshot, is_plain_step, replay_snapshots, snapshot_of)
 
 
 class PlainRate:
@@ -62,6 +62,17 @@ class EngineRunner:
         self.plain = PlainRate()
         self.turn = threading.Lock()  # one generation at a time: the window's, or an API client's
         self.serving = None  # server.api.Serving while the window serves the API
+        self.measure_after = float("-inf")  # time.monotonic() before which idle measuring waits
+
+    def postpone_measuring(self, seconds: float | None) -> None:
+        """Measuring this machine waits ``seconds`` from now (None: for good); a longer wait
+        already asked for stands."""
+        until = float("inf") if seconds is None else time.monotonic() + max(0.0, seconds)
+        self.measure_after = max(self.measure_after, until)
+
+    def measuring_waits(self) -> float:
+        """Seconds before idle measuring may run (0: now; inf: not while this engine runs)."""
+        return max(0.0, self.measure_after - time.monotonic())
 
     # -- loading --
 
@@ -198,10 +209,11 @@ class EngineRunner:
 
     def calibrate_while_idle(self, interrupted) -> None:
         """Measure this machine's costs for auto mode between requests, one pass at a time,
-        giving way as soon as ``interrupted()`` (a request is waiting). The first answer
-        then starts on measured costs without ever waiting for them. Not while serving the API:
-        its clients would wait for the turn (the policy learns from their passes anyway)."""
-        if self.decoder is None or self.serving is not None:
+        giving way as soon as ``interrupted()`` (a request is waiting, or the user types). The first
+        answer then starts on measured costs without ever waiting for them. Not while the user
+        postponed it (``postpone_measuring``), nor while serving the API: its clients would wait
+        for the turn (the policy learns from their passes anyway)."""
+        if self.decoder is None or self.serving is not None or self.measuring_waits():
             return
         with self.turn:
             if not self.decoder.policy_for(Mode.AUTO).needs_calibration:
@@ -220,7 +232,7 @@ class EngineRunner:
 
         target = self.decoder.target if self.decoder is not None else None
         if (target is None or target.facts.backend != "CPU" or self.serving is not None  # API clients come first
-                or cpu_settings.apply().get("tiled_source") == cpu_settings.FROM_USER):
+                or self.measuring_waits() or cpu_settings.apply().get("tiled_source") == cpu_settings.FROM_USER):
             return
         tuning.measure_and_remember(target.path, target.n_threads, interrupted)
 
@@ -229,19 +241,21 @@ class EngineRunner:
         Stats for the whole answer, all its parts' generations in one (each with its own prompt)."""
         text, cycles, last, snap = [], [], None, StatsSnapshot()
         plain = self.plain.basis()
-        answer, part, prompt_total = Stats(), None, 0
+        answer, part, prompt_total, part_prompt = Stats(), None, 0, None
         for stage, cycle, generation in steps:
             if on_cycle is not None:
                 on_cycle(cycle)
             on_stage(stage)
             if generation is not part:  # a generation begins: its prompt counts join the answer's
                 part = generation
-                answer.merge(Stats(prompt_tokens=part.stats.prompt_tokens, prompt_cached=part.stats.prompt_cached))
-                prompt_total += part.prompt_total
+                counts = PartPrompt.of(stage, part.stats.prompt_tokens, part.prompt_total, part.stats.prompt_cached)
+                answer.merge(Stats(prompt_tokens=counts.tokens, prompt_cached=counts.reused))
+                prompt_total += counts.total
+                part_prompt = counts if stage else None  # shown while a part of a many-part answer is written
             answer.add(cycle)
             self.plain.observe(cycle)
             plain.observe(cycle)
-            snap = snapshot_of(answer, cycle, plain, prompt_total)
+            snap = snapshot_of(answer, cycle, plain, prompt_total, part_prompt)
             self.report(CycleEvent(cycle, snap, stage))
             text.append(cycle.text)
             cycles.append(cycle)

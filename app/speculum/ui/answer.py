@@ -1,9 +1,10 @@
 """An answer as the window keeps it: its cycles, each with its stage of a long document.
 
 While a long document is summarised in parts, every cycle belongs to a stage ("Part 2 of 5",
-"Combining"); a one-part answer's stage is "". The stage travels with its cycle: as the
-``runner.CycleEvent`` received while generating, or as a ``StagedCycle`` read back for replay.
-Both have ``.cycle`` and ``.stage``, and everything here takes either.
+"Combining"), and its part to a prompt of its own; a one-part answer's stage is "". The stage
+travels with its cycle: as the ``runner.CycleEvent`` received while generating, or as a
+``StagedCycle`` (made from the events, or read back for replay). Both have ``.cycle`` and
+``.stage``; the part's prompt counts are a StagedCycle's ``.prompt``.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ from ..conversations import Conversation, Message
 from ..engine.cycle import Cycle
 from ..engine.prompts import document_message
 from ..engine.vocabulary import Finish
-from ..protocol import PlainBasis, replay_snapshots
+from ..protocol import PartPrompt, PlainBasis, replay_snapshots
 
 
 class StagedCycle(NamedTuple):
     cycle: Cycle
     stage: str = ""
+    prompt: PartPrompt | None = None  # its part's own prompt, in an answer in parts
 
 
 @dataclass
@@ -58,12 +60,13 @@ class LiveAnswer:
         when nothing was written (no empty turn is kept)."""
         text = "".join(e.cycle.text for e in self.events)
         messages = self.conversation.messages
+        staged = with_stages([e.cycle for e in self.events], self.events)
         if self.continues is not None:
-            extend_answer(messages[self.continues], text, self.events, Finish.STOPPED, note)
+            extend_answer(messages[self.continues], text, staged, Finish.STOPPED, note)
             return True
         if not text.strip():
             return False
-        messages.append(Message("assistant", text, cycles=cycle_records(self.events),
+        messages.append(Message("assistant", text, cycles=cycle_records(staged),
                                 stats=answer_stats(self.snapshot) if self.snapshot else {}, mode=mode,
                                 finish=Finish.STOPPED, note=note))
         return True
@@ -77,8 +80,10 @@ def _due(clock: QElapsedTimer, interval_ms: int) -> bool:
 
 
 def with_stages(cycles, events) -> list[StagedCycle]:
-    """A result's ``cycles`` (the ones whose ``events`` were received, in order) with their stages."""
-    return [StagedCycle(cycle, events[i].stage if i < len(events) else "") for i, cycle in enumerate(cycles)]
+    """A result's ``cycles`` (the ones whose ``events`` were received, in order) with their stages
+    and part prompts."""
+    return [StagedCycle(cycle, events[i].stage, events[i].snapshot.part_prompt) if i < len(events)
+            else StagedCycle(cycle) for i, cycle in enumerate(cycles)]
 
 
 def answer_so_far(staged) -> str:
@@ -95,22 +100,42 @@ def answer_so_far(staged) -> str:
 
 
 def cycle_records(staged) -> list[dict]:
-    """The cycles stored with an answer, each tagged with its stage of a long document."""
+    """The cycles stored with an answer, each tagged with its stage of a long document; a part's
+    first cycle carries its prompt's counts, [decoded, total, reused]."""
     records = []
     for s in staged:
         record = s.cycle.to_json()
         if s.stage:
             record["stage"] = s.stage
+            if s.prompt is not None and s.cycle.index == 0:
+                record["prompt"] = [s.prompt.tokens, s.prompt.total, s.prompt.reused]
         records.append(record)
     return records
 
 
 def staged_cycles(records: list[dict]) -> list[StagedCycle]:
-    """Stored cycle records read back (older ones have no "stage"); a damaged record replays nothing."""
+    """Stored cycle records read back (older ones have no "stage" or "prompt"; a damaged prompt
+    count is left out); a damaged record replays nothing."""
     try:
-        return [StagedCycle(Cycle.from_json(d), d.get("stage", "")) for d in records]
+        cycles = [Cycle.from_json(d) for d in records]
     except ValueError:  # checked when the conversation was read
         return []
+    staged, prompt = [], None
+    for cycle, record in zip(cycles, records):
+        stage = record.get("stage", "")
+        stage = stage if isinstance(stage, str) else ""
+        if cycle.index == 0:  # a part begins: its own prompt, where one is stored
+            prompt = _part_prompt(stage, record.get("prompt"))
+        staged.append(StagedCycle(cycle, stage, prompt if stage else None))
+    return staged
+
+
+def _part_prompt(stage: str, counts) -> PartPrompt | None:
+    """A stored part prompt, [decoded, total, reused]; None where it is missing or makes no sense."""
+    if (not isinstance(counts, list) or len(counts) != 3 or any(type(n) is not int or n < 0 for n in counts)
+            or counts[0] > counts[1] or counts[2] > counts[1]):
+        return None
+    return PartPrompt(stage, *counts)
 
 
 def answer_stats(snap) -> dict:

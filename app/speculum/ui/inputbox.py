@@ -14,6 +14,7 @@ class InputBox(QPlainTextEdit):
     pixels (the chat pane gives half its height), then scrolls."""
     submitted = Signal(str)
     stopRequested = Signal()
+    typed = Signal()  # a keystroke that is not Enter or Esc: the user is writing
     SHORTEST = 84
 
     def __init__(self, parent=None, tallest: Callable[[], int] | None = None):
@@ -47,4 +48,5 @@ class InputBox(QPlainTextEdit):
         if event.key() == Qt.Key_Escape:
             self.stopRequested.emit()
             return
+        self.typed.emit()
         super().keyPressEvent(event)

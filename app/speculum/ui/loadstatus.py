@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import re
 
-from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QLabel, QProgressBar, QPushButton, QStatusBar
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import QLabel, QMenu, QProgressBar, QPushButton, QStatusBar, QToolButton
 
 from ..engine import profiles
+from .richtext import escaped_tooltip
 
 PROGRESS_SCALE = 1000  # the bar counts thousandths of the load
 # Words a GGUF's name may carry from the model it was converted from, untrue of the GGUF itself:
@@ -33,7 +34,19 @@ def crash_offer(death, has_gpu: bool) -> tuple[str, profiles.Profile | None, str
     return message, safer, why
 
 
+LATER_MINUTES = 15  # the shorter of the two ways to put the first measurement off
+MEASURING_TIP = escaped_tooltip(
+    "Speculum times a few target passes of different sizes, once per model pair, so that Auto mode knows "
+    "what drafting costs on this machine and picks what is fastest here. It uses the cores for about a "
+    "minute, and gives way at once when you send, and while you type.")
+LATER_TIP = escaped_tooltip(
+    "Put the measuring off. Until it is done, Auto mode chooses from estimates of this machine's costs (and "
+    "learns from your answers as they come), so its first choices may be slower than they could be.")
+
+
 class LoadStatus(QStatusBar):
+    postponeMeasuring = Signal(object)  # seconds the user put the measuring off for; None: this session
+
     def __init__(self, parent=None):
         super().__init__(parent)
         self.backend_label = QLabel(objectName="backendLabel")
@@ -43,19 +56,33 @@ class LoadStatus(QStatusBar):
         self.cancel_button = QPushButton("Cancel", objectName="cancelLoad", toolTip="Cancel loading")
         self.load_progress.hide()
         self.cancel_button.hide()
-        self.measuring = QLabel("Measuring this machine…",
-                                toolTip="Timing target passes of a few sizes, once, so Auto mode picks what is "
-                                        "fastest here. It gives way at once when you send.")
+        self.measuring = QLabel("Measuring this machine…", toolTip=MEASURING_TIP)
         self.measuring.setObjectName("caption")
         self.measuring.hide()
+        self.later = QToolButton(text="Later", objectName="measureLater", toolTip=LATER_TIP,
+                                 popupMode=QToolButton.InstantPopup, autoRaise=True)
+        menu = QMenu(self.later)
+        menu.addAction(f"In {LATER_MINUTES} minutes", lambda: self._postpone(LATER_MINUTES * 60.0))
+        menu.addAction("Not again this session", lambda: self._postpone(None))
+        menu.setToolTipsVisible(True)
+        for action in menu.actions():
+            action.setToolTip(LATER_TIP)
+        self.later.setMenu(menu)
+        self.later.hide()
         self.addWidget(self.model_label, 1)
         self.addPermanentWidget(self.measuring)
+        self.addPermanentWidget(self.later)
         self.addPermanentWidget(self.load_progress)
         self.addPermanentWidget(self.cancel_button)
         self.addPermanentWidget(self.backend_label)
 
     def show_measuring(self, on: bool) -> None:
         self.measuring.setVisible(on)
+        self.later.setVisible(on)
+
+    def _postpone(self, seconds: float | None) -> None:
+        self.show_measuring(False)  # the engine stops after the pass it is in, and says so
+        self.postponeMeasuring.emit(seconds)
 
     def begin_load(self) -> None:
         self.load_progress.setValue(0)

@@ -9,7 +9,7 @@ chat pane, the speculation pane and the status bar (``load_status``).
 from __future__ import annotations
 
 from PySide6.QtCore import QByteArray, QMargins, QPoint, QRect, QSize, Qt, Signal
-from PySide6.QtGui import QKeySequence, QShortcut
+from PySide6.QtGui import QAction, QKeySequence, QShortcut
 from PySide6.QtWidgets import QFrame, QMainWindow, QScrollArea, QSplitter, QVBoxLayout, QWidget
 
 from .. import paths
@@ -125,6 +125,14 @@ class MainWindow(QMainWindow):
         split.setStretchFactor(2, 2)
         split.setSizes([250, 660, 530])
         self.setCentralWidget(split)
+        menu = self.menuBar().addMenu("&File")
+        menu.setToolTipsVisible(True)
+        self.settings_action = QAction("&Settings…", self, shortcut=QKeySequence("Ctrl+,"),
+                                       menuRole=QAction.PreferencesRole, triggered=self.open_settings,
+                                       toolTip="The prompt cache and the n-gram memory: what is kept between prompts")
+        quit_action = QAction("&Quit", self, shortcut=QKeySequence.Quit, menuRole=QAction.QuitRole,
+                              triggered=self.close, toolTip="Close the window; the conversations are kept")
+        menu.addActions([self.settings_action, quit_action])
         # Status bar: what runs where, and load progress.
         self.load_status = LoadStatus()
         self.setStatusBar(self.load_status)
@@ -145,6 +153,8 @@ class MainWindow(QMainWindow):
         self.serving.error.connect(self.show_error)
         self.engine.worker.loadProgress.connect(self.load_status.show_load_progress)
         self.engine.worker.measuring.connect(self.load_status.show_measuring)
+        self.load_status.postponeMeasuring.connect(self.engine.postpone_measuring)
+        chat.input.typed.connect(self.engine.user_typed)  # measuring this machine waits while the user types
         bar.load_button.clicked.connect(self.load_pair)
         self.load_status.cancel_button.clicked.connect(self.cancel_load)
         bar.pairReady.connect(self._on_pair_ready)
@@ -177,6 +187,15 @@ class MainWindow(QMainWindow):
         except OSError as exc:
             self.show_error(f"Could not save the settings: {exc.strerror or exc}.")
 
+    def open_settings(self):
+        """File ▸ Settings…: the memory settings, saved on OK; they apply at the next Load."""
+        from .settingsdialog import SettingsDialog
+
+        dialog = SettingsDialog(self.settings, self)
+        dialog.accepted.connect(self.save_settings)
+        dialog.open()
+        return dialog
+
     # ------------------------------------------------------------------ models
 
     def set_pair(self, target: str, draft: str | None = None, load: bool = True) -> None:
@@ -199,7 +218,9 @@ class MainWindow(QMainWindow):
         except SpeculumError as exc:
             return self.show_error(str(exc))
         request = LoadRequest(str(target), str(draft) if draft else None, self.generation_form.n_ctx.value(),
-                              *self.generation_form.gpu_layers(), rpc=workers)
+                              *self.generation_form.gpu_layers(), rpc=workers,
+                              prompt_cache_mib=self.settings.prompt_cache_budget(),
+                              ngram_memory=self.settings.ngram_memory)
         self.settings.target = request.target
         self.settings.draft = request.draft or self.model_bar.draft_combo.currentData() or ""
         self.save_settings()

@@ -3,7 +3,7 @@ the stats and the transcript, as they happened (see ``replay.ReplayBar`` for the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from PySide6.QtCore import QObject, Qt
 from PySide6.QtWidgets import QLabel
@@ -87,7 +87,8 @@ class ReplayController(QObject):
                                                   plain_basis(message.stats, plain_tokens_per_s),
                                                   message.stats.get("prompt_tokens", 0),
                                                   message.stats.get("prompt_total", 0),
-                                                  max(int(reused), 0) if reused is not None else None))
+                                                  max(int(reused), 0) if reused is not None else None,
+                                                  [s.prompt for s in cycles]))
         self.bar.setEnabled(bool(cycles))
         self.bar.start(len(cycles), step)
 
@@ -111,7 +112,11 @@ class ReplayController(QObject):
         replay.step = step
         self._show_answer(done)
         proposing = cycles[done].cycle.policy if step % 2 else None
-        self.stats.show_history(snaps[:done], proposing.to_json() if proposing is not None else None)
+        shown = snaps[:done]
+        if done == len(cycles) and shown and shown[-1].part_prompt is not None:
+            # The final answer: its prompts' counts, all parts together, not the last part's.
+            shown = shown[:-1] + [replace(shown[-1], part_prompt=None)]
+        self.stats.show_history(shown, proposing.to_json() if proposing is not None else None)
         self.label.setText(describe_step(cycles, step))
 
     def _show_answer(self, done: int) -> None:

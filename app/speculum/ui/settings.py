@@ -8,6 +8,7 @@ from .. import paths
 from ..engine.vocabulary import Mode
 from ..records import typed_fields
 
+MAX_PROMPT_CACHE_MIB = 1 << 20  # 1 TiB: more than any machine this runs on has
 
 
 @dataclass
@@ -23,9 +24,15 @@ class Settings:
     target_gpu_layers: int = -1  # -1: all layers on the GPU when there is one
     draft_gpu_layers: int = -1
     rpc: str = ""  # RPC workers for the target, "host:port,host:port"
+    prompt_cache_mib: int = -1  # saved states of recent prompts: -1 from free memory, 0 none
+    ngram_memory: bool = True  # draft from what this machine wrote and read before
     conversation: str = ""  # the one open when the window closed
     plain_tokens_per_s: dict[str, float] = field(default_factory=dict)  # per target file, measured here
     geometry: str = ""  # the window's saved geometry, hex
+
+    def prompt_cache_budget(self) -> int | None:
+        """The prompt cache's budget for a load, in MiB (None: from the memory free then)."""
+        return None if self.prompt_cache_mib < 0 else min(self.prompt_cache_mib, MAX_PROMPT_CACHE_MIB)
 
     @staticmethod
     def path():

@@ -278,6 +278,11 @@ class RateChart(QWidget):
         p.drawPath(line)
 
 
+def prompt_read(tokens: int, total: int, reused: int) -> str:
+    """A prompt's counts in words: "412 of 530 tokens (117 reused from the cache)"."""
+    return f"{tokens:,} of {total:,} tokens" + (f" ({reused:,} reused from the cache)" if reused else "")
+
+
 class StatsPanel(QGroupBox):
     ACCEPTANCE, RATE, PER_PASS, SPEEDUP, POLICY, PROMPT = (
         "Acceptance", "Tokens/s", "Tokens per target pass", "Speedup vs plain", "Policy", "Prompt processed")
@@ -311,10 +316,12 @@ class StatsPanel(QGroupBox):
 
     def show_snapshot(self, snap) -> None:
         """Display one StatsSnapshot (worker.py)."""
-        prompt = "—"
+        prompt, whole = "—", prompt_read(snap.prompt_tokens, snap.prompt_total, snap.prompt_reused)
         if snap.prompt_total:
-            prompt = (f"{snap.prompt_tokens:,} of {snap.prompt_total:,} tokens"
-                      + (f" ({snap.prompt_reused:,} reused from the cache)" if snap.prompt_reused else ""))
+            prompt = whole
+        part = snap.part_prompt
+        if part is not None:  # a part of a many-part answer: its own prompt
+            prompt = f"{part.stage}: " + prompt_read(part.tokens, part.total, part.reused)
         self.readout.set_values({
             self.ACCEPTANCE: (f"{snap.acceptance_rate:.0%} of {snap.drafted} drafted" if snap.drafted
                               else "nothing drafted"),
@@ -327,6 +334,8 @@ class StatsPanel(QGroupBox):
             self.PROMPT: prompt,
         })
         self.readout.tips[self.SPEEDUP] = snap.speedup_basis
+        self.readout.tips[self.PROMPT] = (f"Counted for {part.stage} alone. All of this answer's "
+                                          f"prompts so far: {whole}." if part is not None else "")
         self.bars.set_rates(snap.acceptance_by_position)
 
     def show_history(self, snapshots, proposing: dict | None = None) -> None:

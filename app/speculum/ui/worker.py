@@ -22,10 +22,16 @@ from ..engine_process import EngineProcess, describe_exit
 # The window imports the protocol's request and result types from here.
 from ..protocol import (Asker, CycleEvent, Decoded, Event, Failed, Finished, Generate,  # noqa: F401
                         GenerationRequest, GenerationResult, Load, Loaded, LoadFailed, LoadProgress, LoadRequest,
-                        Measuring, PlainRateMeasured, ProfileChosen, PromptProgress, Ready, ServeFailed, Serve, ServingAt,
-                        SetPlainRate, StageChanged, Started, StatsSnapshot, StopServing, WorkerLost,
-                        replay_snapshots, snapshot_of)
+                        Measuring, PlainRateMeasured, PostponeMeasuring, ProfileChosen, PromptProgress, Ready,
+                        ServeFailed, Serve, ServingAt, SetPlainRate, StageChanged, Started, StatsSnapshot,
+                        StopServing, WorkerLost, replay_snapshots, snapshot_of)
 from .. import yielding
+
+# The engine's idle measurement of this machine waits this long after the user's last keystroke
+# (its passes take the cores the typing and the window's drawing want); a keystroke is told to
+# the engine at most once per TYPED_EVERY_S.
+TYPING_QUIET_S = 4.0
+TYPED_EVERY_S = 1.0
 
 # Widgets are updated at most this often: 20 frames a second reads as live, and every
 # redraw takes CPU from llama.cpp's threads on a small machine.
@@ -161,6 +167,9 @@ class Engine(QObject):
         self._decoding: set[Asker] = set()  # whose generations the engine is decoding now
         self.giving_way = False  # the window's threads wait for a core (see yielding)
         self._lock = threading.Lock()
+        self.typing_quiet_s = TYPING_QUIET_S
+        self._typed_told = float("-inf")  # time.monotonic() a keystroke was last told to the engine
+        self._measure_after = float("-inf")  # time.monotonic() until which no engine measures (typing, "Later")
         self._route = self._routes()
         self._spawn()  # importing llama.cpp takes a moment: do it before the user presses Load
 
@@ -306,6 +315,9 @@ class Engine(QObject):
         self._holds_models = True
         self._activity = "loading the models"
         self._process.cancel_load.clear()
+        if self._measure_after > time.monotonic():  # a fresh engine waits as the last one did
+            later = self._measure_after - time.monotonic()
+            self._process.send(PostponeMeasuring(None if later == float("inf") else later))
         self._process.send(Load(request, profile.name if profile else "", why))
 
     def cancel_load(self) -> None:
@@ -315,6 +327,21 @@ class Engine(QObject):
     def set_plain_rate(self, tokens_per_s: float | None) -> None:
         if self._process is not None:
             self._process.send(SetPlainRate(tokens_per_s))
+
+    def postpone_measuring(self, seconds: float | None) -> None:
+        """No measuring of this machine for ``seconds`` (None: until the window closes), in this
+        engine process and in the next ones (a Load starts a fresh one)."""
+        until = float("inf") if seconds is None else time.monotonic() + seconds
+        self._measure_after = max(self._measure_after, until)
+        if self._process is not None:
+            self._process.send(PostponeMeasuring(seconds))
+
+    def user_typed(self) -> None:
+        """A keystroke in the input box: the engine measures nothing until the typing has paused."""
+        now = time.monotonic()
+        if now - self._typed_told >= TYPED_EVERY_S:
+            self._typed_told = now
+            self.postpone_measuring(self.typing_quiet_s)
 
     def generate(self, request: GenerationRequest) -> None:
         # Cleared here, before sending: a Stop pressed while this request waits must still count.
