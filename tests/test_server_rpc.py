@@ -22,7 +22,7 @@ PROMPT = [{"role": "user", "content": "Write a very long story about a lighthous
 class Server:
     """`speculum serve --rpc WORKER[,WORKER]` on 127.0.0.1, its stderr kept in a file."""
 
-    def __init__(self, model, workers: list[Worker], *extra: str):
+    def __init__(self, model, workers: list[Worker], *extra: str, ready: bool = True):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.TemporaryFile(mode="w+")
@@ -32,7 +32,7 @@ class Server:
             stdout=self.log, stderr=self.log, text=True,
             env={**ENV, "SPECULUM_DATA_DIR": tempfile.mkdtemp(prefix="speculum-serve-")})
         deadline = time.monotonic() + 120
-        while self.health().status_code != 200:
+        while ready and self.health().status_code != 200:
             assert self.process.poll() is None and time.monotonic() < deadline, self.output()
             time.sleep(0.2)
 

@@ -126,7 +126,8 @@ class ServedModel:
         self.plain_rate = plain_rate  # plain decoding on this machine (a PlainBasis or tokens/s), for the speedup shown
         self._stop: threading.Event | None = None  # the running request's
         self.pace = Pace()  # reading and writing rates: the Retry-After estimate
-        self.state, self.state_message = "ready", ""  # what GET /health says: ready, loading, worker_lost
+        # What GET /health says: ready, loading, worker_lost, or load_failed (the server then exits).
+        self.state, self.state_message = ("ready", "") if decoder is not None else ("loading", "")
         self.on_prompt = None  # optional observer, on the engine thread: (prompt tokens read, of total)
         # Under --rpc: the workers, and how to load the models afresh once a lost one answers again.
         self.workers: tuple[str, ...] = ()
@@ -136,6 +137,14 @@ class ServedModel:
         self._given_up: list = []  # their decoders: never freed while a thread is inside them
         self._recovering = asyncio.Lock()
         self._lost_message = ""
+
+    def loaded(self, decoder) -> None:
+        """The models are in (a server listening before it loads): requests are served now."""
+        self.decoder = decoder
+        self.state, self.state_message = "ready", ""
+
+    def load_failed(self, message: str) -> None:
+        self.state, self.state_message = "load_failed", message
 
     @property
     def stopping(self) -> bool:
