@@ -1,6 +1,7 @@
 """A stopped request cuts llama.cpp's decode in flight short (its abort callback), and leaves
 the caches as if the cut chunk had never been read."""
 
+import multiprocessing
 import sys
 import threading
 import time
@@ -80,10 +81,12 @@ def test_a_stop_aborts_the_prompt_chunk_in_flight_and_the_cache_stays_consistent
     decoder.target.close()
 
 
-def test_an_abort_needs_a_stop_that_is_set_and_ends_with_its_region(smollm):
+@pytest.mark.parametrize("events", [threading, multiprocessing.get_context("spawn")], ids=["thread", "process"])
+def test_an_abort_needs_a_stop_that_is_set_and_ends_with_its_region(smollm, events):
+    """The window's Stop is a multiprocessing Event set in another process; the server's a threading one."""
     smollm.reset()
     chunk = list(range(100, 100 + 64))
-    stopped, never = threading.Event(), threading.Event()
+    stopped, never = events.Event(), events.Event()
     stopped.set()
     with smollm.abortable(stopped), pytest.raises(DecodeAborted):
         smollm.decode(chunk, rows=())

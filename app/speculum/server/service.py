@@ -205,6 +205,19 @@ class ServedModel:
         self._parked.add(threading.get_ident())
         threading.Event().wait()
 
+    def _give_up(self, decoder) -> None:
+        """Keep the lost worker's models for good, and free what of them no parked thread is
+        inside, before they load afresh: the draft model (it runs here; the parked thread is
+        in the target's pass, on the worker) and the prompt cache's saved states. The target
+        itself is never freed: its buffers live on the dead worker, and freeing them would call it."""
+        if decoder is None or any(d is decoder for d in self._given_up):
+            return
+        self._given_up.append(decoder)
+        if decoder.prompt_cache is not None:
+            decoder.prompt_cache.clear()
+        if decoder.draft is not None:
+            decoder.draft.close()
+
     def _joined(self, thread: threading.Thread) -> None:
         """Wait for an engine thread to end, or to be parked by a lost worker."""
         while thread.is_alive() and thread.ident not in self._parked:
@@ -228,7 +241,6 @@ class ServedModel:
                     self.state = "worker_lost"
                     self.state_message = f"{self._lost_message} Not back yet: {outcome}"
                 else:
-                    self._given_up.append(self.decoder)
                     self.decoder = outcome
                     self.state, self.state_message = "ready", ""
                 if not done.done():
@@ -241,6 +253,7 @@ class ServedModel:
                     from ..engine import rpc
 
                     rpc.forget_lost(self.workers)
+                    self._give_up(self.decoder)
                     for worker in self.workers:
                         rpc.check_worker(worker, timeout=2.0)  # SpeculumError, in words, while it is away
                     self.state, self.state_message = "loading", "The model is loading again: its RPC worker is back."
