@@ -411,7 +411,7 @@ def test_a_deeply_nested_schema_is_refused():
 # character may fall into multiplies the work of checking the vocabulary), or write megabytes.
 HOSTILE_PATTERNS = ["^(a?){1000}$", "^((a?){10}){10}$", "^(.?){6}(.?){6}(.?){6}$", "^((.?){3}.){20}$",
                     "^(.{0,3}){12}$", "^(a|b?){60}$", "^([a-z]?){60}$", "^" + "(" * 4000 + "a" + ")" * 4000 + "$",
-                    "^a{0,1000}" + "b?" * 6 + "$", "^a{2000}$", "^a{1,"]
+                    "^a{0,1000}" + "b?" * 6 + "$", "^a{2000}$", "^a{1,", "^a)(.?){1000}$"]
 
 
 @pytest.mark.parametrize("pattern", HOSTILE_PATTERNS, ids=lambda p: p[:24])

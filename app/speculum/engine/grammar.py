@@ -48,7 +48,7 @@ MAX_GRAMMAR_CHARS = 1_000_000
 # token tries every way to split it among them, so each more multiplies the work of every
 # whole-vocabulary check (measured on SmolLM2's 49,152 tokens: ``(.?){4}`` 0.06 s, ``(.?){8}``
 # 0.5 s, ``(.?){16}`` 5 s, ``(.?){60}`` and ``((.?){3}.){20}`` more than a minute).
-MAX_OPTIONAL_RUN = 6
+MAX_OPTIONAL_PIECES = 6
 _COUNTS = ("minItems", "maxItems", "minLength", "maxLength", "minProperties", "maxProperties")
 _COUNT_CHARS = 24  # grammar text the converter writes per counted item, about (a rule name and brackets)
 
@@ -409,16 +409,16 @@ def _check_schema(schema) -> None:
 
 def _check_pattern(pattern: str, where: str) -> int:
     """About how much grammar text ``pattern`` becomes; ValueError when it repeats counts too
-    large or would put too many optional pieces in a row (``MAX_OPTIONAL_RUN``)."""
+    large or holds too many optional pieces (``MAX_OPTIONAL_PIECES``)."""
     try:
         shape = _PatternShape(pattern).shape
     except RecursionError:
         raise ValueError(f"The JSON schema's {where} nests its groups too deeply.") from None
     except ValueError as exc:
         raise ValueError(f"The JSON schema's {where} cannot be enforced: {exc}") from None
-    if shape.run > MAX_OPTIONAL_RUN:
-        raise ValueError(f"The JSON schema's {where} has {shape.run:,} optional parts (its repetitions written "
-                         f"out); a grammar enforces at most {MAX_OPTIONAL_RUN}: each multiplies the work of checking "
+    if shape.optional > MAX_OPTIONAL_PIECES:
+        raise ValueError(f"The JSON schema's {where} has {shape.optional:,} optional parts (its repetitions written "
+                         f"out); a grammar enforces at most {MAX_OPTIONAL_PIECES}: each multiplies the work of checking "
                          "every token.")
     return shape.chars
 
@@ -428,7 +428,7 @@ class _Shape:
     """What a piece of a pattern costs a grammar."""
 
     nullable: bool  # it may match nothing
-    run: int  # the most optional pieces in a row inside it (a character may fall into any one)
+    optional: int  # optional pieces inside it, its bounded repetitions written out
     chars: int  # about how much grammar text the converter writes for it
 
 
@@ -444,6 +444,8 @@ class _PatternShape:
         self.p = self.p[:-1] if self.p.endswith("$") and not self.p.endswith("\\$") else self.p
         self.i = 0
         self.shape = self._alternatives()
+        if self.i < len(self.p):
+            raise ValueError(f"The pattern closes a group it never opened, at {self.i}.")
 
     def _alternatives(self) -> _Shape:
         branches: list[list[_Shape]] = [[]]
@@ -457,14 +459,14 @@ class _PatternShape:
             else:
                 branches[-1].append(self._piece())
         seqs = [_sequence(items) for items in branches]
-        return _Shape(any(s.nullable for s in seqs), sum(s.run for s in seqs), sum(s.chars for s in seqs))
+        return _Shape(any(s.nullable for s in seqs), sum(s.optional for s in seqs), sum(s.chars for s in seqs))
 
     def _piece(self) -> _Shape:
         c, self.i = self.p[self.i], self.i + 1
         if c == "(":
             inner = self._alternatives()
             self.i += 1  # its ")"
-            return _Shape(inner.nullable, inner.run, inner.chars + 8)
+            return _Shape(inner.nullable, inner.optional, inner.chars + 8)
         if c == "[":
             while self.i < len(self.p) and self.p[self.i] != "]":
                 self.i += 2 if self.p[self.i] == "\\" else 1
@@ -495,8 +497,8 @@ _PATTERN_COUNT = re.compile(r"\{\s*(\d*)\s*(?:(,)\s*(\d*)\s*)?\}")
 def _sequence(items: list[_Shape]) -> _Shape:
     """Pieces one after another: their optional pieces add up, whatever stands between them (a
     token's characters reach across a required piece: ``((.?){3}.){20}`` stalls as ``(.?){80}``)."""
-    run = sum(max(1, s.run) if s.nullable else s.run for s in items)
-    return _Shape(all(s.nullable for s in items), run, sum(s.chars for s in items))
+    optional = sum(max(1, s.optional) if s.nullable else s.optional for s in items)
+    return _Shape(all(s.nullable for s in items), optional, sum(s.chars for s in items))
 
 
 def _repeated(body: _Shape, low: int, high: int | None) -> _Shape:
@@ -505,9 +507,9 @@ def _repeated(body: _Shape, low: int, high: int | None) -> _Shape:
     (``(a (a)?)?``): one more choice, not one per copy. Unbounded repetition is a recursive
     rule, whose stacks do not multiply (``.*.*.*.*.*.*``: 0.04 s a check)."""
     copies = max(1, low if high is None else high)
-    own = max(1, body.run) if body.nullable and high is not None else body.run
-    run = own * copies + (0 if body.nullable or high is None or high == low else 1)
-    return _Shape(low == 0 or body.nullable, run, body.chars + 16 * copies)
+    own = max(1, body.optional) if body.nullable and high is not None else body.optional
+    optional = own * copies + (0 if body.nullable or high is None or high == low else 1)
+    return _Shape(low == 0 or body.nullable, optional, body.chars + 16 * copies)
 
 
 def _too_many(value) -> bool:
