@@ -310,7 +310,7 @@ class LlamaModel(Backend):
         rc = lc.llama_decode(self._ctx, b)
         if rc != 0:
             if rc == 2 and self._abort.is_set:
-                self._forget_aborted()
+                raise self._forget_aborted()
             if rc == 1:
                 raise ContextFullError(f"llama.cpp found no room in the KV cache ({self.n_past} tokens used).")
             raise SpeculumError(f"llama.cpp failed to decode (code {rc}).")
@@ -330,14 +330,14 @@ class LlamaModel(Backend):
         """Inside, ``stop`` being set aborts the decode running at its next graph node."""
         return self._abort.armed(stop) if stop is not None else contextlib.nullcontext()
 
-    def _forget_aborted(self) -> None:
+    def _forget_aborted(self) -> DecodeAborted:
         """After an aborted decode: llama.cpp dropped its last micro-batch's positions, not
         the ones before it; drop them all (a recurrent state cannot be cut: it starts over)."""
         self.decodes_aborted += 1
         if self.max_rollback is not None or not lc.llama_memory_seq_rm(self._mem, 0, self.n_past, -1):
             self.reset()
         self._undoable = 0
-        raise DecodeAborted(f"the decode at {self.n_past} was stopped")
+        return DecodeAborted(f"the decode at {self.n_past} was stopped")
 
     # -- multi-token prediction (the model's own NextN heads) --
 
