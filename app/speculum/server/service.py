@@ -4,7 +4,7 @@ The decoder is synchronous and owns one KV cache, so requests take turns (a FIFO
 bounded number may wait; beyond that the caller is told to come back (``Busy``). Each
 generation runs on a thread of its own and hands its cycles to the event loop; a consumer
 that goes away (a client disconnecting) sets the stop event, and the decoder stops within
-one target pass. A request that shares a prefix with an earlier one (its conversation so far,
+one target pass (while the prompt is read, within one step of llama.cpp's graph). A request that shares a prefix with an earlier one (its conversation so far,
 a system prompt and document resent) finds it in the KV cache or the decoder's prompt cache:
 the decoder reuses the longest one by itself.
 """
@@ -313,7 +313,7 @@ class ServedModel:
                                                            sampling=completion.sampling, policy=self.mode,
                                                            stop=stop, prediction=prediction,
                                                            grammar=completion.grammar, logprobs=completion.logprobs,
-                                                           on_prompt=prompt_read,  # (a stop within one chunk)
+                                                           on_prompt=prompt_read,
                                                            origin="api")  # for the n-gram memory
                         plain = self.plain_rate()
                         plain = plain if isinstance(plain, PlainBasis) else PlainBasis(plain)
