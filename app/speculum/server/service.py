@@ -4,9 +4,10 @@ The decoder is synchronous and owns one KV cache, so requests take turns (a FIFO
 bounded number may wait; beyond that the caller is told to come back (``Busy``). Each
 generation runs on a thread of its own and hands its cycles to the event loop; a consumer
 that goes away (a client disconnecting) sets the stop event, and the decoder stops within
-one target pass (while the prompt is read, within one step of llama.cpp's graph). A request that shares a prefix with an earlier one (its conversation so far,
-a system prompt and document resent) finds it in the KV cache or the decoder's prompt cache:
-the decoder reuses the longest one by itself.
+one target pass (while the prompt is read, within one step of llama.cpp's graph). A request
+that shares a prefix with an earlier one (its conversation so far, a system prompt and
+document resent) finds it in the KV cache or the decoder's prompt cache: the decoder reuses
+the longest one by itself.
 """
 
 from __future__ import annotations
