@@ -407,6 +407,42 @@ def test_a_deeply_nested_schema_is_refused():
         schema_grammar(schema)
 
 
+# Patterns whose grammar would stall llama.cpp for seconds to hours a token (each optional piece a
+# character may fall into multiplies the work of checking the vocabulary), or write megabytes.
+HOSTILE_PATTERNS = ["^(a?){1000}$", "^((a?){10}){10}$", "^(.?){6}(.?){6}(.?){6}$", "^((.?){3}.){20}$",
+                    "^(.{0,3}){12}$", "^(a|b?){60}$", "^([a-z]?){60}$", "^" + "(" * 4000 + "a" + ")" * 4000 + "$",
+                    "^a{0,1000}" + "b?" * 6 + "$", "^a{2000}$", "^a{1,", "^a)(.?){1000}$"]
+
+
+@pytest.mark.parametrize("pattern", HOSTILE_PATTERNS, ids=lambda p: p[:24])
+def test_a_hostile_pattern_is_refused_before_any_grammar_is_written(pattern, monkeypatch):
+    import llama_cpp.llama_grammar
+
+    def never(*_):
+        raise AssertionError("the converter ran")
+
+    monkeypatch.setattr(llama_cpp.llama_grammar, "json_schema_to_gbnf", never)
+    schema = {"type": "object", "properties": {"code": {"type": "string", "pattern": pattern}}}
+    with pytest.raises(ValueError) as err:
+        schema_grammar(schema)
+    assert "properties.code.pattern" in str(err.value)
+
+
+def test_many_counts_that_would_write_megabytes_of_grammar_are_refused():
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "string", "maxLength": 1000} for i in range(60)}}
+    with pytest.raises(ValueError, match="more than 1,000,000 characters"):
+        schema_grammar(schema)
+
+
+@pytest.mark.parametrize("pattern", [
+    r"^([0-9]{1,3}[.]){3}[0-9]{1,3}$", r"^(https?://)?([a-z0-9-]+[.])+[a-z]+(/[a-z0-9 ./?%&=-]*)?$",
+    r"^\+?[0-9]{1,3}[- ]?[0-9]{3}[- ]?[0-9]{4}$", r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$",
+    r"^[A-Z][a-z]{1,20}( [A-Z][a-z]{1,20}){0,3}$", r"^ *-?[0-9]+([.][0-9]+)? *$", "^[a-z]{0,1000}$", "^(.?)*$",
+    "^.*.*.*.*.*.*$", "^(.?){6}$"])
+def test_everyday_patterns_are_still_enforced(pattern):
+    assert schema_grammar({"type": "string", "pattern": pattern}).gbnf
+
+
 @pytest.mark.parametrize("gbnf, words", [('root ::= "a" [0-9+', "does not parse"),
                                          ("root ::= foo", "does not parse"), ("", "empty"),
                                          ('root ::= root "a" | "b"', "does not parse")])

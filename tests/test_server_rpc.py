@@ -22,7 +22,7 @@ PROMPT = [{"role": "user", "content": "Write a very long story about a lighthous
 class Server:
     """`speculum serve --rpc WORKER[,WORKER]` on 127.0.0.1, its stderr kept in a file."""
 
-    def __init__(self, model, workers: list[Worker], *extra: str):
+    def __init__(self, model, workers: list[Worker], *extra: str, ready: bool = True):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.TemporaryFile(mode="w+")
@@ -32,7 +32,7 @@ class Server:
             stdout=self.log, stderr=self.log, text=True,
             env={**ENV, "SPECULUM_DATA_DIR": tempfile.mkdtemp(prefix="speculum-serve-")})
         deadline = time.monotonic() + 120
-        while self.health().status_code != 200:
+        while ready and self.health().status_code != 200:
             assert self.process.poll() is None and time.monotonic() < deadline, self.output()
             time.sleep(0.2)
 
@@ -156,3 +156,30 @@ def test_a_frozen_worker_ends_the_stream_with_an_error_naming_it_within_the_time
         assert s.process.poll() is None
     finally:
         w.stop()
+
+
+def test_loading_again_after_a_lost_worker_frees_the_given_up_draft_and_saved_prompts(smollm_path):
+    """In-process: the state a lost worker leaves (its thread parked in the target's pass), then the
+    reload. The given-up target stays (its buffers live on the dead worker); what runs here is freed."""
+    import asyncio
+
+    from speculum.engine.loading import LoadOptions, load_decoder
+    from speculum.server.service import ServedModel
+
+    def load():
+        return load_decoder(smollm_path, smollm_path, LoadOptions(n_ctx=1024))
+
+    old = load()
+    for text in ("the lighthouse keeper's log, " * 12, "a different prompt about ships, " * 12):
+        list(old.generate(old.target.tokenize(text), max_tokens=2, policy="draft"))
+    assert len(old.prompt_cache) > 0
+    served = ServedModel(old, "m", mode="draft")
+    served.workers, served.reload = (), load
+    served.state = "worker_lost"
+    asyncio.run(served.recover())
+    assert served.state == "ready" and served.decoder is not old
+    assert old.draft._model is None and len(old.prompt_cache) == 0  # freed
+    assert old.target._model is not None  # kept: freeing it would call the lost worker
+    assert list(served.decoder.generate(served.decoder.target.tokenize("Hi"), max_tokens=2))
+    served.decoder.target.close()
+    served.decoder.draft.close()

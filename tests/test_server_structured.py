@@ -54,6 +54,22 @@ def test_a_schema_that_cannot_be_enforced_is_a_400_naming_response_format(server
     assert refused.value.param == "response_format" and started == []
 
 
+@pytest.mark.parametrize("pattern", ["^(a?){1000}$", "^((.?){3}.){20}$"])
+def test_a_pattern_that_would_stall_the_grammar_is_a_400_naming_the_field(server, pattern):
+    s = server()
+    started = []
+    s.served.on_event = started.append
+    with pytest.raises(openai.BadRequestError) as refused:
+        s.client().chat.completions.create(model=MODEL, messages=ASK, max_tokens=8, response_format={
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {
+                "code": {"type": "string", "pattern": pattern}}, "required": ["code"]}}})
+    assert refused.value.param == "response_format" and started == []
+    assert "properties.code.pattern" in refused.value.message
+    # The server answers the next request as before.
+    answer = s.client().chat.completions.create(model=MODEL, messages=ASK, max_tokens=4)
+    assert answer.choices[0].message.content is not None
+
+
 def _entries(logprobs):
     return [(e.token, e.logprob, [(t.token, t.logprob) for t in e.top_logprobs]) for e in logprobs.content]
 

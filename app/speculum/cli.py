@@ -7,6 +7,7 @@ import json
 import platform
 from pathlib import Path
 import sys
+import threading
 
 from . import __version__, paths
 from .engine.vocabulary import Mode
@@ -62,8 +63,9 @@ def _fixed_k(args) -> int | None:
     return args.k if args.fixed_k else None
 
 
-def _load(args):
-    """The pair, loaded in this process with the engine profile this machine remembers."""
+def _load(args, progress=None):
+    """The pair, loaded in this process with the engine profile this machine remembers
+    (``progress(stage, fraction)`` returning False cancels)."""
     from .engine import profiles
     from .engine.loading import LoadOptions, load_decoder
 
@@ -76,7 +78,7 @@ def _load(args):
                           flash_attn={"on": True, "off": False}.get(getattr(args, "flash_attn", "auto")),
                           prompt_cache_mib=_cache_ram(args), ngram_memory=not getattr(args, "no_ngram_memory", False),
                           **_rpc_options(args))
-    return load_decoder(args.target, getattr(args, "draft", None), profile.apply(options))
+    return load_decoder(args.target, getattr(args, "draft", None), profile.apply(options), progress)
 
 
 def _cache_ram(args) -> int | None:
@@ -277,10 +279,17 @@ def cmd_doctor(args) -> int:
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
+# How long a server whose models failed to load still answers /health (why) before it exits.
+LOAD_FAILED_LINGER_S = 3.0
+
+
 def cmd_serve(args) -> int:
-    """An OpenAI-compatible API over the loaded pair, until Ctrl-C."""
+    """An OpenAI-compatible API over the loaded pair, until Ctrl-C. It listens first: /health
+    says loading (and requests get 503 model_loading) until the models are in."""
     import uvicorn
 
+    from .engine.policy import FixedPolicy
+    from .models.gguf import check_gguf_file
     from .server import listen
     from .server.api import create_app
     from .server.service import ServedModel
@@ -290,10 +299,52 @@ def cmd_serve(args) -> int:
                             "pass --api-key KEY (clients send Authorization: Bearer KEY).")
     if args.n_ctx:
         args.ctx = args.n_ctx
-    decoder = _load(args)
-    decoder.policy_for(args.mode)  # a mode these models cannot run (mtp without NextN layers) stops here
+    # What the files' headers tell is said at once, before anything listens: a wrong path, a mode they cannot run.
+    target = check_gguf_file(args.target)
+    draft = check_gguf_file(args.draft) if getattr(args, "draft", None) else None
+    if Mode(args.mode) in (Mode.DRAFT, Mode.MTP):
+        FixedPolicy.for_mode(Mode(args.mode), None, has_draft_model=draft is not None,
+                             has_mtp=target.nextn_layers > 0 or bool(draft and draft.assistant_for))
     model_id = args.model_id or Path(args.target).stem
-    served = ServedModel(decoder, model_id, mode=args.mode, max_waiting=args.max_waiting)
+    served = ServedModel(None, model_id, mode=args.mode, max_waiting=args.max_waiting)
+    served.state_message = f"Loading {model_id}."
+    app = create_app(served, api_key=args.api_key, cors_origins=args.cors_origin or None, bind_host=args.host)
+    server = uvicorn.Server(listen.config(app, args.host, args.port, header_timeout=args.header_timeout,
+                                         max_connections=args.max_connections))
+    failed = threading.Event()
+    loading = threading.Thread(target=_load_served, args=(args, served, server, failed), name="speculum-load",
+                               daemon=True)
+    loading.start()
+    print(f"Listening at http://{args.host}:{args.port}/v1; loading {model_id}", file=sys.stderr, flush=True)
+    try:
+        server.run()
+    finally:  # (Ctrl-C: uvicorn raises it again once it has shut down)
+        loading.join(10)  # a load still running sees should_exit at its next tensor and cancels
+    return 1 if failed.is_set() else 0
+
+
+def _load_served(args, served, server, failed) -> None:
+    """Load the pair for a server already listening; a failure is said on /health for a
+    moment, then the server exits (the process ends non-zero)."""
+    import time
+
+    def progress(stage: str, fraction: float) -> bool:
+        served.state_message = f"Loading the {stage} model: {fraction:.0%}."
+        return not server.should_exit  # Ctrl-C while loading cancels the load
+
+    try:
+        decoder = _load(args, progress)
+        decoder.policy_for(args.mode)  # a mode these models cannot run (mtp without NextN layers) stops here
+    except BaseException as exc:  # noqa: BLE001 - said in words; the server must not stay up without models
+        if server.should_exit:
+            return
+        message = str(exc) if isinstance(exc, SpeculumError) else f"Loading failed: {exc!r}"
+        served.load_failed(message)
+        failed.set()
+        print(f"speculum: {message}", file=sys.stderr, flush=True)
+        time.sleep(LOAD_FAILED_LINGER_S)
+        server.should_exit = True
+        return
     if getattr(args, "rpc", None):
         from .engine import rpc
 
@@ -301,11 +352,9 @@ def cmd_serve(args) -> int:
         served.workers = rpc.parse_endpoints(args.rpc)
         served.reload = lambda: _load(args)
         rpc.on_worker_lost(served.worker_lost)
-    app = create_app(served, api_key=args.api_key, cors_origins=args.cors_origin or None, bind_host=args.host)
-    print(f"Serving {model_id} ({args.mode} mode) at http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
-    uvicorn.Server(listen.config(app, args.host, args.port, header_timeout=args.header_timeout,
-                                 max_connections=args.max_connections)).run()
-    return 0
+    served.loaded(decoder)
+    print(f"Serving {served.model_id} ({args.mode} mode) at http://{args.host}:{args.port}/v1",
+          file=sys.stderr, flush=True)
 
 
 def cmd_rpc_worker(args) -> int:
@@ -467,6 +516,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except BrokenPipeError:
         return 0
+    except KeyboardInterrupt:  # Ctrl-C: the end the user asked for, not a fault to show
+        return 130
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ exactness of the algorithm is proven apart from llama.cpp's numerics.
 from __future__ import annotations
 
 import codecs
+import contextlib
 from dataclasses import dataclass
 import os
 import threading
@@ -44,6 +45,11 @@ class ModelFacts:
     n_threads: int = 0  # CPU threads decoding
     nextn_layers: int = 0  # multi-token prediction layers loaded: the model drafts for itself
     assistant: str = ""  # the name of the Gemma 4 assistant drafting on this model's KV cache
+
+
+class DecodeAborted(Exception):
+    """A decode cut short because its request was stopped (``Backend.abortable``): nothing of it
+    is in the model's cache, and ``n_past`` says what is."""
 
 
 class Detokenizer:
@@ -139,6 +145,11 @@ class Backend(TokenPieces):
         """Put back a state ``save_state`` made when the sequence held ``n_tokens`` tokens."""
         raise NotImplementedError
 
+    def abortable(self, stop) -> contextlib.AbstractContextManager:
+        """Inside, ``stop`` (None: none) being set cuts the decode running short
+        (``DecodeAborted``) instead of letting it finish; by default decodes always finish."""
+        return contextlib.nullcontext()
+
     def close(self) -> None:
         """Give back what it holds (native memory); nothing by default."""
 
@@ -229,17 +240,25 @@ class CachedSequence:
 
     def feed(self, tokens: Sequence[int], stop: threading.Event | None = None,
              on_chunk: Callable[[int, int], None] | None = None, chunk: int | None = None) -> None:
-        """Decode tokens that need no logits (prompt prefill), checking ``stop`` between chunks.
+        """Decode tokens that need no logits (prompt prefill). ``stop`` being set ends it: the
+        chunk in flight is cut short where the model can (``Backend.abortable``), and what
+        it had read of that chunk is forgotten.
 
         ``on_chunk(read, chunk_size)`` after each chunk; ``chunk``: tokens per decode
         (at most the model's batch)."""
-        if tokens:
-            step = min(chunk or self.model.n_batch, self.model.n_batch)
+        if not tokens:
+            return
+        step = min(chunk or self.model.n_batch, self.model.n_batch)
+        with self.model.abortable(stop):
             for start in range(0, len(tokens), step):
                 if stop is not None and stop.is_set():
                     return
                 part = tokens[start:start + step]
-                self.model.decode(part, rows=())
+                try:
+                    self.model.decode(part, rows=())
+                except DecodeAborted:
+                    del self.tokens[self.model.n_past:]  # (a recurrent state may have started over)
+                    return
                 self.tokens.extend(part)
                 if on_chunk is not None:
                     on_chunk(start + len(part), len(part))

@@ -43,8 +43,14 @@ MAX_SCHEMA_CHARS = 100_000
 MAX_SCHEMA_DEPTH = 64
 MAX_COUNT = 1_000  # minItems, maxLength, ... and {n,m} in patterns
 MAX_GRAMMAR_CHARS = 1_000_000
+# Optional pieces in a pattern, its bounded repetitions written out (``(.?){8}``: 8, ``a?b?``: 2):
+# llama.cpp's grammar keeps a parse stack for each place a character may fall, and checking a
+# token tries every way to split it among them, so each more multiplies the work of every
+# whole-vocabulary check (measured on SmolLM2's 49,152 tokens: ``(.?){4}`` 0.06 s, ``(.?){8}``
+# 0.5 s, ``(.?){16}`` 5 s, ``(.?){60}`` and ``((.?){3}.){20}`` more than a minute).
+MAX_OPTIONAL_PIECES = 6
 _COUNTS = ("minItems", "maxItems", "minLength", "maxLength", "minProperties", "maxProperties")
-_PATTERN_COUNT = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
+_COUNT_CHARS = 24  # grammar text the converter writes per counted item, about (a rule name and brackets)
 
 _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
 
@@ -370,30 +376,140 @@ def json_object_grammar() -> Grammar:
 
 
 def _check_schema(schema) -> None:
-    """Refuse a schema too big, too deep or asking for too many repetitions to enforce."""
+    """Refuse a schema too big, too deep, or whose grammar would be too large or too slow to
+    enforce, naming where in the schema; estimated before the converter writes anything."""
     try:
         size = len(json.dumps(schema))
     except (TypeError, ValueError, RecursionError):
         raise ValueError("The JSON schema is not plain JSON.") from None
     if size > MAX_SCHEMA_CHARS:
         raise ValueError(f"The JSON schema is {size:,} characters; at most {MAX_SCHEMA_CHARS:,} are taken.")
-    stack = [(schema, 0)]
+    stack, grammar_chars = [(schema, 0, "")], 0
     while stack:
-        node, depth = stack.pop()
+        node, depth, path = stack.pop()
         if depth > MAX_SCHEMA_DEPTH:
             raise ValueError(f"The JSON schema nests deeper than {MAX_SCHEMA_DEPTH} levels.")
         if isinstance(node, list):
-            stack.extend((item, depth + 1) for item in node)
+            stack.extend((item, depth + 1, f"{path}[{i}]") for i, item in enumerate(node))
         elif isinstance(node, dict):
             for key, value in node.items():
-                if key in _COUNTS and not isinstance(value, (dict, list)) and _too_many(value):
-                    raise ValueError(f"The JSON schema's {key} of {value} is more than the {MAX_COUNT:,} "
-                                     "a grammar enforces.")
+                where = f"{path}.{key}" if path else str(key)
+                if key in _COUNTS and not isinstance(value, (dict, list)):
+                    if _too_many(value):
+                        raise ValueError(f"The JSON schema's {where} of {value} is more than the {MAX_COUNT:,} "
+                                         "a grammar enforces.")
+                    grammar_chars += value * _COUNT_CHARS
                 if key == "pattern" and isinstance(value, str):
-                    for low, high in _PATTERN_COUNT.findall(value):
-                        if int(low) > MAX_COUNT or (high and int(high) > MAX_COUNT):
-                            raise ValueError(f"The JSON schema's pattern repeats more than {MAX_COUNT:,} times.")
-                stack.append((value, depth + 1))
+                    grammar_chars += _check_pattern(value, where)
+                if grammar_chars > MAX_GRAMMAR_CHARS:
+                    raise ValueError(f"The JSON schema's counts and patterns (up to {where}) would write a grammar "
+                                     f"of more than {MAX_GRAMMAR_CHARS:,} characters.")
+                stack.append((value, depth + 1, where))
+
+
+def _check_pattern(pattern: str, where: str) -> int:
+    """About how much grammar text ``pattern`` becomes; ValueError when it repeats counts too
+    large or holds too many optional pieces (``MAX_OPTIONAL_PIECES``)."""
+    try:
+        shape = _PatternShape(pattern).shape
+    except RecursionError:
+        raise ValueError(f"The JSON schema's {where} nests its groups too deeply.") from None
+    except ValueError as exc:
+        raise ValueError(f"The JSON schema's {where} cannot be enforced: {exc}") from None
+    if shape.optional > MAX_OPTIONAL_PIECES:
+        raise ValueError(f"The JSON schema's {where} has {shape.optional:,} optional parts (its repetitions written "
+                         f"out); a grammar enforces at most {MAX_OPTIONAL_PIECES}: each multiplies the work of checking "
+                         "every token.")
+    return shape.chars
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """What a piece of a pattern costs a grammar."""
+
+    nullable: bool  # it may match nothing
+    optional: int  # optional pieces inside it, its bounded repetitions written out
+    chars: int  # about how much grammar text the converter writes for it
+
+
+_ONE = _Shape(False, 0, 4)  # a character, class, escape or dot
+
+
+class _PatternShape:
+    """A regular expression read as llama.cpp's converter reads it (groups, alternatives,
+    classes, escapes, ``? * + {m,n}``), costed piece by piece as it is read."""
+
+    def __init__(self, pattern: str):
+        self.p = pattern[1:] if pattern.startswith("^") else pattern
+        self.p = self.p[:-1] if self.p.endswith("$") and not self.p.endswith("\\$") else self.p
+        self.i = 0
+        self.shape = self._alternatives()
+        if self.i < len(self.p):
+            raise ValueError(f"The pattern closes a group it never opened, at {self.i}.")
+
+    def _alternatives(self) -> _Shape:
+        branches: list[list[_Shape]] = [[]]
+        while self.i < len(self.p) and self.p[self.i] != ")":
+            c = self.p[self.i]
+            if c == "|":
+                branches.append([])
+                self.i += 1
+            elif c in "?*+{" and branches[-1]:
+                branches[-1][-1] = _repeated(branches[-1][-1], *self._quantifier())
+            else:
+                branches[-1].append(self._piece())
+        seqs = [_sequence(items) for items in branches]
+        return _Shape(any(s.nullable for s in seqs), sum(s.optional for s in seqs), sum(s.chars for s in seqs))
+
+    def _piece(self) -> _Shape:
+        c, self.i = self.p[self.i], self.i + 1
+        if c == "(":
+            inner = self._alternatives()
+            self.i += 1  # its ")"
+            return _Shape(inner.nullable, inner.optional, inner.chars + 8)
+        if c == "[":
+            while self.i < len(self.p) and self.p[self.i] != "]":
+                self.i += 2 if self.p[self.i] == "\\" else 1
+            self.i += 1
+        elif c == "\\":
+            self.i += 1
+        return _ONE
+
+    def _quantifier(self) -> tuple[int, int | None]:
+        c, self.i = self.p[self.i], self.i + 1
+        if c != "{":
+            return {"?": (0, 1), "*": (0, None), "+": (1, None)}[c]
+        end = self.p.find("}", self.i)
+        counts = _PATTERN_COUNT.fullmatch(self.p[self.i - 1:end + 1]) if end >= 0 else None
+        if counts is None:
+            raise ValueError(f"The pattern has an unclosed or invalid {{m,n}} at {self.i - 1}.")
+        self.i = end + 1
+        low = int(counts[1] or 0)
+        high = low if counts[2] is None else (int(counts[3]) if counts[3] else None)
+        if low > MAX_COUNT or (high is not None and high > MAX_COUNT):
+            raise ValueError(f"The pattern repeats more than {MAX_COUNT:,} times.")
+        return low, high
+
+
+_PATTERN_COUNT = re.compile(r"\{\s*(\d*)\s*(?:(,)\s*(\d*)\s*)?\}")
+
+
+def _sequence(items: list[_Shape]) -> _Shape:
+    """Pieces one after another: their optional pieces add up, whatever stands between them (a
+    token's characters reach across a required piece: ``((.?){3}.){20}`` stalls as ``(.?){80}``)."""
+    optional = sum(max(1, s.optional) if s.nullable else s.optional for s in items)
+    return _Shape(all(s.nullable for s in items), optional, sum(s.chars for s in items))
+
+
+def _repeated(body: _Shape, low: int, high: int | None) -> _Shape:
+    """``body{low,high}`` (high None: unbounded). The converter writes a bounded count out as
+    copies, each with the body's optional pieces; a required body's optional tail nests
+    (``(a (a)?)?``): one more choice, not one per copy. Unbounded repetition is a recursive
+    rule, whose stacks do not multiply (``.*.*.*.*.*.*``: 0.04 s a check)."""
+    copies = max(1, low if high is None else high)
+    own = max(1, body.optional) if body.nullable and high is not None else body.optional
+    optional = own * copies + (0 if body.nullable or high is None or high == low else 1)
+    return _Shape(low == 0 or body.nullable, optional, body.chars + 16 * copies)
 
 
 def _too_many(value) -> bool:

@@ -9,6 +9,7 @@ The high-level ``Llama.generate()`` is not used: it hides per-step accept/reject
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import os
@@ -26,7 +27,7 @@ from ..models.gguf import GGUFHeader, check_gguf_file
 from . import llama_ext, native
 from . import rpc as rpc_module
 from . import cpu_settings
-from .backend import Backend, ModelFacts, usable_cores
+from .backend import Backend, DecodeAborted, ModelFacts, usable_cores
 from .chat import render_chat
 
 # --- model -------------------------------------------------------------------------------
@@ -213,6 +214,8 @@ class LlamaModel(Backend):
                 f"{self.path.name}" + (f": {why}" if why else " (out of memory?).")
             )
         self._mem = lc.llama_get_memory(self._ctx)
+        self._abort = native.AbortFlag(self._ctx)  # (abortable)
+        self.decodes_aborted = 0
         # Most tokens ``trim`` can drop at once without starting over (None: any number), and
         # how many of the latest decode's it can drop now (recurrent only).
         self.max_rollback = int(lc.llama_n_rs_seq(self._ctx)) if recurrent else None
@@ -306,6 +309,8 @@ class LlamaModel(Backend):
         b.n_tokens = n
         rc = lc.llama_decode(self._ctx, b)
         if rc != 0:
+            if rc == 2 and self._abort.is_set:
+                raise self._forget_aborted()
             if rc == 1:
                 raise ContextFullError(f"llama.cpp found no room in the KV cache ({self.n_past} tokens used).")
             raise SpeculumError(f"llama.cpp failed to decode (code {rc}).")
@@ -320,6 +325,19 @@ class LlamaModel(Backend):
             return np.empty((0, self.n_vocab), dtype=np.float32)
         ptr = lc.llama_get_logits(self._ctx)
         return np.ctypeslib.as_array(ptr, shape=(len(want), self.n_vocab))
+
+    def abortable(self, stop):
+        """Inside, ``stop`` being set aborts the decode running at its next graph node."""
+        return self._abort.armed(stop) if stop is not None else contextlib.nullcontext()
+
+    def _forget_aborted(self) -> DecodeAborted:
+        """After an aborted decode: llama.cpp dropped its last micro-batch's positions, not
+        the ones before it; drop them all (a recurrent state cannot be cut: it starts over)."""
+        self.decodes_aborted += 1
+        if self.max_rollback is not None or not lc.llama_memory_seq_rm(self._mem, 0, self.n_past, -1):
+            self.reset()
+        self._undoable = 0
+        return DecodeAborted(f"the decode at {self.n_past} was stopped")
 
     # -- multi-token prediction (the model's own NextN heads) --
 

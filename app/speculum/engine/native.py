@@ -11,9 +11,11 @@ that loads llama.cpp, so every such module can import it and none imports anothe
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import os
 import sys
+import threading
 from pathlib import Path
 
 from . import cpu_settings
@@ -53,6 +55,58 @@ def recent_log_error() -> str:
             if marker in line.lower():
                 return line.split(marker, 1)[-1].strip() if marker.endswith(":") else line.split(": ", 1)[-1]
     return ""
+
+
+# --- stopping a decode between graph nodes ------------------------------------------------
+
+# llama.cpp's abort callback is asked after every graph node, on ggml's compute thread. A Python
+# callback there would take the GIL hundreds of times a decode, and wait for it whenever another
+# thread runs Python. C's strlen over two bytes [flag, 0] answers the same question (1 when the
+# flag is set, 0 when not) as one byte read: the bool it returns is that 0 or 1.
+_libc = ctypes.cdll.msvcrt if sys.platform == "win32" else ctypes.CDLL(None)
+_READ_FLAG = lc.ggml_abort_callback(ctypes.cast(_libc.strlen, ctypes.c_void_p).value)
+_WATCH_S = 0.05  # how often an idle watcher looks whether its region has ended
+
+
+class AbortFlag:
+    """One context's abort flag: set, the decode running ends at its next graph node
+    (``llama_decode`` returns 2), and so does every decode until it is cleared."""
+
+    def __init__(self, ctx) -> None:
+        self._bytes = ctypes.create_string_buffer(2)  # [flag, 0]: strlen reads at most both
+        lc.llama_set_abort_callback(ctx, _READ_FLAG, ctypes.addressof(self._bytes))
+
+    @property
+    def is_set(self) -> bool:
+        return self._bytes[0] != b"\0"
+
+    @contextlib.contextmanager
+    def armed(self, stop):
+        """Inside, ``stop`` being set (by any thread, or another process for a multiprocessing
+        Event) sets the flag; on leaving it is cleared. Nothing else ever sets it, so a decode
+        whose request was not stopped is never cut."""
+        lock, region = threading.Lock(), {"open": True}
+
+        def watch() -> None:
+            while True:
+                fired = stop.wait(_WATCH_S)
+                with lock:
+                    if not region["open"]:
+                        return
+                    if fired:
+                        self._bytes[0] = b"\1"
+                        return
+
+        if stop.is_set():
+            self._bytes[0] = b"\1"
+        else:
+            threading.Thread(target=watch, name="speculum-stop-watch", daemon=True).start()
+        try:
+            yield
+        finally:
+            with lock:
+                region["open"] = False
+                self._bytes[0] = b"\0"
 
 
 # --- what the machine can do ------------------------------------------------------------------

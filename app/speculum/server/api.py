@@ -95,6 +95,8 @@ class Api:
         if self.served.state == "worker_lost":
             return error(503, self.served.state_message, kind="server_error", code="worker_lost",
                          headers={"Retry-After": "5"})
+        if self.served.state == "load_failed":
+            return error(503, self.served.state_message, kind="server_error", code="load_failed")
         if self.served.state != "loading":
             return None
         return error(503, self.served.state_message or "The model is still loading; retry shortly.",
@@ -103,13 +105,16 @@ class Api:
     # -- the routes --
 
     async def health(self, request: Request) -> Response:
-        """Ready, loading, or worker lost: 200 only when a request would be served now."""
+        """Ready, loading, worker lost or load failed: 200 only when a request would be served now."""
         served = self.served
         await served.recover()  # a lost worker back: the models load again
         body = {"status": served.state, "model": served.model_id, "waiting": served.waiting}
         if served.state_message:
             body["message"] = served.state_message
-        return JSONResponse(body, status_code=200 if served.state == "ready" else 503)
+        if served.state == "ready":
+            return JSONResponse(body)
+        retry = {} if served.state == "load_failed" else {"Retry-After": "5"}  # (load_failed: the server ends)
+        return JSONResponse(body, status_code=503, headers=retry)
 
     def _card(self) -> dict:
         return {"id": self.served.model_id, "object": "model", "created": self.created, "owned_by": "speculum"}

@@ -4,9 +4,10 @@ The decoder is synchronous and owns one KV cache, so requests take turns (a FIFO
 bounded number may wait; beyond that the caller is told to come back (``Busy``). Each
 generation runs on a thread of its own and hands its cycles to the event loop; a consumer
 that goes away (a client disconnecting) sets the stop event, and the decoder stops within
-one target pass. A request that shares a prefix with an earlier one (its conversation so far,
-a system prompt and document resent) finds it in the KV cache or the decoder's prompt cache:
-the decoder reuses the longest one by itself.
+one target pass (while the prompt is read, within one step of llama.cpp's graph). A request
+that shares a prefix with an earlier one (its conversation so far, a system prompt and
+document resent) finds it in the KV cache or the decoder's prompt cache: the decoder reuses
+the longest one by itself.
 """
 
 from __future__ import annotations
@@ -126,7 +127,8 @@ class ServedModel:
         self.plain_rate = plain_rate  # plain decoding on this machine (a PlainBasis or tokens/s), for the speedup shown
         self._stop: threading.Event | None = None  # the running request's
         self.pace = Pace()  # reading and writing rates: the Retry-After estimate
-        self.state, self.state_message = "ready", ""  # what GET /health says: ready, loading, worker_lost
+        # What GET /health says: ready, loading, worker_lost, or load_failed (the server then exits).
+        self.state, self.state_message = ("ready", "") if decoder is not None else ("loading", "")
         self.on_prompt = None  # optional observer, on the engine thread: (prompt tokens read, of total)
         # Under --rpc: the workers, and how to load the models afresh once a lost one answers again.
         self.workers: tuple[str, ...] = ()
@@ -136,6 +138,14 @@ class ServedModel:
         self._given_up: list = []  # their decoders: never freed while a thread is inside them
         self._recovering = asyncio.Lock()
         self._lost_message = ""
+
+    def loaded(self, decoder) -> None:
+        """The models are in (a server listening before it loads): requests are served now."""
+        self.decoder = decoder
+        self.state, self.state_message = "ready", ""
+
+    def load_failed(self, message: str) -> None:
+        self.state, self.state_message = "load_failed", message
 
     @property
     def stopping(self) -> bool:
@@ -196,6 +206,19 @@ class ServedModel:
         self._parked.add(threading.get_ident())
         threading.Event().wait()
 
+    def _give_up(self, decoder) -> None:
+        """Keep the lost worker's models for good, and free what of them no parked thread is
+        inside, before they load afresh: the draft model (it runs here; the parked thread is
+        in the target's pass, on the worker) and the prompt cache's saved states. The target
+        itself is never freed: its buffers live on the dead worker, and freeing them would call it."""
+        if decoder is None or any(d is decoder for d in self._given_up):
+            return
+        self._given_up.append(decoder)
+        if decoder.prompt_cache is not None:
+            decoder.prompt_cache.clear()
+        if decoder.draft is not None:
+            decoder.draft.close()
+
     def _joined(self, thread: threading.Thread) -> None:
         """Wait for an engine thread to end, or to be parked by a lost worker."""
         while thread.is_alive() and thread.ident not in self._parked:
@@ -219,7 +242,6 @@ class ServedModel:
                     self.state = "worker_lost"
                     self.state_message = f"{self._lost_message} Not back yet: {outcome}"
                 else:
-                    self._given_up.append(self.decoder)
                     self.decoder = outcome
                     self.state, self.state_message = "ready", ""
                 if not done.done():
@@ -232,6 +254,7 @@ class ServedModel:
                     from ..engine import rpc
 
                     rpc.forget_lost(self.workers)
+                    self._give_up(self.decoder)
                     for worker in self.workers:
                         rpc.check_worker(worker, timeout=2.0)  # SpeculumError, in words, while it is away
                     self.state, self.state_message = "loading", "The model is loading again: its RPC worker is back."
@@ -291,7 +314,7 @@ class ServedModel:
                                                            sampling=completion.sampling, policy=self.mode,
                                                            stop=stop, prediction=prediction,
                                                            grammar=completion.grammar, logprobs=completion.logprobs,
-                                                           on_prompt=prompt_read,  # (a stop within one chunk)
+                                                           on_prompt=prompt_read,
                                                            origin="api")  # for the n-gram memory
                         plain = self.plain_rate()
                         plain = plain if isinstance(plain, PlainBasis) else PlainBasis(plain)
