@@ -18,16 +18,17 @@ PIECES = ["<unk>", "<s>", "</s>", "{", "}", "[", "]", '"', ":", ",", "a", "b", "
 EOS = 2
 
 
-def write_vocab(path: Path) -> Path:
-    """A vocab-only llama GGUF (SentencePiece-style) holding ``PIECES``."""
-    types = [2, 3, 3] + [1] * (len(PIECES) - 3)  # unknown, control, control, then normal
+def write_vocab(path: Path, pieces: list[str] = PIECES) -> Path:
+    """A vocab-only llama GGUF (SentencePiece-style) holding ``pieces`` (the first three:
+    unknown, begin and end of text)."""
+    types = [2, 3, 3] + [1] * (len(pieces) - 3)  # unknown, control, control, then normal
     kv = [("general.architecture", STRING, "llama"),
           ("llama.context_length", UINT32, 4096), ("llama.embedding_length", UINT32, 8),
           ("llama.block_count", UINT32, 1), ("llama.feed_forward_length", UINT32, 8),
           ("llama.attention.head_count", UINT32, 1), ("llama.attention.layer_norm_rms_epsilon", FLOAT32, 1e-5),
           ("tokenizer.ggml.model", STRING, "llama"),
-          ("tokenizer.ggml.tokens", ARRAY, (STRING, PIECES)),
-          ("tokenizer.ggml.scores", ARRAY, (FLOAT32, [0.0] * len(PIECES))),
+          ("tokenizer.ggml.tokens", ARRAY, (STRING, pieces)),
+          ("tokenizer.ggml.scores", ARRAY, (FLOAT32, [0.0] * len(pieces))),
           ("tokenizer.ggml.token_type", ARRAY, (INT32, types)),
           ("tokenizer.ggml.bos_token_id", UINT32, 1), ("tokenizer.ggml.eos_token_id", UINT32, EOS),
           ("tokenizer.ggml.unknown_token_id", UINT32, 0)]

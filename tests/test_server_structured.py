@@ -70,6 +70,23 @@ def test_a_pattern_that_would_stall_the_grammar_is_a_400_naming_the_field(server
     assert answer.choices[0].message.content is not None
 
 
+def test_a_pydantic_pattern_with_shorthand_escapes_is_enforced(server):
+    """pydantic writes patterns with ``\\d``, ``\\.`` and no anchors; the answer still validates."""
+    from typing import Annotated
+
+    from pydantic import BaseModel, StringConstraints
+
+    class Release(BaseModel):
+        version: Annotated[str, StringConstraints(pattern=r"^v\d+\.\d+\.\d+$")]
+        ticket: Annotated[str, StringConstraints(pattern=r"[A-Z]{2}-\d{3}")]
+
+    ask = [{"role": "user", "content": "Version 2.10.3 closed ticket AB-123. Give the version and ticket as JSON."}]
+    reply = server().client().beta.chat.completions.parse(model=MODEL, messages=ask, max_tokens=64,
+                                                          response_format=Release)
+    release = reply.choices[0].message.parsed  # pydantic validated both patterns
+    assert release.version.startswith("v") and "-" in release.ticket
+
+
 def _entries(logprobs):
     return [(e.token, e.logprob, [(t.token, t.logprob) for t in e.top_logprobs]) for e in logprobs.content]
 

@@ -83,6 +83,7 @@ class Grammar:
     def from_json_schema(cls, schema: dict) -> "Grammar":
         """The grammar of JSON documents that conform to ``schema`` (llama.cpp's converter)."""
         _check_schema(schema)
+        schema = _converter_schema(schema)
         _lc()  # through the gate first: llama_cpp's package loads libllama
         from llama_cpp.llama_grammar import json_schema_to_gbnf
         try:
@@ -400,7 +401,7 @@ def _check_schema(schema) -> None:
                                          "a grammar enforces.")
                     grammar_chars += value * _COUNT_CHARS
                 if key == "pattern" and isinstance(value, str):
-                    grammar_chars += _check_pattern(value, where)
+                    grammar_chars += _check_pattern(_converter_pattern(value, where), where)
                 if grammar_chars > MAX_GRAMMAR_CHARS:
                     raise ValueError(f"The JSON schema's counts and patterns (up to {where}) would write a grammar "
                                      f"of more than {MAX_GRAMMAR_CHARS:,} characters.")
@@ -421,6 +422,102 @@ def _check_pattern(pattern: str, where: str) -> int:
                          f"out); a grammar enforces at most {MAX_OPTIONAL_PIECES}: each multiplies the work of checking "
                          "every token.")
     return shape.chars
+
+
+# llama-cpp-python's converter copies a pattern's escapes into the grammar as they are, where
+# ``\d``, ``\w``, ``\s`` and ``\.`` do not parse and a multi-character escape (``\u00e9``) loses
+# the quantifier after it; it asserts on ``(?:`` and on a pattern not anchored at both ends; and
+# it matches the pattern against the string's JSON text, so ``.`` or ``[^a]`` lets a raw quote
+# end the string early. So a pattern reaches it rewritten into the strings the pattern means
+# that JSON can hold: escapes as classes, ``(?:`` as ``(``, an open end as ``.*`` (a schema's
+# pattern matches anywhere), every ``.`` and negated class kept off the quote, the backslash
+# and control characters, and a character JSON escapes spelled as its escape.
+_JSON_UNSAFE = r"\x22\x5C\x00-\x1F\x7F"  # within a class: what a JSON string may not hold raw
+_ANY = f"[^{_JSON_UNSAFE}]"
+_SHORTHANDS = {"d": "0-9", "w": "0-9A-Za-z_", "s": " "}  # \s: the space (JSON escapes the rest)
+_CONTROL_ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "f": "\f", "v": "\v"}
+_JSON_ESCAPES = {'"': '"', "\\": "\\", "\n": "n", "\r": "r", "\t": "t", "\f": "f", "\b": "b"}
+_HEX_DIGITS = {"x": 2, "u": 4}
+
+
+def _converter_schema(node):
+    """``node`` with every ``pattern`` as the converter can read it (``_converter_pattern``)."""
+    if isinstance(node, list):
+        return [_converter_schema(item) for item in node]
+    if isinstance(node, dict):
+        return {key: _converter_pattern(value) if key == "pattern" and isinstance(value, str)
+                else _converter_schema(value) for key, value in node.items()}
+    return node
+
+
+def _converter_pattern(pattern: str, where: str = "pattern") -> str:
+    """``pattern`` (a JSON schema regular expression) in the subset the converter reads, over the
+    string's JSON text; ValueError naming ``where`` for what a grammar cannot say (``\b``, ``\1``)."""
+    n = len(pattern)
+    start = pattern.startswith("^")
+    end = n > int(start) and pattern.endswith("$") and (n - 1 - len(pattern[:n - 1].rstrip("\\"))) % 2 == 0
+    out, i, n, open_at = [], int(start), n - int(end), None  # open_at: where the open class's "[" is
+    while i < n:
+        c, i = pattern[i], i + 1
+        if c == "\\" and i < n:
+            char, i = _escape(pattern, i, open_at is not None, where)
+        elif open_at is None and c == "[":
+            open_at, char = len(out), c
+        elif open_at is not None and c == "]" and len(out) > open_at + 1 + (out[open_at + 1:open_at + 2] == ["^"]):
+            char = (_JSON_UNSAFE if out[open_at + 1:open_at + 2] == ["^"] else "") + c
+            open_at = None
+        elif open_at is not None:  # "]" first in a class is one of its characters
+            char = c if c not in '"]' and " " <= c != "\x7f" else _class_char(c) if c == "]" else ""
+        elif c == "(" and pattern.startswith("?:", i):
+            char, i = c, i + 2
+        elif c == "." or c in _JSON_ESCAPES or c < " ":
+            char = _ANY if c == "." else _literal(c)
+        else:
+            char = c
+        out.append(char)
+    core = "".join(out)
+    if start and end:
+        return f"^{core}$"
+    return "^" + ("" if start else f"{_ANY}*") + f"({core})" + ("" if end else f"{_ANY}*") + "$"
+
+
+def _escape(pattern: str, i: int, in_class: bool, where: str) -> tuple[str, int]:
+    """The escape whose letter is at ``i``: inside a class, the characters it adds there (none
+    where JSON writes them escaped); outside, a piece matching it. And where the pattern goes on."""
+    e, i = pattern[i], i + 1
+    if e in _HEX_DIGITS:
+        digits = pattern[i:i + _HEX_DIGITS[e]]
+        if len(digits) != _HEX_DIGITS[e] or any(h not in "0123456789abcdefABCDEF" for h in digits):
+            raise ValueError(f"The JSON schema's {where} has \\{e} without {_HEX_DIGITS[e]} hex digits.")
+        char, i = chr(int(digits, 16)), i + len(digits)
+    elif e.lower() in _SHORTHANDS:
+        if e.isupper() and in_class:
+            raise ValueError(f"The JSON schema's {where} has \\{e} inside [...], which a grammar cannot say.")
+        chars = _SHORTHANDS[e.lower()] + (_JSON_UNSAFE if e.isupper() else "")
+        return (chars if in_class else f"[{'^' if e.isupper() else ''}{chars}]"), i
+    elif e in _CONTROL_ESCAPES:
+        char = _CONTROL_ESCAPES[e]
+    elif e.isalnum():  # \b, \B, \A, \Z, back-references
+        raise ValueError(f"The JSON schema's {where} uses \\{e}, which a grammar cannot say.")
+    else:
+        char = e
+    if in_class:
+        return ("" if char in _JSON_ESCAPES or char < " " or char == "\x7f" else _class_char(char)), i
+    return _literal(char), i
+
+
+def _class_char(c: str) -> str:
+    """``c`` as one character of a class, in GBNF."""
+    return f"\\x{ord(c):02X}" if c in "[]\\^-" else c
+
+
+def _literal(c: str) -> str:
+    """A piece matching ``c`` in a string's JSON text: itself, or the escape JSON writes it as."""
+    if c in _JSON_ESCAPES:
+        return f"([\\x5C][{_class_char(_JSON_ESCAPES[c])}])"
+    if c < " " or c == "\x7f":
+        return rf"([\x5C]u00{ord(c):02x})"
+    return f"[{_class_char(c)}]"
 
 
 @dataclass(frozen=True)
