@@ -10,9 +10,10 @@ across the relays with the draft local. For each delay it runs, on the same load
 plain, draft model (k adapted), auto, and on a copy-heavy prompt plain vs prompt lookup.
 Each delay gets a fresh Decoder and a fresh data folder, so the auto policy measures its
 verify-cost curve over that delay's network. Links alternate within each delay, ``--repeat``
-rounds; each link's median run counts, and each ratio between links is the median of the
-rounds' own ratios, with their range (a burst of another process's work on a shared machine
-slows whichever link runs then: the range says how noisy the machine was).
+rounds, each led by the next link in turn; each link's median run counts, and each ratio
+between links is the median of the rounds' own ratios, with their range (a burst of another
+process's work on a shared machine slows whichever link runs then: the range says how noisy
+the machine was).
 
     python scripts/bench_rpc.py --target T.gguf --draft D.gguf [--delays 0,1,5] [--tokens 64]
         [--links secure,plain,direct] [--runs plain,draft,auto,copy,lookup] [--repeat 3]
@@ -272,8 +273,8 @@ def main() -> None:
                 for r in relays[link]:
                     r.delay_s = delay_ms / 1000
             runs: dict[str, list[dict]] = {link: [] for link in links}
-            for _ in range(args.repeat):
-                for link in links:
+            for i in range(args.repeat):
+                for link in links[i % len(links):] + links[:i % len(links)]:  # each link leads a round in turn
                     runs[link].append(measure(bases[link], args.tokens, kinds))
             results = {link: median(runs[link], kinds) for link in links}
             for link in links:
