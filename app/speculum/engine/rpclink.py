@@ -144,6 +144,7 @@ def worker_identity(folder: Path, renew: bool = False) -> tuple[Identity, bool]:
 # --- moving bytes: one thread per connection -----------------------------------------------
 
 _HOLD_S = 0.05  # a message held back longer than this goes on in part (it never should)
+_LOW_WATER_CAP = 16384  # (well under any socket's receive buffer, or select would never wake)
 
 
 class _Way:
@@ -155,8 +156,13 @@ class _Way:
     sends, and each piece passed on alone would cost a TLS record and a wake-up on each hop."""
 
     def __init__(self, src: socket.socket, dst: socket.socket, shape: Callable[[memoryview], object] | None = None,
-                 head: int = 0, whole: Callable[[memoryview], bool] | None = None):
+                 head: int = 0, whole: Callable[[memoryview], bool] | None = None,
+                 missing: Callable[[], int] | None = None):
         self.src, self.dst, self.shape, self.head, self.whole = src, dst, shape, head, whole
+        # How many bytes the message being read still lacks: a plain ``src`` wakes select only
+        # once they are all there (SO_RCVLOWAT), not once per piece that llama.cpp sends.
+        self.missing = missing if hasattr(socket, "SO_RCVLOWAT") and not isinstance(src, ssl.SSLSocket) else None
+        self.low_water = 1
         self.buffer = memoryview(bytearray(head + _CHUNK))
         self.out = memoryview(b"")  # shaped, not yet taken by dst
         self.held = 0  # bytes read and held back, after ``head``
@@ -181,12 +187,24 @@ class _Way:
                 break  # one call takes all that a plain socket holds
         if n == start:
             return
-        if self.whole is not None and not self.whole(self.buffer[start:n]) and n < len(self.buffer) and not self.ended:
+        whole = self.whole is None or self.whole(self.buffer[start:n])
+        if self.missing is not None and not self.ended:
+            self.wake_at(self.missing())
+        if not whole and n < len(self.buffer) and not self.ended:
             if not self.held:
                 self.held_since = time.monotonic()
             self.held = n - self.head
             return
         self.release(n)
+
+    def wake_at(self, size: int) -> None:
+        size = max(1, min(size, _LOW_WATER_CAP))
+        if size != self.low_water:
+            try:
+                self.src.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, size)
+                self.low_water = size
+            except OSError:
+                self.missing = None  # (not honoured here: every piece wakes select, as without it)
 
     def release(self, n: int | None = None) -> None:
         """Shape what was read (and held) for sending."""
@@ -234,7 +252,12 @@ def _shuttle(ways: list[_Way], tick_s: float, tick: Callable[[], bool]) -> socke
             # A record already inside the TLS object is invisible to select.
             buffered = {w.src for w in ways if not w.out and isinstance(w.src, ssl.SSLSocket) and w.src.pending()}
             wait = 0 if buffered else _HOLD_S if any(w.held for w in ways) else tick_s
-            ready = {key.fileobj for key, events in selector.select(wait) if events & selectors.EVENT_READ} | buffered
+            events = selector.select(wait)
+            ready = {key.fileobj for key, mask in events if mask & selectors.EVENT_READ} | buffered
+            if not events:  # a quiet spell: wake for any byte again, in case a message's end was misread
+                for w in ways:
+                    if w.missing is not None:
+                        w.wake_at(1)
             for w in ways:
                 if w.held and not w.out and time.monotonic() - w.held_since > _HOLD_S:
                     w.release()
@@ -397,7 +420,8 @@ class FrontEnd:
                 _FRAME.pack_into(data, 0, _DATA, len(data) - _FRAME.size)
                 return data
 
-            to_client = _Way(ggml, tls, framed, head=_FRAME.size, whole=_Messages(8).feed)
+            answers = _Messages(8)
+            to_client = _Way(ggml, tls, framed, head=_FRAME.size, whole=answers.feed, missing=answers.missing)
             next_beat = time.monotonic() + HEARTBEAT_S
 
             def beat() -> bool:
@@ -479,6 +503,10 @@ class _Messages:
         self._size, self._on_head = head_size, on_head
         self._head, self._skip = bytearray(), 0
 
+    def missing(self) -> int:
+        """Bytes still to come before the current header or body is whole."""
+        return self._skip or self._size - len(self._head)
+
     def feed(self, data) -> bool:
         """Take the next bytes; whether they end where a message ends."""
         view = memoryview(data)
@@ -503,8 +531,8 @@ class _Requests:
 
     def __init__(self) -> None:
         self.waiting = 0
-        self.sent = _Messages(9, self._sent).feed
-        self.received = _Messages(8, self._answered).feed
+        self.requests, self.answers = _Messages(9, self._sent), _Messages(8, self._answered)
+        self.sent, self.received = self.requests.feed, self.answers.feed
 
     def _sent(self, head: bytes) -> None:
         if head[0] in _ANSWERED:
@@ -668,9 +696,12 @@ class ClientLink:
             return True
 
         if unframer is None:
-            up, down = _Way(ggml, upstream, whole=sent), _Way(upstream, ggml, whole=received)
+            up = _Way(ggml, upstream, whole=sent, missing=requests.requests.missing)
+            down = _Way(upstream, ggml, whole=received, missing=requests.answers.missing)
         else:
-            up, down = _Way(ggml, upstream, whole=_Messages(9).feed), _Way(upstream, ggml, unframed)
+            messages = _Messages(9)
+            up = _Way(ggml, upstream, whole=messages.feed, missing=messages.missing)
+            down = _Way(upstream, ggml, unframed)
             try:
                 down.out = memoryview(unframed(early))
             except ValueError:
