@@ -10,11 +10,13 @@ across the relays with the draft local. For each delay it runs, on the same load
 plain, draft model (k adapted), auto, and on a copy-heavy prompt plain vs prompt lookup.
 Each delay gets a fresh Decoder and a fresh data folder, so the auto policy measures its
 verify-cost curve over that delay's network. Links alternate within each delay, ``--repeat``
-times, and the best run of each counts (another process's burst on a shared machine only
-ever slows a run down).
+rounds, each led by the next link in turn; each link's median run counts, and each ratio
+between links is the median of the rounds' own ratios, with their range (a burst of another
+process's work on a shared machine slows whichever link runs then: the range says how noisy
+the machine was).
 
     python scripts/bench_rpc.py --target T.gguf --draft D.gguf [--delays 0,1,5] [--tokens 64]
-        [--links secure,plain,direct] [--runs plain,draft,auto,copy,lookup] [--repeat 2]
+        [--links secure,plain,direct] [--runs plain,draft,auto,copy,lookup] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -195,8 +197,14 @@ def measure(base: Decoder, tokens: int, kinds: tuple[str, ...]) -> dict:
     return got
 
 
-def best(runs: list[dict], kinds: tuple[str, ...]) -> dict:
-    return {**{kind: max(r[kind] for r in runs) for kind in kinds}, "policy": runs[-1]["policy"]}
+def median(runs: list[dict], kinds: tuple[str, ...]) -> dict:
+    return {**{kind: statistics.median(r[kind] for r in runs) for kind in kinds}, "policy": runs[-1]["policy"]}
+
+
+def ratio(a: list[dict], b: list[dict], key: str) -> str:
+    """The median of the rounds' a/b ratios, and their range."""
+    each = sorted(x[key] / y[key] for x, y in zip(a, b))
+    return f"{key} {statistics.median(each):.3f}x ({each[0]:.2f}-{each[-1]:.2f})"
 
 
 def row(label: str, delay_ms: float, r: dict) -> str:
@@ -222,7 +230,8 @@ def main() -> None:
                          "(--insecure, llama.cpp connected straight to the worker: llama.cpp's own link, the yardstick)")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--runs", default=",".join(KINDS), help=f"which runs, of {','.join(KINDS)}")
-    ap.add_argument("--repeat", type=int, default=2, help="runs per link and delay, alternating links; the best counts")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="rounds per delay, links alternating within each; medians count")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--round-trips", type=int, default=2000, help="small requests timed per link")
     ap.add_argument("--worker-threads", type=int, default=1)
@@ -255,7 +264,7 @@ def main() -> None:
                 n_ctx=2048, n_threads=args.threads, rpc=addresses))
         first = bases[links[0]]
         print(f"target on {first.target.facts.backend} (per link), draft on {first.draft.facts.backend}; "
-              f"{args.tokens} greedy tokens per run, best of {args.repeat}; tok/s (speedup over plain)", flush=True)
+              f"{args.tokens} greedy tokens per run, median of {args.repeat}; tok/s (speedup over plain)", flush=True)
         header = (f"{'link':>6} | {'delay each way':>11} | {'plain':>6} | {'draft':>13} | {'auto':>13} | "
                   f"{'auto: plain est., verify(5)/verify(1)':>38} | {'copy: plain':>11} | {'lookup':>13}")
         rows, ratios = [], []
@@ -264,22 +273,22 @@ def main() -> None:
                 for r in relays[link]:
                     r.delay_s = delay_ms / 1000
             runs: dict[str, list[dict]] = {link: [] for link in links}
-            for _ in range(args.repeat):
-                for link in links:
+            for i in range(args.repeat):
+                for link in links[i % len(links):] + links[:i % len(links)]:  # each link leads a round in turn
                     runs[link].append(measure(bases[link], args.tokens, kinds))
-            results = {link: best(runs[link], kinds) for link in links}
+            results = {link: median(runs[link], kinds) for link in links}
             for link in links:
                 rows.append(row(link, delay_ms, results[link]))
                 print(rows[-1], file=sys.stderr, flush=True)
             for a, b in (("secure", "plain"), ("secure", "direct"), ("plain", "direct")):
                 if {a, b} <= set(links):
                     ratios.append(f"{a:>6} / {b:<6} | {delay_ms:>4g} ms | " + " | ".join(
-                        f"{key} {results[a][key] / results[b][key]:.3f}x" for key in kinds))
+                        ratio(runs[a], runs[b], key) for key in kinds))
         print(header)
         print("-" * len(header))
         print("\n".join(rows))
         if ratios:
-            print("\nratios of tok/s between links, per run kind:")
+            print("\nratios of tok/s between links, per run kind: median of the rounds' ratios (their range)")
             print("\n".join(ratios))
     finally:
         for base in bases.values():

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import socket
 import struct
 import sys
 import threading
@@ -356,11 +355,7 @@ def forget_lost(endpoints: Sequence[str]) -> None:
             link = _links.pop(name, None)
             if link is not None:
                 link.close()
-                for sock in list(link.upstreams):
-                    try:
-                        sock.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass
+                link.drop_connections()
             _registered.pop(name, None)
             _in_use.pop(name, None)
 

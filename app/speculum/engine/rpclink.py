@@ -16,12 +16,14 @@ the requests that await an answer. Either way, a worker silent past the read tim
 heartbeat; or, plain, an unanswered request) has its connection closed and the reason kept
 for ``rpc``'s abort hook, which names the worker.
 
-All sockets live on one asyncio loop on a daemon thread (``_loop``).
+Each connection is relayed by one thread of its own (``_shuttle``), with non-blocking sockets:
+every byte costs a C-level receive and send, not a pass through asyncio's streams and TLS
+layer, which cost the link a few milliseconds a token; and a TLS socket is only ever used by
+the thread that owns it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import datetime
 import hashlib
@@ -29,6 +31,7 @@ import hmac
 import json
 import os
 import secrets
+import selectors
 import socket
 import ssl
 import struct
@@ -138,51 +141,218 @@ def worker_identity(folder: Path, renew: bool = False) -> tuple[Identity, bool]:
     return Identity(cert_file, key_file, fingerprint_of(der), token), True
 
 
-# --- one event loop for every link in the process ---------------------------------------
+# --- moving bytes: one thread per connection -----------------------------------------------
 
-_loop: asyncio.AbstractEventLoop | None = None
-_loop_lock = threading.Lock()
-
-
-def _event_loop() -> asyncio.AbstractEventLoop:
-    global _loop
-    with _loop_lock:
-        if _loop is None:
-            loop = asyncio.new_event_loop()
-            loop.set_exception_handler(lambda *_: None)  # a stranger's failed TLS handshake is not our error
-            threading.Thread(target=loop.run_forever, name="speculum-rpc-link", daemon=True).start()
-            _loop = loop
-        return _loop
+_HOLD_S = 0.05  # a message held back longer than this goes on in part (it never should)
+_LOW_WATER_CAP = 16384  # (well under any socket's receive buffer, or select would never wake)
 
 
-def _run(coro, timeout: float | None = None):
-    return asyncio.run_coroutine_threadsafe(coro, _event_loop()).result(timeout)
+class _Way:
+    """One direction of a relay: what is read from ``src`` goes, passed through ``shape``, to
+    ``dst``. ``shape``, when given, gets the buffer up to what was read (``head`` bytes reserved in front,
+    for a frame header) and returns what to send. ``whole``, when given, sees each new piece
+    and says whether the bytes so far end where one of llama.cpp's messages ends; until then
+    they are held back: llama.cpp writes a message's command, size and body in separate
+    sends, and each piece passed on alone would cost a TLS record and a wake-up on each hop."""
 
+    def __init__(self, src: socket.socket, dst: socket.socket, shape: Callable[[memoryview], object] | None = None,
+                 head: int = 0, whole: Callable[[memoryview], bool] | None = None,
+                 missing: Callable[[], int] | None = None):
+        self.src, self.dst, self.shape, self.head, self.whole = src, dst, shape, head, whole
+        # How many bytes the message being read still lacks: a plain ``src`` wakes select only
+        # once they are all there (SO_RCVLOWAT), not once per piece that llama.cpp sends.
+        self.missing = missing if hasattr(socket, "SO_RCVLOWAT") and not isinstance(src, ssl.SSLSocket) else None
+        self.low_water = 1
+        self.buffer = memoryview(bytearray(head + _CHUNK))
+        self.out = memoryview(b"")  # shaped, not yet taken by dst
+        self.held = 0  # bytes read and held back, after ``head``
+        self.held_since = 0.0
+        self.ended = False  # src closed
 
-async def _close(writer: asyncio.StreamWriter | None) -> None:
-    if writer is None:
-        return
-    try:
-        writer.close()
-        await asyncio.wait_for(writer.wait_closed(), 1.0)
-    except (OSError, asyncio.TimeoutError, ssl.SSLError):
-        pass
-
-
-async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                seen: Callable[[bytes], None] | None = None) -> None:
-    """Copy until the reader ends; ``seen`` hears each chunk first."""
-    while True:
-        data = await reader.read(_CHUNK)
-        if not data:
+    def read(self) -> None:
+        """Read what ``src`` holds now: a TLS socket gives one record per call, so take every
+        record there is; one write then carries them all."""
+        start = n = self.head + self.held
+        tls = isinstance(self.src, ssl.SSLSocket)
+        while n < len(self.buffer):
+            try:
+                got = self.src.recv_into(self.buffer[n:])
+            except (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError):
+                break
+            if not got:
+                self.ended = True
+                break
+            n += got
+            if not tls:
+                break  # one call takes all that a plain socket holds
+        if n == start:
             return
-        if seen:
-            seen(data)
-        writer.write(data)
-        await writer.drain()
+        whole = self.whole is None or self.whole(self.buffer[start:n])
+        if self.missing is not None and not self.ended:
+            self.wake_at(self.missing())
+        if not whole and n < len(self.buffer) and not self.ended:
+            if not self.held:
+                self.held_since = time.monotonic()
+            self.held = n - self.head
+            return
+        self.release(n)
+
+    def wake_at(self, size: int) -> None:
+        size = max(1, min(size, _LOW_WATER_CAP))
+        if size != self.low_water:
+            try:
+                self.src.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, size)
+                self.low_water = size
+            except OSError:
+                self.missing = None  # (not honoured here: every piece wakes select, as without it)
+
+    def release(self, n: int | None = None) -> None:
+        """Shape what was read (and held) for sending."""
+        n = self.head + self.held if n is None else n
+        self.held = 0
+        self.out = memoryview(self.shape(self.buffer[:n]) if self.shape else self.buffer[:n])
+
+    def write(self) -> None:
+        """Send as much of what waits as ``dst`` takes now."""
+        while self.out:
+            try:
+                sent = self.dst.send(self.out)  # (TLS: all or nothing; a retry sends the same bytes, as it must)
+            except (ssl.SSLWantWriteError, ssl.SSLWantReadError, BlockingIOError):
+                return
+            self.out = self.out[sent:]
+
+
+def _shuttle(ways: list[_Way], tick_s: float, tick: Callable[[], bool]) -> socket.socket | None:
+    """Move bytes along ``ways`` in this thread until a side closes or fails (returns that
+    socket) or ``tick``, called on each wake and at least every ``tick_s``, says stop (None).
+    Sockets are non-blocking: a receiver that stops reading holds back its own way only,
+    never the other way or the tick (the worker's heartbeat, the client's watchdog)."""
+    selector = selectors.DefaultSelector()
+    interest: dict[socket.socket, int] = {}
+    for w in ways:
+        w.src.setblocking(False)
+        w.dst.setblocking(False)
+    try:
+        while True:
+            wanted = dict.fromkeys(interest, 0)
+            for w in ways:
+                if w.out:
+                    wanted[w.dst] = wanted.get(w.dst, 0) | selectors.EVENT_WRITE
+                elif not w.ended:
+                    wanted[w.src] = wanted.get(w.src, 0) | selectors.EVENT_READ
+            for sock, events in wanted.items():
+                if events != interest.get(sock, 0):
+                    if not events:
+                        selector.unregister(sock)
+                    elif sock in interest and interest[sock]:
+                        selector.modify(sock, events)
+                    else:
+                        selector.register(sock, events)
+                    interest[sock] = events
+            # A record already inside the TLS object is invisible to select.
+            buffered = {w.src for w in ways if not w.out and isinstance(w.src, ssl.SSLSocket) and w.src.pending()}
+            wait = 0 if buffered else _HOLD_S if any(w.held for w in ways) else tick_s
+            events = selector.select(wait)
+            ready = {key.fileobj for key, mask in events if mask & selectors.EVENT_READ} | buffered
+            if not events:  # a quiet spell: wake for any byte again, in case a message's end was misread
+                for w in ways:
+                    if w.missing is not None:
+                        w.wake_at(1)
+            for w in ways:
+                if w.held and not w.out and time.monotonic() - w.held_since > _HOLD_S:
+                    w.release()
+                if not w.out and not w.ended and w.src in ready:
+                    try:
+                        w.read()
+                    except (OSError, ValueError):  # (ssl.SSLError is an OSError; ValueError: not our frames)
+                        return w.src
+                try:
+                    w.write()  # at once: what was just read almost always fits
+                except OSError:
+                    return w.dst
+                if w.ended and not w.out:
+                    return w.src
+            if not tick():
+                return None
+    finally:
+        selector.close()
+
+
+def _read_line(sock: socket.socket, limit: int, deadline: float) -> tuple[bytes, bytes]:
+    """(a line read from ``sock`` by ``deadline``, what came after it); the line is empty when
+    none came whole within ``limit`` bytes."""
+    got = b""
+    while b"\n" not in got and len(got) < limit:
+        sock.settimeout(max(0.001, deadline - time.monotonic()))
+        data = sock.recv(limit)
+        if not data:
+            return b"", b""
+        got += data
+    line, newline, rest = got.partition(b"\n")
+    return (line + newline, rest) if newline else (b"", b"")
+
+
+def _read_exactly(sock: socket.socket, size: int, deadline: float) -> bytes | None:
+    got = b""
+    while len(got) < size:
+        sock.settimeout(max(0.001, deadline - time.monotonic()))
+        data = sock.recv(size - len(got))
+        if not data:
+            return None
+        got += data
+    return got
+
+
+def _listen(host: str, port: int) -> list[socket.socket]:
+    """Listening sockets on ``host:port``, one per address family it names (IPv6 ones IPv6-only)."""
+    sockets = []
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(
+                socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)):
+            s = socket.socket(family, kind, proto)
+            sockets.append(s)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            s.bind(address)
+            s.listen(100)
+    except OSError:
+        for s in sockets:
+            s.close()
+        raise
+    return sockets
+
+
+def _accept_each(listener: socket.socket, serve: Callable[[socket.socket, tuple], None], name: str) -> None:
+    """Serve each connection to ``listener`` on a thread of its own, until the listener is closed."""
+    def accept() -> None:
+        listener.settimeout(1.0)  # wakes now and then to see whether the listener was closed
+        while listener.fileno() != -1:
+            try:
+                conn, peer = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            conn.settimeout(None)
+            threading.Thread(target=serve, args=(conn, peer), name=name, daemon=True).start()
+
+    threading.Thread(target=accept, name=name, daemon=True).start()
+
+
+def _close(*socks: socket.socket | None) -> None:
+    for sock in socks:
+        if sock is not None:
+            try:
+                sock.close()
+            except OSError:
+                pass
 
 
 # --- the worker's TLS front end ------------------------------------------------------------
+
+_BEAT_FRAME = _FRAME.pack(_BEAT, 0)
+
 
 class FrontEnd:
     """TLS on ``host:port`` in front of ggml's RPC server on 127.0.0.1:``ggml_port``."""
@@ -192,83 +362,117 @@ class FrontEnd:
         self.host, self.port, self.ggml_port = host, port, ggml_port
         self.identity, self.device, self.log = identity, device, log
         self.bytes_to_ggml = 0  # every byte any client passed to ggml's parser, all connections together
-        self._server: asyncio.AbstractServer | None = None
+        self._context: ssl.SSLContext | None = None
 
     def start(self) -> None:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_3
         context.load_cert_chain(self.identity.cert_file, self.identity.key_file)
+        self._context = context
         try:
-            self._server = _run(asyncio.start_server(self._serve, self.host, self.port, ssl=context,
-                                                     ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S, reuse_address=True))
+            listeners = _listen(self.host, self.port)
         except OSError as exc:
             raise SpeculumError(f"Cannot listen on {self.host}:{self.port}: {exc.strerror or exc}.") from None
+        for listener in listeners:
+            _accept_each(listener, self._serve, "speculum-rpc-front-end")
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        peer = writer.get_extra_info("peername") or ("?", 0)
+    def _serve(self, conn: socket.socket, peer: tuple) -> None:
         who = f"{peer[0]}:{peer[1]}"
-        ggml_writer = None
+        deadline = time.monotonic() + HANDSHAKE_TIMEOUT_S
+        conn.settimeout(HANDSHAKE_TIMEOUT_S)
+        try:
+            tls = self._context.wrap_socket(conn, server_side=True)
+        except OSError:
+            _close(conn)  # a stranger's failed TLS handshake: nothing reached us
+            return
+        ggml = None
         passed = 0
         try:
             try:
-                hello = await asyncio.wait_for(reader.readexactly(len(MAGIC) + TOKEN_CHARS + 1), HANDSHAKE_TIMEOUT_S)
-            except (asyncio.IncompleteReadError, asyncio.TimeoutError, OSError, ssl.SSLError):
+                hello = _read_exactly(tls, len(MAGIC) + TOKEN_CHARS + 1, deadline)
+            except OSError:
+                hello = None
+            if hello is None:
                 self.log(f"refused {who}: it sent no token (a client pinning another certificate, or not Speculum)")
                 return
             token = hello[len(MAGIC):-1]
             if not (hello.startswith(MAGIC) and hmac.compare_digest(token, self.identity.token.encode())):
-                writer.write(b'{"ok": false, "error": "wrong token"}\n')
-                await writer.drain()
+                tls.sendall(b'{"ok": false, "error": "wrong token"}\n')
                 self.log(f"refused {who}: wrong token")
                 return
             try:
-                ggml_reader, ggml_writer = await asyncio.open_connection("127.0.0.1", self.ggml_port)
+                ggml = socket.create_connection(("127.0.0.1", self.ggml_port), timeout=HANDSHAKE_TIMEOUT_S)
             except OSError as exc:
-                writer.write(json.dumps({"ok": False, "error": f"llama.cpp's server: {exc}"}).encode() + b"\n")
+                tls.sendall(json.dumps({"ok": False, "error": f"llama.cpp's server: {exc}"}).encode() + b"\n")
                 return
-            _nodelay_keepalive(ggml_writer.get_extra_info("socket"), keepalive=False)
-            _nodelay_keepalive(writer.get_extra_info("socket"))
-            writer.write(json.dumps({"ok": True, "device": self.device}).encode() + b"\n")
+            _nodelay_keepalive(ggml, keepalive=False)
+            _nodelay_keepalive(tls)
+            tls.sendall(json.dumps({"ok": True, "device": self.device}).encode() + b"\n")
             self.log(f"paired with {who}")
 
-            def count(data: bytes) -> None:
+            def count(data: memoryview) -> memoryview:
                 nonlocal passed
                 passed += len(data)
                 self.bytes_to_ggml += len(data)
+                return data
 
-            await _first_done(_pump(reader, ggml_writer, count), self._frames(ggml_reader, writer),
-                              self._heartbeat(writer))
+            def framed(data: memoryview) -> memoryview:  # (the header's room was kept in front)
+                _FRAME.pack_into(data, 0, _DATA, len(data) - _FRAME.size)
+                return data
+
+            answers = _Messages(8)
+            to_client = _Way(ggml, tls, framed, head=_FRAME.size, whole=answers.feed, missing=answers.missing)
+            next_beat = time.monotonic() + HEARTBEAT_S
+
+            def beat() -> bool:
+                nonlocal next_beat
+                if time.monotonic() >= next_beat and not to_client.out:  # (never inside a frame)
+                    to_client.out = memoryview(_BEAT_FRAME)
+                    next_beat = time.monotonic() + HEARTBEAT_S
+                return True
+
+            _shuttle([_Way(tls, ggml, count), to_client], HEARTBEAT_S / 4, beat)
+        except OSError:
+            pass  # the client went away mid-handshake
         finally:
-            await _close(ggml_writer)
-            await _close(writer)
+            _close(ggml, tls)
             self.log(f"{who} disconnected: {passed} bytes passed to llama.cpp ({self.bytes_to_ggml} in all)")
 
-    @staticmethod
-    async def _frames(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while True:
-            data = await reader.read(_CHUNK)
-            if not data:
-                return
-            writer.write(_FRAME.pack(_DATA, len(data)) + data)
-            await writer.drain()
 
-    @staticmethod
-    async def _heartbeat(writer: asyncio.StreamWriter) -> None:
-        while True:
-            await asyncio.sleep(HEARTBEAT_S)
-            writer.write(_FRAME.pack(_BEAT, 0))
-            await writer.drain()
+class _Unframer:
+    """The front end's frames back into llama.cpp's bytes, across reads that split them anywhere.
+    A data frame is given out whole: llama.cpp reads a message to its end before it acts, so
+    passing one on in pieces would only wake it more often."""
 
+    def __init__(self) -> None:
+        self._head = bytearray()
+        self._data = bytearray()
+        self.left = 0  # bytes of the current data frame still to come
 
-async def _first_done(*coros) -> None:
-    """Run the coroutines until one ends (a side closed, or an error); cancel the others."""
-    tasks = [asyncio.ensure_future(c) for c in coros]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    def feed(self, data) -> tuple[bytearray, int]:
+        """(the data of the frames completed by ``data``, how many frames began in it, heartbeats
+        included); ValueError on a frame the front end never sends."""
+        frames, view = 0, memoryview(data)
+        while view:
+            if self.left:
+                take = min(self.left, len(view))
+                self._data += view[:take]
+                view, self.left = view[take:], self.left - take
+                continue
+            need = _FRAME.size - len(self._head)
+            self._head += view[:need]
+            view = view[need:]
+            if len(self._head) < _FRAME.size:
+                break
+            kind, size = _FRAME.unpack(self._head)
+            self._head.clear()
+            if kind not in (_BEAT, _DATA) or size > _CHUNK or (kind == _BEAT and size):
+                raise ValueError("not a frame of ours")
+            frames, self.left = frames + 1, size
+        if self.left or not self._data:
+            return bytearray(), frames
+        out, self._data = self._data, bytearray()
+        return out, frames
 
 
 def speaks_tls(host: str, port: int, timeout: float) -> bool:
@@ -291,45 +495,51 @@ def speaks_tls(host: str, port: int, timeout: float) -> bool:
 _ANSWERED = {0, 1, 2, 3, 7, 8, 9, 11, 13, 14, 15}
 
 
+class _Messages:
+    """Where llama.cpp's RPC messages end in one direction of a connection, from their headers
+    alone: a request is | command (1) | size (8) | body |, an answer | size (8) | body |."""
+
+    def __init__(self, head_size: int, on_head: Callable[[bytes], None] | None = None):
+        self._size, self._on_head = head_size, on_head
+        self._head, self._skip = bytearray(), 0
+
+    def missing(self) -> int:
+        """Bytes still to come before the current header or body is whole."""
+        return self._skip or self._size - len(self._head)
+
+    def feed(self, data) -> bool:
+        """Take the next bytes; whether they end where a message ends."""
+        view = memoryview(data)
+        while view:
+            if self._skip:
+                step = min(self._skip, len(view))
+                self._skip, view = self._skip - step, view[step:]
+                continue
+            take = self._size - len(self._head)
+            self._head += view[:take]
+            view = view[take:]
+            if len(self._head) == self._size:
+                self._skip = struct.unpack_from("<Q", self._head, self._size - 8)[0]
+                if self._on_head:
+                    self._on_head(bytes(self._head))
+                self._head.clear()
+        return not self._skip and not self._head
+
+
 class _Requests:
-    """Counts ggml's requests that await an answer, reading only the messages' headers:
-    a request is | command (1) | size (8) | body |, an answer | size (8) | body |."""
+    """Counts ggml's requests that await an answer, from the messages' headers."""
 
     def __init__(self) -> None:
         self.waiting = 0
-        self._out = self._headers(9, self._sent)
-        self._in = self._headers(8, self._answered)
-        next(self._out), next(self._in)
+        self.requests, self.answers = _Messages(9, self._sent), _Messages(8, self._answered)
+        self.sent, self.received = self.requests.feed, self.answers.feed
 
-    def sent(self, data: bytes) -> None:
-        self._out.send(data)
-
-    def received(self, data: bytes) -> None:
-        self._in.send(data)
-
-    def _sent(self, head: bytes) -> int:
+    def _sent(self, head: bytes) -> None:
         if head[0] in _ANSWERED:
             self.waiting += 1
-        return struct.unpack_from("<Q", head, 1)[0]
 
-    def _answered(self, head: bytes) -> int:
+    def _answered(self, head: bytes) -> None:
         self.waiting = max(0, self.waiting - 1)
-        return struct.unpack_from("<Q", head)[0]
-
-    @staticmethod
-    def _headers(size: int, on_head: Callable[[bytes], int]):
-        head, skip = b"", 0
-        while True:
-            data = yield
-            while data:
-                if skip:
-                    step = min(skip, len(data))
-                    skip, data = skip - step, data[step:]
-                    continue
-                take = size - len(head)
-                head, data = head + data[:take], data[take:]
-                if len(head) == size:
-                    skip, head = on_head(head), b""
 
 
 def _from_this_process(peer) -> bool:
@@ -367,77 +577,79 @@ class ClientLink:
         self.failure: tuple[str, str] | None = None  # (kind, sentence) of the last connection's end, if it failed
         self.device: dict | None = None  # what a secure worker says it serves ({"kind": "CPU", ...})
         self.upstreams: list[socket.socket] = []
-        self._server = _run(asyncio.start_server(self._serve, "127.0.0.1", 0))
-        self.local_endpoint = f"127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+        (self._listener,) = _listen("127.0.0.1", 0)
+        self.local_endpoint = f"127.0.0.1:{self._listener.getsockname()[1]}"
+        _accept_each(self._listener, self._serve, "speculum-rpc-relay")
 
     def _fail(self, kind: str, words: str) -> None:
         self.failure = (kind, words)
 
-    async def _serve(self, ggml_reader: asyncio.StreamReader, ggml_writer: asyncio.StreamWriter) -> None:
-        if not _from_this_process(ggml_writer.get_extra_info("peername")):
-            await _close(ggml_writer)  # another program on this machine: the relay holds our token, not theirs
+    def _serve(self, ggml: socket.socket, peer: tuple) -> None:
+        if not _from_this_process(peer):
+            _close(ggml)  # another program on this machine: the relay holds our token, not theirs
             return
         self.failure = None
-        _nodelay_keepalive(ggml_writer.get_extra_info("socket"), keepalive=False)
-        writer = None
+        _nodelay_keepalive(ggml, keepalive=False)
+        opened = self._open()
+        if opened is None:
+            _close(ggml)
+            return
+        upstream, early = opened
+        self.upstreams.append(upstream)
         try:
-            opened = await self._open()
-            if opened is None:
-                return
-            reader, writer = opened
-            sock = writer.get_extra_info("socket")
-            self.upstreams.append(sock)
-            try:
-                await self._relay(ggml_reader, ggml_writer, reader, writer)
-            finally:
-                self.upstreams.remove(sock)
+            self._relay(ggml, upstream, early)
         finally:
-            await _close(writer)
-            await _close(ggml_writer)
+            self.upstreams.remove(upstream)
+            _close(upstream, ggml)
 
-    async def _open(self):
-        """The connection to the worker, checked and paired; None (and ``failure`` said) when not."""
+    def _open(self) -> tuple[socket.socket, bytes] | None:
+        """The connection to the worker, checked and paired, and what the worker already sent
+        after its answer; None (and ``failure`` said) when not."""
         w = self.worker
-        context = None
-        if w.secure:
-            context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-            context.minimum_version = ssl.TLSVersion.TLSv1_3
-            context.check_hostname, context.verify_mode = False, ssl.CERT_NONE  # pinned below instead
         try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(w.host, w.port, ssl=context, server_hostname="" if context else None),
-                self.connect_timeout)
-        except asyncio.TimeoutError:
-            self._fail("connect", f"The RPC worker at {w.name} did not accept a connection within "
-                                  f"{self.connect_timeout:g} s (a firewall, or the machine is off?).")
-            return None
-        except ssl.SSLError as exc:
-            self._fail("connect", f"The RPC worker at {w.name} did not complete a TLS handshake ({exc.reason}): "
-                                  "is it a `speculum rpc-worker` started without --insecure?")
-            return None
+            sock = socket.create_connection((w.host, w.port), timeout=self.connect_timeout)
+        except TimeoutError:
+            return self._no_connection()
         except OSError as exc:
             why = "nothing is listening there" if isinstance(exc, ConnectionRefusedError) else (exc.strerror or str(exc))
             self._fail("connect", f"Cannot reach the RPC worker at {w.name}: {why}. "
                                   "Start it there with `speculum rpc-worker`.")
             return None
-        _nodelay_keepalive(writer.get_extra_info("socket"))
+        _nodelay_keepalive(sock)
         if not w.secure:
-            return reader, writer
-        der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True) or b""
-        if not hmac.compare_digest(fingerprint_of(der), w.fingerprint):
-            await _close(writer)  # before the token: an impostor learns nothing
+            return sock, b""
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.minimum_version = ssl.TLSVersion.TLSv1_3
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE  # pinned below instead
+        try:
+            sock = context.wrap_socket(sock)
+        except TimeoutError:
+            _close(sock)
+            return self._no_connection()
+        except ssl.SSLError as exc:
+            _close(sock)
+            self._fail("connect", f"The RPC worker at {w.name} did not complete a TLS handshake ({exc.reason}): "
+                                  "is it a `speculum rpc-worker` started without --insecure?")
+            return None
+        except OSError as exc:
+            _close(sock)
+            self._fail("connect", f"Cannot reach the RPC worker at {w.name}: {exc.strerror or exc}. "
+                                  "Start it there with `speculum rpc-worker`.")
+            return None
+        if not hmac.compare_digest(fingerprint_of(sock.getpeercert(binary_form=True) or b""), w.fingerprint):
+            _close(sock)  # before the token: an impostor learns nothing
             self._fail("pairing", f"The RPC worker at {w.name} presented a different certificate than its pairing "
                                   "string names: another machine answers at that address, or the worker made a new "
                                   "one (--new-pairing). Nothing was sent; copy the pairing string it prints now.")
             return None
         try:
-            writer.write(MAGIC + w.token.encode() + b"\n")
-            line = await asyncio.wait_for(reader.readline(), self.connect_timeout)
-            reply = json.loads(line[:_MAX_REPLY]) if line.endswith(b"\n") else None
-        except (asyncio.TimeoutError, OSError, ssl.SSLError, ValueError, asyncio.LimitOverrunError):
-            reply = None
+            sock.sendall(MAGIC + w.token.encode() + b"\n")
+            line, early = _read_line(sock, _MAX_REPLY, time.monotonic() + self.connect_timeout)
+            reply = json.loads(line) if line else None
+        except (OSError, ValueError):
+            reply, early = None, b""
         if not isinstance(reply, dict) or reply.get("ok") is not True:
-            await _close(writer)
+            _close(sock)
             refused = isinstance(reply, dict) and reply.get("error") == "wrong token"
             self._fail("pairing", f"The RPC worker at {w.name} refused the token: copy the pairing string it prints "
                                   "again." if refused else f"The RPC worker at {w.name} did not accept the pairing "
@@ -445,104 +657,101 @@ class ClientLink:
             return None
         device = reply.get("device")
         self.device = device if isinstance(device, dict) else {}
-        return reader, writer
+        return sock, early
 
-    async def _relay(self, ggml_reader, ggml_writer, reader, writer) -> None:
+    def _no_connection(self) -> None:
+        self._fail("connect", f"The RPC worker at {self.worker.name} did not accept a connection within "
+                              f"{self.connect_timeout:g} s (a firewall, or the machine is off?).")
+
+    def _relay(self, ggml: socket.socket, upstream: socket.socket, early: bytes) -> None:
         """Both directions until one side closes; a silent worker ends it after ``read_timeout``."""
-        heard = [time.monotonic()]  # last sign of life from the worker
+        heard = time.monotonic()  # last sign of life from the worker
         requests = None if self.worker.secure else _Requests()
+        unframer = _Unframer() if self.worker.secure else None
 
-        def sent(data: bytes) -> None:
+        def sent(data: memoryview) -> bool:
+            nonlocal heard
             if requests.waiting == 0:
-                heard[0] = time.monotonic()  # the wait for an answer starts now
-            requests.sent(data)
+                heard = time.monotonic()  # the wait for an answer starts now
+            return requests.sent(data)
 
-        def received(data: bytes) -> None:
-            heard[0] = time.monotonic()
-            requests.received(data)
+        def received(data: memoryview) -> bool:
+            nonlocal heard
+            heard = time.monotonic()
+            return requests.received(data)
 
-        async def from_worker() -> None:
-            if requests is not None:
-                await _pump(reader, ggml_writer, received)
-            else:
-                await self._unframe(reader, ggml_writer, heard)
-            if not ggml_writer.is_closing():
-                self._fail("closed", "")  # the worker ended the connection: the abort hook words it
+        def unframed(data: memoryview) -> bytearray:
+            nonlocal heard
+            data, frames = unframer.feed(data)
+            if frames:
+                heard = time.monotonic()
+            return data
 
-        async def watchdog() -> None:
-            while True:
-                await asyncio.sleep(min(1.0, self.read_timeout / 4))
-                quiet = time.monotonic() - heard[0]
-                if quiet > self.read_timeout and (requests is None or requests.waiting):
-                    self._fail("timeout", f"The RPC worker at {self.worker.name} did not answer for "
-                                          f"{self.read_timeout:g} s: it is frozen, asleep or cut off (a pass that "
-                                          "really takes longer needs a larger --rpc-timeout).")
-                    return
+        def watchdog() -> bool:
+            if time.monotonic() - heard > self.read_timeout and (requests is None or requests.waiting):
+                self._fail("timeout", f"The RPC worker at {self.worker.name} did not answer for "
+                                      f"{self.read_timeout:g} s: it is frozen, asleep or cut off (a pass that "
+                                      "really takes longer needs a larger --rpc-timeout).")
+                return False
+            return True
 
-        await _first_done(_pump(ggml_reader, writer, sent if requests else None), from_worker(), watchdog())
-
-    @staticmethod
-    async def _unframe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, heard: list[float]) -> None:
-        while True:
+        if unframer is None:
+            up = _Way(ggml, upstream, whole=sent, missing=requests.requests.missing)
+            down = _Way(upstream, ggml, whole=received, missing=requests.answers.missing)
+        else:
+            messages = _Messages(9)
+            up = _Way(ggml, upstream, whole=messages.feed, missing=messages.missing)
+            down = _Way(upstream, ggml, unframed)
             try:
-                kind, size = _FRAME.unpack(await reader.readexactly(_FRAME.size))
-                if size > _CHUNK:  # the front end never frames more: not a worker of ours
-                    return
-                data = await reader.readexactly(size) if size else b""
-            except (asyncio.IncompleteReadError, ssl.SSLError, OSError):
+                down.out = memoryview(unframed(early))
+            except ValueError:
+                self._fail("closed", "")
                 return
-            heard[0] = time.monotonic()
-            if kind == _DATA:
-                writer.write(data)
-                await writer.drain()
+        ended = _shuttle([up, down], min(1.0, self.read_timeout / 4), watchdog)
+        if ended is upstream:
+            self._fail("closed", "")  # the worker ended the connection: the abort hook words it
 
     def exchange(self, request: bytes, enough: Callable[[bytes], bool], timeout: float) -> bytes:
         """Open a connection to the worker as ggml's would, send ``request``, and return the
         answer once ``enough`` says it is complete, the worker closes, or ``timeout`` passes with
         part of it. SpeculumError when the connection or the pairing fails; TimeoutError when
         nothing at all came back."""
-        try:
-            return _run(self._exchange(request, enough, timeout))
-        except asyncio.TimeoutError:
-            raise TimeoutError from None
-
-    async def _exchange(self, request: bytes, enough: Callable[[bytes], bool], timeout: float) -> bytes:
         self.failure = None
-        opened = await self._open()
+        opened = self._open()
         if opened is None:
             raise SpeculumError(self.failure[1])
-        reader, writer = opened
+        sock, early = opened
+        unframer = _Unframer() if self.worker.secure else None
         answer = bytearray()
-
-        class Sink:  # what _unframe writes the worker's data to
-            def write(self, data: bytes) -> None:
-                answer.extend(data)
-
-            async def drain(self) -> None:
-                if enough(bytes(answer)):
-                    raise EOFError
-
-        async def collect() -> None:
-            if self.worker.secure:
-                await self._unframe(reader, Sink(), [0.0])
-                return
-            while not enough(bytes(answer)):
-                data = await reader.read(_CHUNK)
-                if not data:
-                    return
-                answer.extend(data)
-
+        deadline = time.monotonic() + timeout
         try:
-            writer.write(request)
-            await asyncio.wait_for(collect(), timeout)
-        except asyncio.TimeoutError:  # (an OSError too, since Python 3.11: say it as itself)
+            sock.settimeout(timeout)
+            sock.sendall(request)
+            data = early
+            while True:
+                answer += unframer.feed(data)[0] if unframer else data
+                if enough(bytes(answer)):
+                    break
+                sock.settimeout(max(0.001, deadline - time.monotonic()))
+                data = sock.recv(_CHUNK)
+                if not data:
+                    break
+        except TimeoutError:
             if not answer:
                 raise
-        except (EOFError, OSError, ssl.SSLError):
-            pass  # the answer is complete, or the worker closed: the caller judges what came
+        except (OSError, ValueError):
+            pass  # the worker closed, or sent what no worker of ours sends: the caller judges what came
         finally:
-            await _close(writer)
+            _close(sock)
         return bytes(answer)
 
+    def drop_connections(self) -> None:
+        """End the connections to the worker; each relay then closes ggml's side."""
+        for sock in list(self.upstreams):
+            try:  # the bare socket's shutdown: SSLSocket's would pull the TLS state from under the relay
+                socket.socket.shutdown(sock, socket.SHUT_RDWR)
+            except OSError:
+                pass
+
     def close(self) -> None:
-        self._server.close()
+        self._listener.close()
