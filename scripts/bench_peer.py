@@ -46,6 +46,7 @@ SPECULUM = ("speculum auto", "speculum off")
 QUICK_PROMPTS = ("code-editing", "open-chat")
 FOLLOW_UP = "Thank you. Now give the same answer once more, exactly as before."
 SWITCH_BACK = "Now do the same once more, but also rename the variable `totals` to `sums`."
+SPIN_COUNT = 1_000  # engine/cpu_settings.py's, for the diagnostic configuration
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,8 @@ class Config:
     name: str
     command: tuple[str, ...]
     speculum: bool = False
+    env: tuple[tuple[str, str], ...] = ()  # set for this server alone
+    optional: bool = False  # run only when named
 
 
 @dataclass
@@ -126,6 +129,11 @@ def llama_server_configs(binary: str, target: str, draft: str | None, ctx: int, 
     for name, spec, needs_draft in wanted:
         if all(t in types for t in spec) and (draft or not needs_draft):
             configs.append(Config(name, (*base, *(with_draft if needs_draft else ()), "--spec-type", ",".join(spec))))
+    # Not run unless named (--configs): plain with one of Speculum's own CPU settings each, to
+    # find what a difference between Speculum's plain decoding and llama-server's comes from.
+    configs += [Config(f"{PLAIN}, flash attention off", (*base, "-fa", "off"), optional=True),
+                Config(f"{PLAIN}, Speculum's thread wait", base, optional=True,
+                       env=(("GOMP_SPINCOUNT", str(SPIN_COUNT)), ("OMP_WAIT_POLICY", "active")))]
     return configs
 
 
@@ -155,7 +163,7 @@ class Server:
         self.port = free_port()
         self.data = Path(tempfile.mkdtemp(prefix="bench-peer-", dir=log_dir))
         self.log = (log_dir / f"{config.name.replace(' ', '_')}.log").open("ab")
-        env = dict(os.environ)
+        env = {**os.environ, **dict(config.env)}
         if config.speculum:
             # A fresh data folder (no measured policy, no n-gram memory, no tuning result), and no
             # idle tuning children beside the other servers' requests.
@@ -433,6 +441,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.configs:
         wanted = args.configs.split(",")
         configs = [c for c in configs if c.name in wanted]
+    else:
+        configs = [c for c in configs if not c.optional]
     info = {"target": Path(target).name, "draft": Path(draft).name if draft else None, "threads": threads,
             "ctx": args.ctx, "rounds": rounds, "load_average_start": os.getloadavg(),
             "commands": {c.name: " ".join(c.command) for c in configs}}

@@ -73,16 +73,17 @@ def test_the_table_shows_every_round_and_a_dash_where_a_configuration_did_not_ru
 def test_llama_server_configurations_follow_what_the_build_offers_and_the_draft_model():
     configs = bench_peer.llama_server_configs("llama-server", "t.gguf", "d.gguf", 4096, 2,
                                               ["none", "draft-simple", "ngram-mod", "ngram-cache"])
-    names = [c.name for c in configs]
+    names = [c.name for c in configs if not c.optional]
     assert names == [PLAIN, "llama-server draft-simple", "llama-server ngram-mod", "llama-server ngram-cache",
                      "llama-server draft-simple+ngram-mod"]
-    combined = configs[-1].command
+    combined = configs[4].command
     assert combined[combined.index("--spec-type") + 1] == "draft-simple,ngram-mod" and "-md" in combined
     assert "-md" not in configs[2].command
     plain = configs[0].command
     assert plain[plain.index("-t") + 1] == plain[plain.index("-tb") + 1] == "2" and "-np" in plain
     alone = bench_peer.llama_server_configs("llama-server", "t.gguf", None, 4096, 2, ["ngram-mod"])
-    assert [c.name for c in alone] == [PLAIN, "llama-server ngram-mod"]
+    assert [c.name for c in alone if not c.optional] == [PLAIN, "llama-server ngram-mod"]
+    assert dict(configs[-1].env)["GOMP_SPINCOUNT"] == "1000" and configs[-1].optional
 
 
 def test_cases_build_later_turns_from_each_configurations_own_answers():
