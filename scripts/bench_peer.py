@@ -35,7 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -46,7 +46,8 @@ SPECULUM = ("speculum auto", "speculum off")
 QUICK_PROMPTS = ("code-editing", "open-chat")
 FOLLOW_UP = "Thank you. Now give the same answer once more, exactly as before."
 SWITCH_BACK = "Now do the same once more, but also rename the variable `totals` to `sums`."
-SPIN_COUNT = 1_000  # engine/cpu_settings.py's, for the diagnostic configuration
+# engine/cpu_settings.py's thread wait, for llama-server where asked (--llama-wait speculum)
+SPECULUM_WAIT = (("GOMP_SPINCOUNT", "1000"), ("OMP_WAIT_POLICY", "active"))
 
 
 @dataclass(frozen=True)
@@ -132,8 +133,7 @@ def llama_server_configs(binary: str, target: str, draft: str | None, ctx: int, 
     # Not run unless named (--configs): plain with one of Speculum's own CPU settings each, to
     # find what a difference between Speculum's plain decoding and llama-server's comes from.
     configs += [Config(f"{PLAIN}, flash attention off", (*base, "-fa", "off"), optional=True),
-                Config(f"{PLAIN}, Speculum's thread wait", base, optional=True,
-                       env=(("GOMP_SPINCOUNT", str(SPIN_COUNT)), ("OMP_WAIT_POLICY", "active")))]
+                Config(f"{PLAIN}, Speculum's thread wait", base, optional=True, env=SPECULUM_WAIT)]
     return configs
 
 
@@ -262,6 +262,9 @@ def cases(prompts, max_tokens: int | None) -> list[list[Step]]:
 
 def run_round(configs: list[Config], steps_of: list[list[Step]], table: Table, log_dir: Path,
               round_index: int) -> None:
+    for config in configs:  # the table's columns in the configurations' order, not the first run's
+        if config.name not in table.configs:
+            table.configs.append(config.name)
     servers = [Server(c, log_dir) for c in configs]
     try:
         for server in servers:
@@ -412,6 +415,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, help="threads for every server (default: all cores)")
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--llama-server", help="a llama-server binary (default: build it from the vendored llama.cpp)")
+    ap.add_argument("--llama-wait", choices=("default", "speculum"), default="default",
+                    help="how llama-server's threads wait: libgomp's default (300,000 spins, which collapses when "
+                         "other programs load the cores), or Speculum's (engine/cpu_settings.py)")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON here ('-': standard output)")
     args = ap.parse_args(argv)
 
@@ -438,6 +444,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     binary = args.llama_server or build_llama_server()
     configs = (speculum_configs(target, draft, args.ctx, threads)
                + llama_server_configs(binary, target, draft, args.ctx, threads, spec_types(binary)))
+    if args.llama_wait == "speculum":
+        configs = [c if c.speculum or c.env else replace(c, env=SPECULUM_WAIT) for c in configs]
     if args.configs:
         wanted = args.configs.split(",")
         configs = [c for c in configs if c.name in wanted]
@@ -445,7 +453,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         configs = [c for c in configs if not c.optional]
     info = {"target": Path(target).name, "draft": Path(draft).name if draft else None, "threads": threads,
             "ctx": args.ctx, "rounds": rounds, "load_average_start": os.getloadavg(),
-            "commands": {c.name: " ".join(c.command) for c in configs}}
+            "commands": {c.name: " ".join([*(f"{k}={v}" for k, v in c.env), *c.command]) for c in configs}}
     table = Table()
     logs = Path(tempfile.mkdtemp(prefix="bench-peer-logs-"))  # the servers' own output, kept
     print(f"servers' logs in {logs}", file=sys.stderr)
@@ -460,6 +468,8 @@ def main(argv: Sequence[str] | None = None) -> int:
           + ", ".join(f"{c} {v}" for c, v in result["agreement_with_plain"].items()))
     for name, value in result["verdicts"].items():
         print(f"{name}: {value}")
+    for name, command in info["commands"].items():
+        print(f"{name}: {command}")
     print(f"threads {threads}, context {args.ctx}; load average {info['load_average_start'][0]:.1f} at the start, "
           f"{info['load_average_end'][0]:.1f} at the end")
     if args.json:
