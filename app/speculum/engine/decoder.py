@@ -245,7 +245,10 @@ class Decoder:
         if on_prompt is not None and (to_read or draft_behind):
             on_prompt(have, total)
         chunk = PROMPT_CHUNK if on_prompt else None
-        pending = self._read_prompt(known[have:], context[-1], stop, chunk_read, chunk)
+        # Plain decoding reads the last token with the prompt (its first token then needs no pass
+        # of its own); a drafting policy verifies it with its first draft, as before.
+        plain = all(source == Source.NONE for source in policy.sources)
+        pending = self._read_prompt(known[have:], context[-1] if plain else None, stop, chunk_read, chunk)
         # Less than to_read when stopped; the last token is the first cycle's, as when it decodes it.
         stats.prompt_tokens = min(len(self.sequence.tokens), len(known)) - have
         if draft_behind and not (stop is not None and stop.is_set()):
@@ -255,14 +258,15 @@ class Decoder:
             drafter.begin(context)
         return context, pending
 
-    def _read_prompt(self, tokens: Sequence[int], last: int, stop: threading.Event | None,
+    def _read_prompt(self, tokens: Sequence[int], last: int | None, stop: threading.Event | None,
                      on_chunk: Callable[[int, int], None], chunk: int | None) -> np.ndarray | None:
-        """Decode ``tokens`` (the prompt's unread part before its last token) and the last token
-        with them, in their last chunk: its row of logits (a copy) is returned for the first
-        cycle, which then needs no pass of its own to write a plain token. Nothing is read, and
-        None returned, when the prompt was all cached (the first cycle reads the last token)
-        or when ``stop`` ended the reading."""
-        if not tokens:
+        """Decode ``tokens`` (the prompt's unread part before its last token) and the ``last``
+        token with them, in their last chunk: its row of logits (a copy) is returned for the
+        first cycle, which then needs no pass of its own to write a plain token. None when the
+        prompt was all cached (the first cycle reads the last token), when ``stop`` ended the
+        reading, or when there is no ``last`` to read (``tokens`` alone are read)."""
+        if last is None or not tokens:
+            self.sequence.feed(tokens, stop, on_chunk, chunk=chunk)
             return None
         reading = [*tokens, last]
         step = min(chunk or self.target.n_batch, self.target.n_batch)
