@@ -132,8 +132,8 @@ def llama_server_configs(binary: str, target: str, draft: str | None, ctx: int, 
             configs.append(Config(name, (*base, *(with_draft if needs_draft else ()), "--spec-type", ",".join(spec))))
     # Not run unless named (--configs): plain with one of Speculum's own CPU settings each, to
     # find what a difference between Speculum's plain decoding and llama-server's comes from.
-    configs += [Config(f"{PLAIN}, flash attention off", (*base, "-fa", "off"), optional=True),
-                Config(f"{PLAIN}, Speculum's thread wait", base, optional=True, env=SPECULUM_WAIT)]
+    configs += [Config(f"{PLAIN} (flash attention off)", (*base, "-fa", "off"), optional=True),
+                Config(f"{PLAIN} (Speculum's thread wait)", base, optional=True, env=SPECULUM_WAIT)]
     return configs
 
 
