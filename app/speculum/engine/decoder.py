@@ -164,16 +164,13 @@ class Decoder:
             t_drafted = self.clock()
 
             # Verify: one target pass over the pending last token and the draft, each row shaped
-            # (penalties, grammar) by what precedes it. In the first cycle the prompt's last chunk
-            # has given the first row (``pending``): the pass reads the draft alone, if any.
+            # (penalties, grammar) by what precedes it. Plain decoding's first cycle has its row
+            # from the prompt's last chunk (``pending``): no pass, and no pass time to learn.
             if pending is None:
                 logits = self.sequence.decode([context[-1]] + draft.tokens, rows=range(len(draft) + 1))
-            elif draft.tokens:
-                logits = np.concatenate([pending, self.sequence.decode(draft.tokens, rows=range(len(draft)))])
+                t_verified = self.clock()
             else:
-                logits = pending
-            t_verified = self.clock() if logits is not pending else t_drafted  # (no pass: no time to learn)
-            pending = None
+                logits, t_verified, pending = pending, t_drafted, None
             rows = constraints.rows(logits, draft)
             verdict = verify(rows, draft, sampling, rng)
             probs = _display_probs(rows, draft, verdict) if want_probs else (verdict.p_drafted, [])
