@@ -164,10 +164,13 @@ def test_lookup_copies_from_the_prompt(smollm_path):
     text = ("alpha bravo charlie delta echo foxtrot golf hotel india juliett kilo lima mike "
             "november oscar papa quebec romeo sierra tango uniform victor whiskey xray yankee zulu")
     prompt = tokens_of(decoder, f"Repeat exactly, word for word: {text}")
-    plain, _ = generate(decoder, prompt, max_tokens=60, policy="off")
+    # Lookup reads the prompt first, so both decode its last token in a short batch (plain reads
+    # it with the rest of the prompt only when the prompt is not cached): a row computed in a
+    # long batch may differ from a short one's in the last bits.
     spec, cycles = generate(decoder, prompt, max_tokens=60, policy="lookup")
-    assert spec == plain  # with flash attention SmolLM2 Q4_1 logits do not depend on batch shape
     s = decoder.stats
+    plain, _ = generate(decoder, prompt, max_tokens=60, policy="off")
+    assert spec == plain  # with flash attention SmolLM2 Q4_1 logits do not depend on a short batch's shape
     assert s.acceptance_rate > 0.5 and s.tokens_per_pass > 1.5, s.summary()
     assert any(c.n_accepted < len(c.drafted) for c in cycles)  # some drafts were rejected too
 

@@ -193,3 +193,23 @@ def test_the_synthetic_stand_in_is_a_backend_and_lacks_only_what_llama_cpp_alone
     assert smollm.path is not None and smollm.facts.backend == "CPU" and not smollm.has_mtp
     with pytest.raises(SpeculumError, match="MTP"):
         Decoder(stand_in).policy_for("mtp")  # no MTP head: the plain-words error, not an AttributeError
+
+
+def test_plain_decoding_reads_the_prompts_last_token_with_the_prompt():
+    # llama-server's way: the prompt's last chunk holds its last token and gives the first
+    # token's row, so a cold prompt's first token waits for no pass of its own. The same tokens
+    # as decoding it apart (a repeated, cached prompt still does), and as drafting.
+    target = SyntheticModel(n_vocab=64, seed=3, order=3)
+    dec = Decoder(target)
+    prompt = list(range(1, 300))  # three 128-token chunks when someone watches the progress
+    read = []
+    cold = [t for c in dec.generate(prompt, max_tokens=10, policy="off", on_prompt=lambda n, total: read.append(n))
+            for t in c.emitted]
+    assert target.passes == 3 + 9  # the prompt's chunks, then one per token after the first
+    assert read[-1] == len(prompt) - 1 and dec.stats.prompt_tokens == len(prompt) - 1  # counted as before
+    before = target.passes
+    again = [t for c in dec.generate(prompt, max_tokens=10, policy="off") for t in c.emitted]
+    assert again == cold and target.passes - before == 10  # cached: its last token read in the first cycle
+    dec.forget_prompts()
+    drafted = [t for c in dec.generate(prompt, max_tokens=10, policy="lookup", k=3) for t in c.emitted]
+    assert drafted == cold

@@ -142,7 +142,7 @@ class Decoder:
         predicted = self.drafters.get(Source.PREDICTION)
         if predicted is not None:
             predicted.expect(prediction)  # empty clears the previous generation's
-        context = self._prefill(prompt, policy, stop, on_prompt, stats)
+        context, pending = self._prefill(prompt, policy, stop, on_prompt, stats)
         constraints = Constraints.start(self.target, grammar, sampling, context)
         rng = np.random.default_rng(sampling.seed)
         detok = self.target.detokenizer()
@@ -164,9 +164,13 @@ class Decoder:
             t_drafted = self.clock()
 
             # Verify: one target pass over the pending last token and the draft, each row shaped
-            # (penalties, grammar) by what precedes it.
-            logits = self.sequence.decode([context[-1]] + draft.tokens, rows=range(len(draft) + 1))
-            t_verified = self.clock()
+            # (penalties, grammar) by what precedes it. Plain decoding's first cycle has its row
+            # from the prompt's last chunk (``pending``): no pass, and no pass time to learn.
+            if pending is None:
+                logits = self.sequence.decode([context[-1]] + draft.tokens, rows=range(len(draft) + 1))
+                t_verified = self.clock()
+            else:
+                logits, t_verified, pending = pending, t_drafted, None
             rows = constraints.rows(logits, draft)
             verdict = verify(rows, draft, sampling, rng)
             probs = _display_probs(rows, draft, verdict) if want_probs else (verdict.p_drafted, [])
@@ -197,10 +201,12 @@ class Decoder:
     # -- the steps --------------------------------------------------------------------------
 
     def _prefill(self, prompt: Sequence[int], policy: Policy, stop: threading.Event | None,
-                 on_prompt: Callable[[int, int], None] | None = None, stats: Stats | None = None) -> list[int]:
-        """Check the prompt fits, decode all but its last token (reusing the cached prefix)
-        and start the drafters; returns the context. No calibration here: the policy learns
-        costs from the passes made anyway (a prompt chunk's decode is one of them)."""
+                 on_prompt: Callable[[int, int], None] | None = None,
+                 stats: Stats | None = None) -> tuple[list[int], np.ndarray | None]:
+        """Check the prompt fits, decode what the cache lacks of it (``_read_prompt``) and start
+        the drafters; returns the context and, where the prompt's last token was read with the
+        rest, its row of logits. No calibration here: the policy learns costs from the passes
+        made anyway (a prompt chunk's decode is one of them)."""
         context = list(prompt)
         if not context:
             raise ValueError("empty prompt")
@@ -236,14 +242,39 @@ class Decoder:
         if on_prompt is not None and (to_read or draft_behind):
             on_prompt(have, total)
         chunk = PROMPT_CHUNK if on_prompt else None
-        self.sequence.feed(known[have:], stop, chunk_read, chunk=chunk)
-        stats.prompt_tokens = len(self.sequence.tokens) - have  # less than to_read when stopped
+        # Plain decoding reads the last token with the prompt (its first token then needs no pass
+        # of its own); a drafting policy verifies it with its first draft, as before.
+        plain = all(source == Source.NONE for source in policy.sources)
+        pending = self._read_prompt(known[have:], context[-1] if plain else None, stop, chunk_read, chunk)
+        # Less than to_read when stopped; the last token is the first cycle's, as when it decodes it.
+        stats.prompt_tokens = min(len(self.sequence.tokens), len(known)) - have
         if draft_behind and not (stop is not None and stop.is_set()):
             model.read(known, stop, draft_read if on_prompt else None, chunk=chunk)
         stats.prompt_s = self.clock() - t0
         for drafter in self.drafters.values():
             drafter.begin(context)
-        return context
+        return context, pending
+
+    def _read_prompt(self, tokens: Sequence[int], last: int | None, stop: threading.Event | None,
+                     on_chunk: Callable[[int, int], None], chunk: int | None) -> np.ndarray | None:
+        """Decode ``tokens`` (the prompt's unread part before its last token) and the ``last``
+        token with them, in their last chunk: its row of logits (a copy) is returned for the
+        first cycle, which then needs no pass of its own to write a plain token. None when the
+        prompt was all cached (the first cycle reads the last token), when ``stop`` ended the
+        reading, or when there is no ``last`` to read (``tokens`` alone are read)."""
+        if last is None or not tokens:
+            self.sequence.feed(tokens, stop, on_chunk, chunk=chunk)
+            return None
+        reading = [*tokens, last]
+        step = min(chunk or self.target.n_batch, self.target.n_batch)
+        tail = len(reading) % step or step
+        read_to = len(self.sequence.tokens) + len(reading) - tail
+        self.sequence.feed(reading[:-tail], stop, on_chunk, chunk=chunk)
+        if (stop is not None and stop.is_set()) or len(self.sequence.tokens) != read_to:
+            return None
+        logits = self.sequence.decode(reading[-tail:], rows=(tail - 1,))
+        on_chunk(len(tokens), tail)
+        return np.array(logits)
 
     def _remember(self, context: list[int], origin: str | None) -> None:
         """Keep the prompt and its answer in the n-gram memory (after the answer is out: it
