@@ -97,3 +97,29 @@ def test_an_abort_needs_a_stop_that_is_set_and_ends_with_its_region(smollm, even
         smollm.decode(chunk, rows=())
     assert smollm.n_past == 2 * len(chunk)
     smollm.reset()
+
+
+def test_a_stop_aborts_plain_decodings_last_chunk_too(smollm_path):
+    """Plain decoding reads the prompt's last chunk asking for its last row (the first token's):
+    that decode is cut short as well."""
+    decoder = load_decoder(smollm_path, None, LoadOptions(n_ctx=4096))
+    prompt = long_prompt(decoder, lines=4)
+    assert 8 < len(prompt) < PROMPT_CHUNK  # one chunk, the one whose last row gives the first token
+    stop, reading = threading.Event(), threading.Event()
+    result = {}
+
+    def run():
+        generation = decoder.generate(prompt, max_tokens=8, policy="off", stop=stop,
+                                      on_prompt=lambda read, total: reading.set())
+        result["cycles"] = list(generation)
+
+    feeder = threading.Thread(target=run)
+    feeder.start()
+    stop_inside_a_decode(feeder, stop, reading)
+    feeder.join(300)
+    assert not feeder.is_alive()
+    assert decoder.target.decodes_aborted == 1 and decoder.target.n_past == 0 and decoder.sequence.tokens == []
+    assert [c.finish for c in result["cycles"]] == ["stopped"] and not result["cycles"][0].emitted
+    assert greedy(decoder, prompt, policy="off") == greedy(load_decoder(smollm_path, None, LoadOptions(n_ctx=4096)),
+                                                          prompt, policy="off")
+    decoder.target.close()

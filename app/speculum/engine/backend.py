@@ -239,29 +239,35 @@ class CachedSequence:
         return n
 
     def feed(self, tokens: Sequence[int], stop: threading.Event | None = None,
-             on_chunk: Callable[[int, int], None] | None = None, chunk: int | None = None) -> None:
-        """Decode tokens that need no logits (prompt prefill). ``stop`` being set ends it: the
-        chunk in flight is cut short where the model can (``Backend.abortable``), and what
-        it had read of that chunk is forgotten.
+             on_chunk: Callable[[int, int], None] | None = None, chunk: int | None = None,
+             last_row: bool = False) -> np.ndarray | None:
+        """Decode tokens (prompt prefill). ``stop`` being set ends it: the chunk in flight is cut
+        short where the model can (``Backend.abortable``), and what it had read of that chunk
+        is forgotten. ``last_row``: the last token's row of logits (a copy) is returned, None
+        when stopped; otherwise no logits are asked for.
 
         ``on_chunk(read, chunk_size)`` after each chunk; ``chunk``: tokens per decode
         (at most the model's batch)."""
         if not tokens:
-            return
-        step = min(chunk or self.model.n_batch, self.model.n_batch)
+            return None
+        step, row = min(chunk or self.model.n_batch, self.model.n_batch), None
         with self.model.abortable(stop):
             for start in range(0, len(tokens), step):
                 if stop is not None and stop.is_set():
-                    return
+                    return None
                 part = tokens[start:start + step]
+                final = last_row and start + step >= len(tokens)
                 try:
-                    self.model.decode(part, rows=())
+                    logits = self.model.decode(part, rows=(len(part) - 1,) if final else ())
                 except DecodeAborted:
                     del self.tokens[self.model.n_past:]  # (a recurrent state may have started over)
-                    return
+                    return None
+                if final:
+                    row = np.array(logits)  # the model's buffer is the next decode's
                 self.tokens.extend(part)
                 if on_chunk is not None:
                     on_chunk(start + len(part), len(part))
+        return row
 
     def decode(self, tokens: Sequence[int], rows: Sequence[int] | None = None) -> np.ndarray:
         logits = self.model.decode(tokens, rows)

@@ -265,16 +265,8 @@ class Decoder:
         if last is None or not tokens:
             self.sequence.feed(tokens, stop, on_chunk, chunk=chunk)
             return None
-        reading = [*tokens, last]
-        step = min(chunk or self.target.n_batch, self.target.n_batch)
-        tail = len(reading) % step or step
-        read_to = len(self.sequence.tokens) + len(reading) - tail
-        self.sequence.feed(reading[:-tail], stop, on_chunk, chunk=chunk)
-        if (stop is not None and stop.is_set()) or len(self.sequence.tokens) != read_to:
-            return None
-        logits = self.sequence.decode(reading[-tail:], rows=(tail - 1,))
-        on_chunk(len(tokens), tail)
-        return np.array(logits)
+        return self.sequence.feed([*tokens, last], stop, lambda read, size: on_chunk(min(read, len(tokens)), size),
+                                  chunk=chunk, last_row=True)
 
     def _remember(self, context: list[int], origin: str | None) -> None:
         """Keep the prompt and its answer in the n-gram memory (after the answer is out: it
