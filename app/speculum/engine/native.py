@@ -16,6 +16,7 @@ import ctypes
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 
 from . import cpu_settings
@@ -88,8 +89,12 @@ class AbortFlag:
         lock, region = threading.Lock(), {"open": True}
 
         def watch() -> None:
+            # Polled, never ``stop.wait()``: a multiprocessing Event's waiter is counted in shared
+            # memory, and one that dies waiting (the engine process crashing) makes the window's
+            # next ``set()`` wait for it forever.
             while True:
-                fired = stop.wait(_WATCH_S)
+                time.sleep(_WATCH_S)
+                fired = stop.is_set()
                 with lock:
                     if not region["open"]:
                         return
