@@ -43,28 +43,27 @@ def test_json_object_answers_are_a_json_object(server):
         assert text.lstrip().startswith("{")
 
 
-def test_a_schema_that_cannot_be_enforced_is_a_400_naming_response_format(server):
-    s = server()
+def refused_schema(s, schema):
+    """The 400 a schema gets, checked to name response_format with no generation started."""
     started = []
     s.served.on_event = started.append
     with pytest.raises(openai.BadRequestError) as refused:
         s.client().chat.completions.create(model=MODEL, messages=ASK, max_tokens=8, response_format={
-            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {
-                "a": {"$ref": "#/definitions/missing"}}}}})
+            "type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
     assert refused.value.param == "response_format" and started == []
+    return refused.value
+
+
+def test_a_schema_that_cannot_be_enforced_is_a_400_naming_response_format(server):
+    refused_schema(server(), {"type": "object", "properties": {"a": {"$ref": "#/definitions/missing"}}})
 
 
 @pytest.mark.parametrize("pattern", ["^(a?){1000}$", "^((.?){3}.){20}$"])
 def test_a_pattern_that_would_stall_the_grammar_is_a_400_naming_the_field(server, pattern):
     s = server()
-    started = []
-    s.served.on_event = started.append
-    with pytest.raises(openai.BadRequestError) as refused:
-        s.client().chat.completions.create(model=MODEL, messages=ASK, max_tokens=8, response_format={
-            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {
-                "code": {"type": "string", "pattern": pattern}}, "required": ["code"]}}})
-    assert refused.value.param == "response_format" and started == []
-    assert "properties.code.pattern" in refused.value.message
+    refused = refused_schema(s, {"type": "object", "properties": {"code": {"type": "string", "pattern": pattern}},
+                                 "required": ["code"]})
+    assert "properties.code.pattern" in refused.message
     # The server answers the next request as before.
     answer = s.client().chat.completions.create(model=MODEL, messages=ASK, max_tokens=4)
     assert answer.choices[0].message.content is not None
