@@ -257,8 +257,9 @@ class EngineProcess:
         """Ask the process to quit (stopping what it runs); kill it if it does not within ``timeout``.
         Its memory, the models included, goes back to the operating system."""
         self._ending = True
-        self.stop.set()
-        self.cancel_load.set()
+        if self.process.is_alive():  # a dead one may have died holding its events' shared locks
+            self.stop.set()
+            self.cancel_load.set()
         self.send(Quit())
         self.process.join(timeout)
         if self.process.is_alive():
