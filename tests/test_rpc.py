@@ -298,6 +298,61 @@ def test_smollm_greedy_tokens_are_the_local_ones_on_one_and_two_workers(smollm_p
         assert w.count("Accepted client connection") >= 2
 
 
+class CountingRelay:
+    """127.0.0.1:port -> a worker, counting the bytes that come back from it."""
+
+    def __init__(self, port: int):
+        self.from_worker = 0
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.endpoint = f"127.0.0.1:{self.server.getsockname()[1]}"
+        threading.Thread(target=self._accept, args=(port,), daemon=True).start()
+
+    def _accept(self, port: int) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            worker = socket.create_connection(("127.0.0.1", port))
+            threading.Thread(target=self._pump, args=(client, worker, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(worker, client, True), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, back: bool) -> None:
+        try:
+            while data := source.recv(1 << 16):
+                if back:
+                    self.from_worker += len(data)
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (source, sink):  # shutdown: a close alone would not wake the other direction's recv
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                s.close()
+
+
+def test_the_output_layer_stays_here_so_only_hidden_states_cross_the_network(smollm_path):
+    # All the repeating layers go to the worker, the output layer stays: a token's answer from the
+    # worker is its hidden state (576 floats for SmolLM2), not its logits (49,152 floats).
+    worker = Worker(insecure=True)
+    relay = CountingRelay(worker.port)
+    try:
+        with LlamaModel(smollm_path, n_ctx=256, n_threads=1, rpc=(relay.endpoint,)) as model:
+            assert model.facts.backend == f"RPC {relay.endpoint}"
+            logits = model.decode(model.tokenize("The capital of France is"))
+            before, steps = relay.from_worker, 8
+            for _ in range(steps):
+                logits = model.decode([int(logits[0].argmax())])
+            per_token = (relay.from_worker - before) / steps
+            assert per_token < model.n_vocab * 4 / 10, per_token
+    finally:
+        relay.server.close()
+        worker.stop()
+
+
 def test_tensor_split_gives_each_worker_its_share_of_layers(smollm_path, workers):
     r = run_cli("generate", "--target", smollm_path, "--rpc", ",".join(w.endpoint for w in workers),
                 "--tensor-split", "1,3", "--threads", 1, "--max-tokens", 1, "--mode", "off", "hi",

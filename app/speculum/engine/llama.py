@@ -157,6 +157,9 @@ class LlamaModel(Backend):
             self._tensor_split = (ctypes.c_float * lc.llama_max_devices())(*tensor_split)
             mparams.tensor_split = self._tensor_split
         mparams.use_extra_bufts = extra_buffer_types
+        self._placement = rpc_module.output_layer_here() if rpc and not gpu else None
+        if self._placement is not None:
+            mparams.tensor_buft_overrides = ctypes.cast(self._placement, ctypes.c_void_p)
         return mparams, n_gpu_layers
 
     def _load_weights(self, mparams, header: GGUFHeader, progress: LoadProgress | None, rpc: Sequence[str]) -> None:

@@ -89,6 +89,7 @@ def libraries() -> tuple[ctypes.CDLL, ctypes.CDLL]:
         ("ggml_backend_dev_name", [ctypes.c_void_p], ctypes.c_char_p),
         ("ggml_backend_dev_description", [ctypes.c_void_p], ctypes.c_char_p),
         ("ggml_backend_dev_memory", [ctypes.c_void_p, c_size_p, c_size_p], None),
+        ("ggml_backend_dev_buffer_type", [ctypes.c_void_p], ctypes.c_void_p),
         ("ggml_set_abort_callback", [ctypes.c_void_p], ctypes.c_void_p),
     ):
         fn = getattr(ggml, name)
@@ -364,6 +365,30 @@ def any_registered() -> bool:
     """Once a worker is registered, llama.cpp's default device list includes it for every
     model: the draft must then be given its (local) devices explicitly."""
     return bool(_registered)
+
+
+class _TensorPlacement(ctypes.Structure):
+    """llama.h's ``llama_model_tensor_buft_override``: tensors whose name matches go to ``buft``."""
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+
+# The output layer's matrix: its own, or the token embedding where the model ties the two.
+OUTPUT_MATRIX = rb"^(output|token_embd)\.weight$"
+
+
+def output_layer_here() -> ctypes.Array | None:
+    """A NULL-terminated ``tensor_buft_overrides`` list that keeps the output layer's matrix in
+    this machine's CPU memory, so that its product is computed here (the RPC device offloads no
+    op) while the layers run on workers: each row's hidden state then crosses the network
+    (n_embd floats) instead of its logits (n_vocab floats: 608 KB a row for Qwen2.5), which
+    ruled the link's time and cipher cost, and grew with every drafted row verified. llama.cpp
+    puts the output layer on the last device whatever n_gpu_layers says, hence a placement.
+    None where this llama.cpp names no CPU device."""
+    _, ggml = libraries()
+    cpu = ggml.ggml_backend_dev_by_type(DEVICE_TYPE_CPU)
+    if not cpu:
+        return None
+    return (_TensorPlacement * 2)(_TensorPlacement(OUTPUT_MATRIX, ggml.ggml_backend_dev_buffer_type(cpu)))
 
 
 def device_array(devices: Sequence[int]) -> ctypes.Array:
