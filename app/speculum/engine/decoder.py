@@ -28,6 +28,8 @@ from .stats import Stats
 from .verify import Constraints, TargetRows, Verdict, verify
 from .vocabulary import Finish, Mode, Source
 
+FIRST_TOKEN = Choice(Source.NONE, 0)  # every generation's first cycle: plain (see _cycles)
+
 if TYPE_CHECKING:
     from .grammar import Grammar
 
@@ -156,8 +158,10 @@ class Decoder:
                 self._remember(context, origin)
                 return
 
-            # Draft: the policy's choice, never past the context or max tokens.
-            choice = constraints.guide(policy.choose(context))
+            # Draft: the policy's choice, never past the context or max tokens. The first token
+            # comes from one plain pass (none when the prompt's last chunk gave its row), as
+            # llama-server's does: drafting first would hold it back by a draft and a wider pass.
+            choice = constraints.guide(policy.choose(context)) if index else FIRST_TOKEN
             k_now = min(choice.k, self.target.n_ctx - len(context) - 1, max_tokens - generated - 1,
                         self.max_draft)
             draft = self._propose(choice, context, k_now, sampling, rng, constraints) if k_now > 0 else Draft()
@@ -242,10 +246,8 @@ class Decoder:
         if on_prompt is not None and (to_read or draft_behind):
             on_prompt(have, total)
         chunk = PROMPT_CHUNK if on_prompt else None
-        # Plain decoding reads the last token with the prompt (its first token then needs no pass
-        # of its own); a drafting policy verifies it with its first draft, as before.
-        plain = all(source == Source.NONE for source in policy.sources)
-        pending = self._read_prompt(known[have:], context[-1] if plain else None, stop, chunk_read, chunk)
+        # The last token is read with the prompt: its row gives the first token, with no pass of its own.
+        pending = self._read_prompt(known[have:], context[-1], stop, chunk_read, chunk)
         # Less than to_read when stopped; the last token is the first cycle's, as when it decodes it.
         stats.prompt_tokens = min(len(self.sequence.tokens), len(known)) - have
         if draft_behind and not (stop is not None and stop.is_set()):
@@ -255,15 +257,13 @@ class Decoder:
             drafter.begin(context)
         return context, pending
 
-    def _read_prompt(self, tokens: Sequence[int], last: int | None, stop: threading.Event | None,
+    def _read_prompt(self, tokens: Sequence[int], last: int, stop: threading.Event | None,
                      on_chunk: Callable[[int, int], None], chunk: int | None) -> np.ndarray | None:
         """Decode ``tokens`` (the prompt's unread part before its last token) and the ``last``
         token with them, in their last chunk: its row of logits (a copy) is returned for the
-        first cycle, which then needs no pass of its own to write a plain token. None when the
-        prompt was all cached (the first cycle reads the last token), when ``stop`` ended the
-        reading, or when there is no ``last`` to read (``tokens`` alone are read)."""
-        if last is None or not tokens:
-            self.sequence.feed(tokens, stop, on_chunk, chunk=chunk)
+        first cycle, which then needs no pass of its own. None when the prompt was all cached
+        (the first cycle reads the last token) or when ``stop`` ended the reading."""
+        if not tokens:
             return None
         return self.sequence.feed([*tokens, last], stop, lambda read, size: on_chunk(min(read, len(tokens)), size),
                                   chunk=chunk, last_row=True)
