@@ -353,6 +353,35 @@ def test_the_output_layer_stays_here_so_only_hidden_states_cross_the_network(smo
         worker.stop()
 
 
+def test_a_tokens_requests_cross_the_secure_link_as_one_tls_record(smollm_path, monkeypatch):
+    # A token's inputs and graph await no answer; ggml waits only on the hidden state it asks for
+    # next, so the relay sends them together: one record to encrypt and one wake-up of the
+    # worker's front end a token, not one per message.
+    import ssl
+
+    from speculum.engine import rpclink
+
+    records, write = [], rpclink._Way.write
+
+    def counted(way):
+        if way.out and isinstance(way.dst, ssl.SSLSocket):
+            records.append(len(way.out))
+        return write(way)
+
+    monkeypatch.setattr(rpclink._Way, "write", counted)
+    worker = Worker()
+    try:
+        with LlamaModel(smollm_path, n_ctx=256, n_threads=1, rpc=(worker.endpoint,)) as model:
+            logits = model.decode(model.tokenize("The capital of France is"))
+            logits = model.decode([int(logits[0].argmax())])  # (a single token's graph, set up once)
+            records.clear()
+            for _ in range(8):
+                logits = model.decode([int(logits[0].argmax())])
+            assert len(records) == 8, records
+    finally:
+        worker.stop()
+
+
 def test_tensor_split_gives_each_worker_its_share_of_layers(smollm_path, workers):
     r = run_cli("generate", "--target", smollm_path, "--rpc", ",".join(w.endpoint for w in workers),
                 "--tensor-split", "1,3", "--threads", 1, "--max-tokens", 1, "--mode", "off", "hi",

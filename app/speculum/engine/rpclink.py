@@ -144,6 +144,7 @@ def worker_identity(folder: Path, renew: bool = False) -> tuple[Identity, bool]:
 # --- moving bytes: one thread per connection -----------------------------------------------
 
 _HOLD_S = 0.05  # a message held back longer than this goes on in part (it never should)
+_GATHER_S = 0.002  # whole messages that await no answer, held for the next one that does, at most this
 _LOW_WATER_CAP = 16384  # (well under any socket's receive buffer, or select would never wake)
 
 
@@ -157,8 +158,9 @@ class _Way:
 
     def __init__(self, src: socket.socket, dst: socket.socket, shape: Callable[[memoryview], object] | None = None,
                  head: int = 0, whole: Callable[[memoryview], bool] | None = None,
-                 missing: Callable[[], int] | None = None):
+                 missing: Callable[[], int] | None = None, hold_s: float = _HOLD_S):
         self.src, self.dst, self.shape, self.head, self.whole = src, dst, shape, head, whole
+        self.hold_s = hold_s  # the longest bytes are held back before they go on as they are
         # How many bytes the message being read still lacks: a plain ``src`` wakes select only
         # once they are all there (SO_RCVLOWAT), not once per piece that llama.cpp sends.
         self.missing = missing if hasattr(socket, "SO_RCVLOWAT") and not isinstance(src, ssl.SSLSocket) else None
@@ -251,7 +253,8 @@ def _shuttle(ways: list[_Way], tick_s: float, tick: Callable[[], bool]) -> socke
                     interest[sock] = events
             # A record already inside the TLS object is invisible to select.
             buffered = {w.src for w in ways if not w.out and isinstance(w.src, ssl.SSLSocket) and w.src.pending()}
-            wait = 0 if buffered else _HOLD_S if any(w.held for w in ways) else tick_s
+            holding = [w.hold_s for w in ways if w.held]
+            wait = 0 if buffered else min(holding) if holding else tick_s
             events = selector.select(wait)
             ready = {key.fileobj for key, mask in events if mask & selectors.EVENT_READ} | buffered
             if not events:  # a quiet spell: wake for any byte again, in case a message's end was misread
@@ -259,7 +262,7 @@ def _shuttle(ways: list[_Way], tick_s: float, tick: Callable[[], bool]) -> socke
                     if w.missing is not None:
                         w.wake_at(1)
             for w in ways:
-                if w.held and not w.out and time.monotonic() - w.held_since > _HOLD_S:
+                if w.held and not w.out and time.monotonic() - w.held_since > w.hold_s:
                     w.release()
                 if not w.out and not w.ended and w.src in ready:
                     try:
@@ -526,6 +529,25 @@ class _Messages:
         return not self._skip and not self._head
 
 
+class _Gathered:
+    """ggml's requests to a secure worker, passed on in runs that end with one awaiting an answer:
+    a token's inputs (SET_TENSOR) and graph (GRAPH_COMPUTE) await none, and ggml waits only on
+    the answer that follows them on the same connection (GET_TENSOR), so the run goes as one TLS
+    record and wakes the worker's front end once, not once per message. ``_GATHER_S`` bounds the
+    hold, should ggml ever wait on something else."""
+
+    def __init__(self) -> None:
+        self.command = -1
+        self.messages = _Messages(9, self._head)
+        self.missing = self.messages.missing
+
+    def _head(self, head: bytes) -> None:
+        self.command = head[0]
+
+    def feed(self, data) -> bool:
+        return self.messages.feed(data) and self.command in _ANSWERED
+
+
 class _Requests:
     """Counts ggml's requests that await an answer, from the messages' headers."""
 
@@ -699,8 +721,8 @@ class ClientLink:
             up = _Way(ggml, upstream, whole=sent, missing=requests.requests.missing)
             down = _Way(upstream, ggml, whole=received, missing=requests.answers.missing)
         else:
-            messages = _Messages(9)
-            up = _Way(ggml, upstream, whole=messages.feed, missing=messages.missing)
+            gathered = _Gathered()
+            up = _Way(ggml, upstream, whole=gathered.feed, missing=gathered.missing, hold_s=_GATHER_S)
             down = _Way(upstream, ggml, unframed)
             try:
                 down.out = memoryview(unframed(early))
