@@ -192,7 +192,8 @@ class Decoder:
 
             text = "".join(detok.feed(t) for t in emitted if not self.target.is_eog(t))
             text += detok.flush() if finish else ""
-            policy.observe(draft, n_accepted, t_drafted - start, t_verified - t_drafted)
+            if index:  # (the first cycle was not the policy's choice)
+                policy.observe(draft, n_accepted, t_drafted - start, t_verified - t_drafted)
             cycle = self._record(index, policy, draft, k_now, emitted, n_accepted, text, generated, finish,
                                  times=(start, t_drafted, t_verified), probs=probs, scored=scored)
             stats.add(cycle)
