@@ -49,8 +49,10 @@ def test_a_registered_drafter_is_built_and_used(monkeypatch):
     assert set(dec.drafters) == {Source.LOOKUP, Source.PREDICTION, "oracle"}  # no draft model: no model drafter
     cycles = list(dec.generate([1, 2, 3], max_tokens=40, policy=FixedPolicy(Choice("oracle", 3))))
     assert [t for c in cycles for t in c.emitted] == plain(args, [1, 2, 3], 40)
-    assert all(c.source == "oracle" and c.n_accepted == len(c.drafted) == 3 for c in cycles[:-1])
-    assert dec.stats.acceptance_rate == 1.0 and dec.stats.passes_by_source == {"oracle": len(cycles)}
+    assert cycles[0].drafted == [] and len(cycles[0].emitted) == 1  # the prompt's last row: no pass
+    assert all(c.source == "oracle" and c.n_accepted == len(c.drafted) == 3 for c in cycles[1:-1])
+    assert dec.stats.acceptance_rate == 1.0 and dec.stats.passes_by_source == {
+        Source.NONE: 1, "oracle": len(cycles) - 1}  # (the prompt's last chunk, the first token's pass)
     assert oracle.begun == 1 and oracle.accepted == len(cycles)
 
 
@@ -62,7 +64,7 @@ def test_hybrid_falls_back_when_the_first_drafter_has_nothing(monkeypatch):
     hybrid = FixedPolicy(Choice(Source.LOOKUP, 4, min_match=3, fallback="oracle"))
     cycles = list(dec.generate(prompt, max_tokens=60, policy=hybrid))
     assert [t for c in cycles for t in c.emitted] == plain(args, prompt, 60)
-    sources = {c.source for c in cycles[:-1]}
+    sources = {c.source for c in cycles[1:-1]}  # (the first token: the prompt's last row)
     assert sources == {Source.LOOKUP, "oracle"}, sources  # lookup on 3-token matches, the oracle otherwise
     assert all(c.match_length >= 3 for c in cycles if c.source == Source.LOOKUP)
 

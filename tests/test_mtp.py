@@ -274,13 +274,14 @@ def test_aligned_head_is_accepted_and_cycles_record_it(mtp_models, arch):
 
 
 def test_sampled_distribution_matches_target(noisy):
-    """Over many seeded runs, sequences of 3 sampled tokens follow the target's own distribution
-    (4 with chained heads, so that the first pass drafts with all three)."""
+    """Over many seeded runs, sequences of 4 sampled tokens follow the target's own distribution
+    (5 with chained heads, so that the first drafting pass drafts with all three: the first
+    token comes from the prompt's last row)."""
     sampling_kw = dict(temperature=1.0, top_k=4, top_p=1.0)
     params = SamplingParams(**sampling_kw)
     prompt = prompt_of(noisy.target, "Say one word.")
     chained = noisy.target.n_nextn > 1
-    steps, k = (4, 3) if chained else (3, 2)
+    steps, k = (5, 3) if chained else (4, 2)
     # The exact distribution of the continuations, from the target alone (top-4 each step).
     probs = {(): 1.0}
     with LlamaModel(noisy.target.path, n_ctx=512, n_threads=1) as ref:
@@ -351,24 +352,26 @@ def test_doctor_says_whether_mtp_runs():
 
 def test_auto_mode_measures_and_learns_the_mtp_head(mtp_models, data_dirs):
     """Auto mode times the head like a draft model and learns its acceptance per position.
-    On this tiny model the head costs what a target step does (both are mostly the LM
-    head), so auto decodes plainly; told the head costs a twentieth of a step (as on a
-    deep model), it drafts with it."""
+    On this tiny model the head costs what a target step does (both are mostly the LM head),
+    so left to itself auto decodes plainly (it tries the untimed head only when a draw says so);
+    told the head costs a twentieth of a step (as on a deep model), it drafts with it, and those
+    drafts time it."""
     from speculum.engine.auto import AutoPolicy
 
     with LlamaModel(mtp_models["aligned"], n_ctx=512, n_threads=1) as model:
         decoder = Decoder(model)
         prompt = prompt_of(model)
         plain, _ = generate(decoder, prompt, max_tokens=40, policy="off")
-        spec, _ = generate(decoder, prompt, max_tokens=40, policy="auto")
-        assert spec == plain
-        policy = decoder.policies["auto"]
+        policy = decoder.policy_for("auto")
         assert isinstance(policy, AutoPolicy) and Source.MTP in policy.sources
+        spec, _ = generate(decoder, prompt, max_tokens=40, policy="auto")  # a plain step timed, at least
+        assert spec == plain
         costs = policy.costs
-        assert costs.mtp_first_s > 0 and costs.mtp_step_s > 0
-        costs.mtp_first_s = costs.mtp_step_s = costs.verify(1) / 20
+        told = costs.mtp_first_s = costs.mtp_step_s = costs.verify(1) / 20
         spec, cycles = generate(decoder, prompt, max_tokens=40, policy="auto")
         assert spec == plain
+        assert costs.mtp_first_s > 0 and costs.mtp_step_s > 0
+        assert costs.mtp_first_s != told  # timed by its drafts
         mtp = [c for c in cycles if c.source == Source.MTP]
         assert mtp and all(c.n_accepted == len(c.drafted) for c in mtp)
         assert policy.mtp_rates[0].accepted > 1 and policy.mtp_rates[0].rejected < 0.5

@@ -192,8 +192,7 @@ class Decoder:
 
             text = "".join(detok.feed(t) for t in emitted if not self.target.is_eog(t))
             text += detok.flush() if finish else ""
-            if index:  # (the first cycle was not the policy's choice)
-                policy.observe(draft, n_accepted, t_drafted - start, t_verified - t_drafted)
+            policy.observe(draft, n_accepted, t_drafted - start, t_verified - t_drafted)
             cycle = self._record(index, policy, draft, k_now, emitted, n_accepted, text, generated, finish,
                                  times=(start, t_drafted, t_verified), probs=probs, scored=scored)
             stats.add(cycle)
