@@ -303,7 +303,10 @@ class ServedModel:
             if self.on_prompt is not None:
                 self.on_prompt(read, total)
 
+        ended = False  # the last cycle came: the answer is whole
+
         def produce() -> None:
+            nonlocal ended
             self._engine_threads[threading.get_ident()] = lambda exc: loop.call_soon_threadsafe(queue.put_nowait, exc)
             try:
                 with self.turn:
@@ -325,9 +328,15 @@ class ServedModel:
                                                        generation.prompt_total)
                                 self._tell(CycleEvent(cycle, snapshot, STAGE, Asker.API))
                             loop.call_soon_threadsafe(queue.put_nowait, (cycle, generation.stats))
+                            if cycle.finish and not ended:
+                                # The answer is whole: the client has it now, while the engine
+                                # still keeps it in the n-gram memory (a file write).
+                                ended = True
+                                loop.call_soon_threadsafe(queue.put_nowait, None)
                     finally:
                         self._tell(Decoded(Asker.API))  # done with llama.cpp, however the request ends
-                loop.call_soon_threadsafe(queue.put_nowait, None)
+                if not ended:
+                    loop.call_soon_threadsafe(queue.put_nowait, None)
             except BaseException as exc:  # the request fails, the server does not
                 if isinstance(exc, Exception):
                     self._tell(Failed(str(exc) or exc.__class__.__name__, Asker.API))
@@ -367,5 +376,6 @@ class ServedModel:
             yield done
         finally:
             stop.set()  # a consumer that left (client gone) stops the generation
-            await asyncio.to_thread(self._joined, thread)
+            if not ended:  # (a whole answer's thread ends by itself: the response need not wait for it)
+                await asyncio.to_thread(self._joined, thread)
             self.pace.finished()
