@@ -215,6 +215,7 @@ def test_json_reports_flash_attention_per_model_and_the_device_each_worker_compu
     assert target["model"] == "target" and target["devices"] == f"RPC {workers[0].name}"
     assert target["flash_attn"] == "off"  # as a local target on this CPU
     assert target["workers"][workers[0].name].startswith("CPU (")
+    assert target["output_layer"] == "this machine"  # only hidden states cross the network
     assert draft == {"model": "draft", "devices": "CPU", "flash_attn": "llama.cpp's choice"}
 
 

@@ -118,6 +118,8 @@ def _attention(decoder) -> list[dict]:
                  "flash_attn": {True: "on", False: "off"}.get(model.flash_attn, "llama.cpp's choice")}
         if role == "target" and model.facts.backend.startswith("RPC "):
             entry["workers"] = rpc.workers_in_use()
+            if getattr(model, "output_here", False):
+                entry["output_layer"] = "this machine"  # hidden states cross the network, not logits
         report.append(entry)
     return report
 

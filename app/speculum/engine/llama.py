@@ -158,6 +158,7 @@ class LlamaModel(Backend):
             mparams.tensor_split = self._tensor_split
         mparams.use_extra_bufts = extra_buffer_types
         self._placement = rpc_module.output_layer_here() if rpc and not gpu else None
+        self.output_here = self._placement is not None  # the output layer on this machine, the rest on workers
         if self._placement is not None:
             mparams.tensor_buft_overrides = ctypes.cast(self._placement, ctypes.c_void_p)
         return mparams, n_gpu_layers
