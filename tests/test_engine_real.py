@@ -224,7 +224,7 @@ def test_prompt_progress_is_reported_chunk_by_chunk_and_stop_cancels_it(smollm_p
 
     # Stop while the prompt is read: the reading ends at the next chunk.
     events.clear()
-    runner.decoder.sequence.sync([])  # nothing cached: the whole prompt is read again
+    runner.decoder.forget_prompts()  # nothing cached (the prompt cache kept the answer's state): all read again
 
     def report(event):
         events.append(event)

@@ -208,6 +208,12 @@ class CachedSequence:
             memo = self._saved_memo = (self.cache.version, len(context), context[-1] if context else None, saved)
         return max(n, memo[3])
 
+    def keep(self) -> None:
+        """Save the live state in the prompt cache now, between requests, so that the next
+        prompt's ``resume`` finds it held and need not copy it while a user waits."""
+        if self.cache is not None and len(self.tokens) >= MIN_SAVED:
+            self.cache.save(self.owner, self.tokens, self.model)
+
     def resume(self, context: Sequence[int]) -> int:
         """``sync`` at a new prompt: what the cache would lose is saved first, and a saved state
         sharing more of ``context`` than the live one is put back. Returns the prefix length held."""

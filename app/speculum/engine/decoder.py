@@ -269,10 +269,15 @@ class Decoder:
                                   chunk=chunk, last_row=True)
 
     def _remember(self, context: list[int], origin: str | None) -> None:
-        """Keep the prompt and its answer in the n-gram memory (after the answer is out: it
-        writes a file)."""
+        """Keep the prompt and its answer in the n-gram memory, and the models' states in the
+        prompt cache (after the answer is out: a file write, and copies of the KV caches that the
+        next prompt would otherwise make before its first token)."""
         if self.memory is not None and origin is not None:
             self.memory.remember(context, origin)
+        self.sequence.keep()
+        drafter = self.drafters.get(Source.MODEL)
+        if drafter is not None:
+            drafter.sequence.keep()
 
     def forget_prompts(self) -> None:
         """Nothing of any prompt cached any more, in either model: the next one is read cold."""
