@@ -275,9 +275,9 @@ class Decoder:
         if self.memory is not None and origin is not None:
             self.memory.remember(context, origin)
         self.sequence.keep()
-        drafter = self.drafters.get(Source.MODEL)
-        if drafter is not None:
-            drafter.sequence.keep()
+        drafted = getattr(self.drafters.get(Source.MODEL), "sequence", None)  # (a stand-in may hold none)
+        if drafted is not None:
+            drafted.keep()
 
     def forget_prompts(self) -> None:
         """Nothing of any prompt cached any more, in either model: the next one is read cold."""

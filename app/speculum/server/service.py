@@ -13,6 +13,7 @@ the longest one by itself.
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, AsyncIterator, Callable
@@ -292,6 +293,28 @@ class ServedModel:
         finally:
             self._turn.release()
 
+    def _decode(self, completion: Completion, stop: threading.Event, prompt_read, put, whole: threading.Event) -> None:
+        """Generate ``completion`` on this engine thread, each cycle ``put`` to the response as it
+        comes and None once the answer is whole (``whole`` set): the client has it then, while
+        the engine still keeps it (the n-gram memory's file, the prompt cache's copy)."""
+        prediction = self.predicted_tokens(completion.prediction)
+        generation = self.decoder.generate(completion.prompt, max_tokens=completion.max_tokens,
+                                           sampling=completion.sampling, policy=self.mode, stop=stop,
+                                           prediction=prediction, grammar=completion.grammar,
+                                           logprobs=completion.logprobs, on_prompt=prompt_read,
+                                           origin="api")  # for the n-gram memory
+        plain = self.plain_rate()
+        plain = plain if isinstance(plain, PlainBasis) else PlainBasis(plain)
+        for cycle in generation:
+            if self.on_event is not None:
+                plain.observe(cycle)
+                snapshot = snapshot_of(generation.stats, cycle, plain, generation.prompt_total)
+                self._tell(CycleEvent(cycle, snapshot, STAGE, Asker.API))
+            put((cycle, generation.stats))
+            if cycle.finish and not whole.is_set():
+                whole.set()
+                put(None)
+
     async def _generate(self, completion: Completion) -> AsyncIterator[Delta | Done]:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
@@ -303,44 +326,24 @@ class ServedModel:
             if self.on_prompt is not None:
                 self.on_prompt(read, total)
 
-        ended = False  # the last cycle came: the answer is whole
+        whole = threading.Event()  # the last cycle came: the client has the whole answer
 
         def produce() -> None:
-            nonlocal ended
-            self._engine_threads[threading.get_ident()] = lambda exc: loop.call_soon_threadsafe(queue.put_nowait, exc)
+            put = functools.partial(loop.call_soon_threadsafe, queue.put_nowait)
+            self._engine_threads[threading.get_ident()] = put
             try:
                 with self.turn:
                     self._tell(Started(len(completion.prompt), client=completion.client))
                     try:
-                        prediction = self.predicted_tokens(completion.prediction)
-                        generation = self.decoder.generate(completion.prompt, max_tokens=completion.max_tokens,
-                                                           sampling=completion.sampling, policy=self.mode,
-                                                           stop=stop, prediction=prediction,
-                                                           grammar=completion.grammar, logprobs=completion.logprobs,
-                                                           on_prompt=prompt_read,
-                                                           origin="api")  # for the n-gram memory
-                        plain = self.plain_rate()
-                        plain = plain if isinstance(plain, PlainBasis) else PlainBasis(plain)
-                        for cycle in generation:
-                            if self.on_event is not None:
-                                plain.observe(cycle)
-                                snapshot = snapshot_of(generation.stats, cycle, plain,
-                                                       generation.prompt_total)
-                                self._tell(CycleEvent(cycle, snapshot, STAGE, Asker.API))
-                            loop.call_soon_threadsafe(queue.put_nowait, (cycle, generation.stats))
-                            if cycle.finish and not ended:
-                                # The answer is whole: the client has it now, while the engine
-                                # still keeps it in the n-gram memory (a file write).
-                                ended = True
-                                loop.call_soon_threadsafe(queue.put_nowait, None)
+                        self._decode(completion, stop, prompt_read, put, whole)
                     finally:
                         self._tell(Decoded(Asker.API))  # done with llama.cpp, however the request ends
-                if not ended:
-                    loop.call_soon_threadsafe(queue.put_nowait, None)
+                if not whole.is_set():
+                    put(None)
             except BaseException as exc:  # the request fails, the server does not
-                if isinstance(exc, Exception):
+                if isinstance(exc, Exception) and not whole.is_set():  # (after a whole answer: only what it kept is lost)
                     self._tell(Failed(str(exc) or exc.__class__.__name__, Asker.API))
-                loop.call_soon_threadsafe(queue.put_nowait, exc)
+                put(exc)
             finally:
                 self._engine_threads.pop(threading.get_ident(), None)
 
@@ -376,6 +379,6 @@ class ServedModel:
             yield done
         finally:
             stop.set()  # a consumer that left (client gone) stops the generation
-            if not ended:  # (a whole answer's thread ends by itself: the response need not wait for it)
+            if not whole.is_set():  # (a whole answer's thread ends by itself: the response need not wait for it)
                 await asyncio.to_thread(self._joined, thread)
             self.pace.finished()
