@@ -249,13 +249,20 @@ def test_an_api_request_tells_its_life_with_the_windows_own_event_types(server):
     events = []
     s.served.on_event = events.append
     reply = s.client().chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=6, temperature=0)
+    # The answer is out (Finished) as its last cycle comes; the engine lets go of llama.cpp
+    # (Decoded) once it has kept the answer (n-gram memory, prompt cache): either may come first.
+    deadline = time.monotonic() + 60
+    while Decoded not in [type(e) for e in events] and time.monotonic() < deadline:
+        time.sleep(0.01)
     kinds = [type(e) for e in events]
-    assert kinds[0] is Started and kinds[-2:] == [Decoded, Finished] and CycleEvent in kinds
+    assert kinds[0] is Started and sorted(k.__name__ for k in kinds[-2:]) == ["Decoded", "Finished"]
+    assert CycleEvent in kinds and kinds.count(Finished) == kinds.count(Decoded) == 1
     assert all(e.asker == Asker.API for e in events)  # tagged with who asked
     cycles = [e for e in events if isinstance(e, CycleEvent)]
     assert all(e.stage == "API request" for e in cycles)
+    finished = next(e for e in events if isinstance(e, Finished))
     assert cycles[-1].snapshot.prompt_total == events[0].prompt_tokens == reply.usage.prompt_tokens
-    assert cycles[-1].snapshot.tokens == events[-1].usage["completion_tokens"] == reply.usage.completion_tokens
+    assert cycles[-1].snapshot.tokens == finished.usage["completion_tokens"] == reply.usage.completion_tokens
     # A request that fails in the decoder says so, after letting go of the models.
     events.clear()
     s.served.mode = "mtp"  # SmolLM2 has no MTP head
