@@ -274,17 +274,19 @@ class Decoder:
         next prompt would otherwise make before its first token)."""
         if self.memory is not None and origin is not None:
             self.memory.remember(context, origin)
-        self.sequence.keep()
-        drafted = getattr(self.drafters.get(Source.MODEL), "sequence", None)  # (a stand-in may hold none)
-        if drafted is not None:
-            drafted.keep()
+        for sequence in self._sequences():
+            sequence.keep()
+
+    def _sequences(self) -> list[CachedSequence]:
+        """The target's sequence, and the draft model's where one drafts (a stand-in drafter
+        may hold none)."""
+        drafted = getattr(self.drafters.get(Source.MODEL), "sequence", None)
+        return [self.sequence] + ([drafted] if drafted is not None else [])
 
     def forget_prompts(self) -> None:
         """Nothing of any prompt cached any more, in either model: the next one is read cold."""
-        self.sequence.sync([])
-        drafter = self.drafters.get(Source.MODEL)
-        if drafter is not None:
-            drafter.sequence.sync([])
+        for sequence in self._sequences():
+            sequence.sync([])
         if self.prompt_cache is not None:
             self.prompt_cache.clear()
 
