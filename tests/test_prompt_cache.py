@@ -188,3 +188,17 @@ def test_an_answers_state_is_kept_as_it_ends_so_a_regenerated_prompt_copies_noth
     again, _ = generate(decoder, prompt, max_tokens=8, policy="off")
     assert again == second and copies == []  # the same answer: held already, before and after
     assert (decoder.stats.prompt_cached, decoder.stats.prompt_tokens) == (len(prompt) - 1, 0)
+
+
+def test_a_new_decoder_on_loaded_models_starts_from_an_empty_cache(smollm_path, data_dirs):
+    # Flash attention: SmolLM2 Q4_1's logits do not depend on the batch, so answers compare exactly.
+    first = load_decoder(smollm_path, None, LoadOptions(n_ctx=512, flash_attn=True))
+    try:
+        prompt = tokens_of(first, "Name three rivers in Europe.")
+        answer, _ = generate(first, prompt, max_tokens=16, policy="off")
+        assert first.target.n_past > 0
+        again = Decoder(first.target, None)  # (a benchmark's fresh run, a reloaded engine's)
+        assert again.target.n_past == 0  # the old sequence's tokens would sit before the new prompt
+        assert generate(again, prompt, max_tokens=16, policy="off")[0] == answer
+    finally:
+        first.target.close()

@@ -354,9 +354,27 @@ def _load_served(args, served, server, failed) -> None:
         served.workers = rpc.parse_endpoints(args.rpc)
         served.reload = lambda: _load(args)
         rpc.on_worker_lost(served.worker_lost)
+    _measure_for_serving(args, decoder, served, server)
     served.loaded(decoder)
     print(f"Serving {served.model_id} ({args.mode} mode) at http://{args.host}:{args.port}/v1",
           file=sys.stderr, flush=True)
+
+
+def _measure_for_serving(args, decoder, served, server) -> None:
+    """Auto mode's costs on this machine, measured before the first request where they never were
+    (once per machine and model pair: kept in the data folder). The window measures while the user
+    types; a server has no such pause once clients come, and on guessed costs a fresh policy tried
+    the draft model on its first answers (code writing at 0.85x plain) and trusted long copies of
+    its own earlier answers late."""
+    import time
+
+    if not decoder.policy_for(Mode(args.mode)).needs_calibration:
+        return
+    served.state_message = "Measuring this machine's costs for auto mode (once for these models)."
+    print(f"speculum: {served.state_message}", file=sys.stderr, flush=True)
+    start = time.monotonic()
+    if decoder.calibrate(lambda: server.should_exit, Mode(args.mode)):
+        print(f"speculum: measured in {time.monotonic() - start:.1f} s", file=sys.stderr, flush=True)
 
 
 def cmd_rpc_worker(args) -> int:

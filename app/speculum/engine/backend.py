@@ -165,6 +165,8 @@ class CachedSequence:
     def __init__(self, model: Backend, cache: "PromptCache | None" = None, owner: str = "target"):
         self.model = model
         self.tokens: list[int] = []
+        if model.n_past:  # what another sequence left (a new Decoder on loaded models): not this one's
+            model.reset()
         # Saving needs the model's state calls (llama.cpp's); a synthetic model has none. Nor is
         # a model with an MTP head cached: the head's own cache holds pairs built from the
         # target's hidden states, which a saved state does not carry.
