@@ -597,7 +597,10 @@ def test_the_secure_link_refuses_a_wrong_token_or_certificate_before_llama_cpp_h
             s.sendall(bytes([14]) + struct.pack("<Q", 24) + bytes(24) + bytes([10]) + struct.pack("<Q", 1 << 20) + b"x")
             assert b"wrong token" in s.recv(100)
         w.wait_for("disconnected: 0 bytes passed to llama.cpp", 10)
-        time.sleep(0.5)  # (a connection llama.cpp accepted would be printed by now)
+        deadline = time.monotonic() + 10  # (each refusal is logged by its own connection's thread)
+        while w.count("refused") < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # (a connection llama.cpp accepted, or a fifth refusal, would be printed by now)
         assert w.count("refused") == 4  # (the third: the check looking for TLS to say what to pass)
         assert _bytes_to_llama_cpp(w) == heard and w.count("Accepted client connection") == accepted
 
