@@ -373,7 +373,13 @@ def _measure_for_serving(args, decoder, served, server) -> None:
     served.state_message = "Measuring this machine's costs for auto mode (once for these models)."
     print(f"speculum: {served.state_message}", file=sys.stderr, flush=True)
     start = time.monotonic()
-    if decoder.calibrate(lambda: server.should_exit, Mode(args.mode)):
+    try:
+        measured = decoder.calibrate(lambda: server.should_exit, Mode(args.mode))
+    except SpeculumError as exc:  # (an RPC worker lost meanwhile: the first request says so, as ever)
+        print(f"speculum: not measured ({exc}); auto mode learns from the requests instead", file=sys.stderr,
+              flush=True)
+        return
+    if measured:
         print(f"speculum: measured in {time.monotonic() - start:.1f} s", file=sys.stderr, flush=True)
 
 
