@@ -189,10 +189,7 @@ def measure(base: Decoder, tokens: int, kinds: tuple[str, ...]) -> dict:
     got: dict = {"policy": {}}
     with tempfile.TemporaryDirectory() as data:
         os.environ["SPECULUM_DATA_DIR"] = data  # no verify-cost curve remembered from another delay
-        for model in (base.target, base.draft):  # a fresh Decoder's sequences start empty: so must the models
-            if model is not None:
-                model.reset()
-        decoder = Decoder(base.target, base.draft)
+        decoder = Decoder(base.target, base.draft)  # (its sequences empty the models the last run left)
         for kind in kinds:
             got[kind], policy = run(decoder, *runs[kind], tokens)
             if kind == "auto":

@@ -368,13 +368,14 @@ def _measure_for_serving(args, decoder, served, server) -> None:
     its own earlier answers late."""
     import time
 
-    if not decoder.policy_for(Mode(args.mode)).needs_calibration:
+    mode = Mode(args.mode)
+    if not decoder.policy_for(mode).needs_calibration:
         return
     served.state_message = "Measuring this machine's costs for auto mode (once for these models)."
     print(f"speculum: {served.state_message}", file=sys.stderr, flush=True)
     start = time.monotonic()
     try:
-        measured = decoder.calibrate(lambda: server.should_exit, Mode(args.mode))
+        measured = decoder.calibrate(lambda: server.should_exit, mode)
     except SpeculumError as exc:  # (an RPC worker lost meanwhile: the first request says so, as ever)
         print(f"speculum: not measured ({exc}); auto mode learns from the requests instead", file=sys.stderr,
               flush=True)
