@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import subprocess
-import sys
 import threading
 import time
 
@@ -207,40 +205,22 @@ def test_serving_beyond_this_machine_needs_an_api_key(smollm_path, capsys):
 
 
 def test_serve_measures_auto_modes_costs_before_its_first_request_once_per_machine(smollm_path, tmp_path):
-    from test_rpc import ENV, free_port
+    from test_server_rpc import Server
 
-    env = {**ENV, "SPECULUM_DATA_DIR": str(tmp_path / "data"), "SPECULUM_CONFIG_DIR": str(tmp_path / "config"),
-           "SPECULUM_NO_TUNING": "1"}
-
-    def serve(name: str) -> str:
-        """One server's life: started, a request answered once /health says ready, stopped; its log."""
-        port, log = free_port(), tmp_path / name
-        with log.open("w") as out:
-            process = subprocess.Popen([sys.executable, "-m", "speculum.cli", "serve", "--target", str(smollm_path),
-                                        "--mode", "auto", "--threads", "1", "--port", str(port), "--model-id", "m"],
-                                       stdout=out, stderr=out, env=env)
+    def serve() -> str:
+        """One server's life on the same data folder: ready, a request answered, stopped; its log."""
+        s = Server(smollm_path, [], mode="auto", data_dir=str(tmp_path / "data"))
         try:
-            url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 120
-            while True:
-                assert process.poll() is None and time.monotonic() < deadline, log.read_text()
-                try:
-                    if httpx.get(url + "/health", timeout=30).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.2)
-            answer = httpx.post(url + "/v1/chat/completions", timeout=120, json={
-                "model": "m", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4})
+            answer = s.chat(max_tokens=4)
             assert answer.status_code == 200, answer.text
         finally:
-            process.terminate()
-            process.wait(30)
-        return log.read_text()
+            s.stop()
+        return s.output()
 
-    first = serve("first.log")
+    first = serve()
     assert "Measuring this machine's costs for auto mode" in first and "measured in" in first
     assert first.index("measured in") < first.index("Serving ")  # before /health says ready
-    second = serve("second.log")  # the same data folder: measured already
+    second = serve()  # the same data folder: measured already
     assert "Serving " in second and "Measuring" not in second
 
 

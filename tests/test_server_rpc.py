@@ -20,17 +20,20 @@ PROMPT = [{"role": "user", "content": "Write a very long story about a lighthous
 
 
 class Server:
-    """`speculum serve --rpc WORKER[,WORKER]` on 127.0.0.1, its stderr kept in a file."""
+    """`speculum serve --rpc WORKER[,WORKER]` on 127.0.0.1 (no --rpc without workers), its stderr
+    kept in a file; a fresh data folder unless one is given."""
 
-    def __init__(self, model, workers: list[Worker], *extra: str, ready: bool = True):
+    def __init__(self, model, workers: list[Worker], *extra: str, ready: bool = True, mode: str = "off",
+                 data_dir: str | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.TemporaryFile(mode="w+")
+        rpc = ["--rpc", ",".join(w.endpoint for w in workers)] if workers else []
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "speculum.cli", "serve", "--target", str(model), "--mode", "off", "--threads", "1",
-             "--rpc", ",".join(w.endpoint for w in workers), "--port", str(self.port), "--model-id", "m", *extra],
+            [sys.executable, "-m", "speculum.cli", "serve", "--target", str(model), "--mode", mode, "--threads", "1",
+             *rpc, "--port", str(self.port), "--model-id", "m", *extra],
             stdout=self.log, stderr=self.log, text=True,
-            env={**ENV, "SPECULUM_DATA_DIR": tempfile.mkdtemp(prefix="speculum-serve-")})
+            env={**ENV, "SPECULUM_DATA_DIR": data_dir or tempfile.mkdtemp(prefix="speculum-serve-")})
         deadline = time.monotonic() + 120
         while ready and self.health().status_code != 200:
             assert self.process.poll() is None and time.monotonic() < deadline, self.output()
