@@ -149,16 +149,20 @@ def _generate(decoder, prompt: list[int], mode: Mode) -> Run:
 def _replay_plain(target, prompt: list[int], plain: list[int]) -> Callable[[int], object]:
     """Logits at position i of the plain run, recomputed along its exact batch shapes.
 
-    The plain run decoded the prompt but its last token in n_batch chunks, then one token
-    per pass; doing the same reproduces its logits bit for bit.
+    The plain run (a fresh decoder, nothing cached) decoded the whole prompt in n_batch
+    chunks, its last token in the last chunk, whose last row gave token 0; then one token
+    per pass. Doing the same reproduces its logits bit for bit. (Replaying the last token
+    in a pass of its own is another batch shape: on some CPUs it flips a near tie.)
     """
     def logits_at(i: int):
         target.reset()
-        head = prompt[:-1]
-        for start in range(0, len(head), target.n_batch):
-            target.decode(head[start:start + target.n_batch], rows=())
+        starts = range(0, len(prompt), target.n_batch)
         row = None
-        for token in [prompt[-1]] + plain[:i]:
+        for start in starts:
+            part = prompt[start:start + target.n_batch]
+            final = start == starts[-1]
+            row = target.decode(part, rows=(len(part) - 1,) if final else ())
+        for token in plain[:i]:
             row = target.decode([token])
         return row[0].copy()
 
