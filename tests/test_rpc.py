@@ -646,3 +646,33 @@ def test_a_frozen_worker_ends_generate_with_one_message_naming_it_within_the_tim
         "(a pass that really takes longer needs a larger --rpc-timeout). llama.cpp cannot continue without it; "
         "start the worker again and rerun."]
     assert '"type": "summary"' not in rest
+
+
+def test_a_worker_frozen_while_it_is_sent_a_tensor_ends_the_connection_within_the_timeout():
+    """A SET_TENSOR awaits no answer: a worker that stops reading one (a large restored prompt
+    state) is only seen by the bytes it leaves untaken, and that too is the timeout."""
+    from speculum.engine.rpclink import ClientLink
+
+    w = Worker(insecure=True)
+    timeout_s = 2
+    link = ClientLink(parse_worker(w.endpoint), read_timeout=timeout_s, connect_timeout=5)
+    w.process.send_signal(signal.SIGSTOP)
+    host, port = link.local_endpoint.rsplit(":", 1)
+    body = 256 << 20  # far more than the sockets' buffers hold
+    ggml = socket.create_connection((host, int(port)))
+    t = time.monotonic()
+    try:
+        ggml.settimeout(timeout_s + 5)
+        ggml.sendall(struct.pack("<BQ", 6, body))  # SET_TENSOR, no answer awaited
+        with pytest.raises(OSError):  # the relay closes the connection: the send fails
+            chunk = bytes(1 << 20)
+            for _ in range(body >> 20):
+                ggml.sendall(chunk)
+        seconds = time.monotonic() - t
+    finally:
+        ggml.close()
+        link.close()
+        w.stop()
+    assert link.failure is not None and link.failure[0] == "timeout", link.failure
+    assert f"The RPC worker at {w.name} did not answer for {timeout_s} s" in link.failure[1]
+    assert seconds < timeout_s + 5

@@ -169,6 +169,7 @@ class _Way:
         self.out = memoryview(b"")  # shaped, not yet taken by dst
         self.held = 0  # bytes read and held back, after ``head``
         self.held_since = 0.0
+        self.moved = 0.0  # when ``dst`` last took bytes of ``out`` (or ``out`` filled)
         self.ended = False  # src closed
 
     def read(self) -> None:
@@ -213,6 +214,7 @@ class _Way:
         n = self.head + self.held if n is None else n
         self.held = 0
         self.out = memoryview(self.shape(self.buffer[:n]) if self.shape else self.buffer[:n])
+        self.moved = time.monotonic()
 
     def write(self) -> None:
         """Send as much of what waits as ``dst`` takes now."""
@@ -221,7 +223,13 @@ class _Way:
                 sent = self.dst.send(self.out)  # (TLS: all or nothing; a retry sends the same bytes, as it must)
             except (ssl.SSLWantWriteError, ssl.SSLWantReadError, BlockingIOError):
                 return
+            if sent:
+                self.moved = time.monotonic()
             self.out = self.out[sent:]
+
+    def stuck_for(self, now: float) -> float:
+        """How long bytes have waited for ``dst`` to take any of them (0 when none wait)."""
+        return now - self.moved if self.out else 0.0
 
 
 def _shuttle(ways: list[_Way], tick_s: float, tick: Callable[[], bool]) -> socket.socket | None:
@@ -710,7 +718,11 @@ class ClientLink:
             return data
 
         def watchdog() -> bool:
-            if time.monotonic() - heard > self.read_timeout and (requests is None or requests.waiting):
+            # Silent while a request awaits its answer, or not reading what ggml sends (a large
+            # SET_TENSOR awaits none: a restored prompt's state would otherwise wait forever).
+            now = time.monotonic()
+            if (now - heard > self.read_timeout and (requests is None or requests.waiting)
+                    or up.stuck_for(now) > self.read_timeout):
                 self._fail("timeout", f"The RPC worker at {self.worker.name} did not answer for "
                                       f"{self.read_timeout:g} s: it is frozen, asleep or cut off (a pass that "
                                       "really takes longer needs a larger --rpc-timeout).")
