@@ -547,6 +547,31 @@ def test_a_long_copy_is_sure_only_once_its_match_length_has_been_seen():
     assert max(policy.choose(context).k for _ in range(20)) >= 8  # seen now: sure, and long
 
 
+def test_a_recalled_context_copies_long_at_once_and_a_shared_ending_only_probes():
+    # The same prompt again (the memory began a text as this whole context does): the earlier
+    # greedy answer is written again, so its copy is sure on a fresh policy's prior; a resent
+    # document after another question shares only its end, and its first copy stays a probe.
+    from speculum.engine import auto
+    from speculum.engine.drafters import MemoryLookup
+    from speculum.engine.ngrammemory import NgramMemory
+    from speculum.engine.vocabulary import Source
+
+    rng = np.random.default_rng(5)
+    earlier = rng.integers(0, 1000, 400).tolist()  # a prompt (250 tokens) and its answer
+    memory = NgramMemory(1000)
+    memory.remember(earlier, "api")
+
+    def longest(context) -> int:
+        policy = AutoPolicy({Source.MEMORY: MemoryLookup(memory)}, "auto", "CPU")
+        policy.calibrated(CostModel({n: 0.030 * (1 + 0.35 * (n - 1)) for n in range(1, 17)}))
+        return max(policy.choose(context).k for _ in range(20))
+
+    assert longest(earlier[:250]) >= 8
+    shared_end = rng.integers(0, 1000, 150).tolist() + earlier[150:250]
+    room = auto.LOSS_SHARE * auto.LOSS_HORIZON * 0.030
+    assert 0.030 * 0.35 * longest(shared_end) <= room + 1e-9
+
+
 def test_short_copies_are_sure_again_once_this_answer_has_shown_them_right():
     # A 3-token match's copy is budgeted (how often it is right depends on the text) until this
     # answer's own short copies were right; the next answer starts budgeted again.

@@ -49,6 +49,21 @@ def test_it_drafts_a_regenerated_answer(decoder):
     assert any(c.source == "memory" for c in cycles)  # the passes carry the source's name
 
 
+def test_a_context_seen_whole_before_is_told_apart_from_one_that_shares_only_its_end():
+    rng = np.random.default_rng(3)
+    text = rng.integers(0, 1000, 300).tolist()
+    memory = NgramMemory(1000)
+    memory.remember(text, "c1")
+    # The same prompt again: agreement measured all the way back, past the candidates' 32.
+    end, length, available = memory.match(text[:200])
+    assert length == 200 and available == 100 and memory.copy(end, 3) == text[200:203]
+    # Another prompt ending in the same 40 tokens (a document resent with a new question first).
+    other = rng.integers(0, 1000, 160).tolist() + text[160:200]
+    assert memory.match(other)[1] == 40
+    # Within the candidates' reach, as before.
+    assert memory.match(rng.integers(0, 1000, 50).tolist() + text[180:200])[1] == 20
+
+
 def test_it_is_bounded_on_disk(tmp_path):
     path = tmp_path / "vocab.bin"
     memory = NgramMemory(1000, path, max_tokens=500)

@@ -407,7 +407,7 @@ class AutoPolicy:
             self.last_estimate = {"expected_tokens_per_s": round(plain, 2), "plain_tokens_per_s": plain}
             return self.last
         if self.min_k == 0:
-            options = self._affordable(options)
+            options = self._affordable(options, len(context))
         speed, choice, e, *_ = max(options, key=lambda o: o.speed)
         if choice.source in (Source.MODEL, Source.MTP):
             # Hybrid: a confident copy goes first, the model (or MTP head) drafts when it has none.
@@ -426,7 +426,7 @@ class AutoPolicy:
                               "plain_tokens_per_s": plain}
         return choice
 
-    def _affordable(self, options: list[Option]) -> list[Option]:
+    def _affordable(self, options: list[Option], context_length: int) -> list[Option]:
         """The options to choose among: plain steps, drafts that surely pay on the mean
         acceptance rates and estimated costs (SURE_MARGIN), and exploratory copies (paying only
         on this cycle's draws) whose worst case keeps this answer within LOSS_SHARE of plain
@@ -439,7 +439,9 @@ class AutoPolicy:
         Sure means the means pay by SURE_MARGIN, and: on a match of SURE_MATCH tokens or more,
         its bucket has been seen (SURE_EVIDENCE); on a shorter one, this answer's short copies were
         right (SHORT_SURE_AFTER); a client's prediction, whose match is this request's own output
-        agreeing with it, needs only the margin.
+        agreeing with it, and a memory's copy of an earlier text that began as this whole context
+        does (the same prompt again, an answer regenerated: greedy decoding writes it again), need
+        only the margin.
         A draft model (or MTP head) is sure once it has been seen and its means pay; while its
         costs are untimed, a draft of up to two tokens is (only a try times them); else its drafts
         are exploration too. (Left to its draws, a fresh policy on a 2-core CPU tried the draft
@@ -456,6 +458,9 @@ class AutoPolicy:
             if o.mean_speed * step < SURE_MARGIN:
                 return False
             if source in self.PER_REQUEST:  # its match is this request's own output agreeing with it
+                return True
+            if source == Source.MEMORY and match >= max(context_length, SURE_MATCH):
+                # Recalled: a one-token probe first cost a pass of a 128-token answer's ten.
                 return True
             if source not in self.MATCH_TABLES:
                 return self._drafted_from(source)[0].evidence >= SURE_EVIDENCE

@@ -37,7 +37,8 @@ HEADER = struct.Struct("<8sII")  # magic, vocabulary size, JSON length
 DEFAULT_TOKENS = 1 << 18  # 1 MiB on disk; the index in memory is about 12 bytes a token per level
 LEVELS = (16, 4)  # n-gram lengths looked up, the most telling first
 CANDIDATES = 8  # latest occurrences of an n-gram weighed per level
-MAX_MATCH = 32  # how far back a match is measured: past this, every match is sure
+MAX_MATCH = 32  # how far back a match is measured among candidates; one that reaches it is
+# measured on to the context's start (``_agreement``): whether this whole context was seen before
 MAX_ORIGIN = 100  # characters of an origin's name
 MAX_FILE = 256 << 20  # a file larger than this is not read (a memory of 64 million tokens)
 _MULT = np.uint64(0x9E3779B97F4A7C15)
@@ -95,7 +96,7 @@ class NgramMemory:
         self._next_base = 0
         self._index = {n: (np.zeros(0, np.uint64), np.zeros(0, np.int64)) for n in LEVELS}
         self._seen_file: tuple | None = None  # the file as last read or written (inode, mtime, size)
-        self._last: tuple[tuple, tuple[int, int, int, _Text | None]] | None = None
+        self._last: tuple[Sequence[int], tuple, tuple[int, int, int, _Text | None]] | None = None
         self.problem = ""  # why a damaged file was set aside, in plain words
         if path is not None:
             self._read()
@@ -118,11 +119,13 @@ class NgramMemory:
         are the end of ``context``, and how many tokens follow it there; (-1, 0, 0) for none."""
         if len(context) < LEVELS[-1] or not self._texts:
             return -1, 0, 0
-        key = (len(context), *context[-LEVELS[0]:])
-        if self._last is not None and self._last[0] == key:  # the policy asks, then the drafter
-            return self._last[1][:3]
+        # The policy asks, then the drafter, of the same list: held here (so its id is never
+        # another's), and the end that cycles change, with the length, tells it apart.
+        key = (len(context), *context[-MAX_MATCH:])
+        if self._last is not None and self._last[0] is context and self._last[1] == key:
+            return self._last[2][:3]
         found = self._find(context)
-        self._last = (key, found)
+        self._last = (context, key, found)
         return found[:3]
 
     def copy(self, end: int, k: int) -> list[int]:
@@ -155,7 +158,21 @@ class NgramMemory:
                     best = (int(end), length, len(text.tokens) - at - 1, text)
             if best[1] >= n:
                 break
+        if best[1] >= MAX_MATCH:
+            best = (best[0], self._agreement(context, best[3], best[0]), best[2], best[3])
         return best
+
+    @staticmethod
+    def _agreement(context: Sequence[int], text: _Text, end: int) -> int:
+        """How many tokens back from ``end`` ``text`` agrees with the end of ``context``: all of
+        the context when it is the start of an earlier text again (a prompt sent again, an
+        answer regenerated). Once a cycle at most, and only past a MAX_MATCH agreement: 60 us
+        for a 4,096-token context."""
+        at = end - text.base
+        n = min(len(context), at + 1)
+        here = np.asarray(context[len(context) - n:], dtype=np.int32)[::-1]
+        differ = np.flatnonzero(here != text.tokens[at + 1 - n:at + 1][::-1])
+        return int(differ[0]) if len(differ) else n
 
     def _text_at(self, pos: int) -> _Text | None:
         i = bisect_right(self._bases, pos) - 1
