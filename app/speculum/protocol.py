@@ -66,8 +66,8 @@ class PartPrompt:
 
 
 def reused_of(tokens: int, total: int, cached: int | None) -> int:
-    """Prompt tokens found in the KV cache. The prompt's last token is decoded with the first
-    cycle, so it is neither. (Where what was reused is not known, as in answers saved before it
+    """Prompt tokens found in the KV cache. The prompt's last token is read with the rest, or
+    by the first cycle, unless the prompt was seen whole with its last row (all reused). (Where what was reused is not known, as in answers saved before it
     was kept, the rest of the prompt was: unless the answer was stopped while it was read.)"""
     return cached if cached is not None else max(total - 1 - tokens, 0) if total else 0
 

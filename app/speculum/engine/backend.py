@@ -172,6 +172,9 @@ class CachedSequence:
         # target's hidden states, which a saved state does not carry.
         self.cache = cache if model.saves_state and not model.has_mtp else None
         self.owner = owner  # whose saved states are this sequence's in the shared cache
+        # (position, logits) of the latest prompt's last token, read with that prompt: a prompt
+        # sent again gets its first token from it, with no pass, and the very token it got before.
+        self.row: tuple[int, np.ndarray] | None = None
         self._saved_memo: tuple | None = None  # reusable's: (cache version, context length, its last token, saved)
 
     def common(self, context: Sequence[int]) -> int:
@@ -214,7 +217,7 @@ class CachedSequence:
         """Save the live state in the prompt cache now, between requests, so that the next
         prompt's ``resume`` finds it held and need not copy it while a user waits."""
         if self.cache is not None and len(self.tokens) >= MIN_SAVED:
-            self.cache.save(self.owner, self.tokens, self.model)
+            self.cache.save(self.owner, self.tokens, self.model, self.row)
 
     def resume(self, context: Sequence[int]) -> int:
         """``sync`` at a new prompt: what the cache would lose is saved first, and a saved state
@@ -223,14 +226,14 @@ class CachedSequence:
         cache = self.cache
         if cache is not None:
             if len(self.tokens) - n >= MIN_SAVED:
-                cache.save(self.owner, self.tokens, self.model)
+                cache.save(self.owner, self.tokens, self.model, self.row)
             saved, usable = cache.best(self.owner, context, exact=self._exact)
             if saved is not None and usable >= n + MIN_GAIN:
                 if cache.restore(saved, self.model):
-                    self.tokens = [int(t) for t in saved.tokens]
+                    self.tokens, self.row = [int(t) for t in saved.tokens], saved.row
                     n = usable
                 else:  # refused: the model's sequence is empty now
-                    self.tokens, n = [], 0
+                    self.tokens, self.row, n = [], None, 0
         if n < len(self.tokens):
             n = self._trim(n)
         return n
@@ -240,10 +243,19 @@ class CachedSequence:
         """A recurrent state cannot be cut back: only a whole saved state serves."""
         return self.model.max_rollback is not None
 
+    def last_row(self, context: Sequence[int]) -> np.ndarray | None:
+        """The row of logits read with ``context``'s last token, when this sequence holds all of
+        ``context`` and read its last token as a prompt's last (a copy); else None."""
+        if self.row is None or self.row[0] != len(context) - 1 or self.common(context) < len(context):
+            return None
+        return self.row[1].copy()
+
     def _trim(self, n: int) -> int:
         kept = self.model.trim(n)
         n = n if kept is None else min(n, kept)  # a recurrent model may have started over
         del self.tokens[n:]
+        if self.row is not None and self.row[0] >= n:
+            self.row = None
         return n
 
     def feed(self, tokens: Sequence[int], stop: threading.Event | None = None,
@@ -270,9 +282,11 @@ class CachedSequence:
                 except DecodeAborted:
                     del self.tokens[self.model.n_past:]  # (a recurrent state may have started over)
                     return None
+                self.tokens.extend(part)
                 if final:
                     row = np.array(logits)  # the model's buffer is the next decode's
-                self.tokens.extend(part)
+                    self.row = (len(self.tokens) - 1, row)
+                    row = row.copy()  # (the caller's to shape)
                 if on_chunk is not None:
                     on_chunk(start + len(part), len(part))
         return row

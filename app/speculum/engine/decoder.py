@@ -222,9 +222,14 @@ class Decoder:
         stats = stats if stats is not None else Stats()  # the generation's own
         t0 = self.clock()
         known = context[:-1]  # the last token is decoded by the first cycle, for its logits
-        have = self.sequence.resume(known)  # live, or put back from the prompt cache
+        have = self.sequence.resume(context)  # live, or put back from the prompt cache
+        # The same prompt again: its last token's row was kept with it, the first token needs no pass.
+        held = self.sequence.last_row(context) if have == len(context) else None
+        if held is None and have > len(known):
+            self.sequence.trim(len(known))
+            have = len(known)
         stats.prompt_cached = have
-        to_read = len(known) - have
+        to_read = len(known) - min(have, len(known))
         last = [t0]
         # Where the draft model drafts every cycle (draft mode), it reads the prompt here too,
         # after the target: progress counts both reads.
@@ -244,12 +249,12 @@ class Decoder:
             on_prompt(len(known) + n_read, total)
 
         if on_prompt is not None and (to_read or draft_behind):
-            on_prompt(have, total)
+            on_prompt(len(known) - to_read, total)
         chunk = PROMPT_CHUNK if on_prompt else None
         # The last token is read with the prompt: its row gives the first token, with no pass of its own.
-        pending = self._read_prompt(known[have:], context[-1], stop, chunk_read, chunk)
+        pending = held if held is not None else self._read_prompt(known[have:], context[-1], stop, chunk_read, chunk)
         # Less than to_read when stopped; the last token is the first cycle's, as when it decodes it.
-        stats.prompt_tokens = min(len(self.sequence.tokens), len(known)) - have
+        stats.prompt_tokens = max(0, min(len(self.sequence.tokens), len(known)) - have)
         if draft_behind and not (stop is not None and stop.is_set()):
             model.read(known, stop, draft_read if on_prompt else None, chunk=chunk)
         stats.prompt_s = self.clock() - t0

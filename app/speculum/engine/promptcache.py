@@ -67,7 +67,8 @@ class SavedState:
     owner: str
     tokens: np.ndarray  # int32: the tokens the state holds, in order
     state: object  # what the model's ``save_state`` returned (a ctypes byte array)
-    size: int  # bytes
+    size: int  # bytes, the row's included
+    row: tuple[int, np.ndarray] | None = None  # (position, logits) of a prompt's last token (CachedSequence.row)
 
 
 class PromptCache:
@@ -85,9 +86,10 @@ class PromptCache:
     def states(self, owner: str | None = None) -> list[SavedState]:
         return [s for s in self._states.values() if owner is None or s.owner == owner]
 
-    def save(self, owner: str, tokens: Sequence[int], model) -> bool:
-        """Keep ``model``'s live state, which holds ``tokens``; False when it is not kept (already
-        held by a longer saved state, larger than the budget, or the model could not save it)."""
+    def save(self, owner: str, tokens: Sequence[int], model, row: tuple[int, np.ndarray] | None = None) -> bool:
+        """Keep ``model``'s live state, which holds ``tokens``, and ``row`` with it; False when it
+        is not kept (already held by a longer saved state, larger than the budget, or the model
+        could not save it)."""
         held = np.asarray(tokens, dtype=np.int32)
         for key, saved in list(self._states.items()):
             if saved.owner != owner:
@@ -99,12 +101,12 @@ class PromptCache:
             if shared == len(saved.tokens):  # the new state serves all this one did
                 self._drop(key)
         state = model.save_state()
-        size = len(state) if state is not None else 0
+        size = len(state) + (row[1].nbytes if row is not None else 0) if state is not None else 0
         if state is None or size > self.budget:
             return False
         while self.size + size > self.budget:
             self._drop(next(iter(self._states)))
-        saved = SavedState(owner, held, state, size)
+        saved = SavedState(owner, held, state, size, row)
         self._states[id(saved)] = saved
         self.size += size
         self.version += 1
