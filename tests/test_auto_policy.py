@@ -572,6 +572,29 @@ def test_a_recalled_context_copies_long_at_once_and_a_shared_ending_only_probes(
     assert 0.030 * 0.35 * longest(shared_end) <= room + 1e-9
 
 
+def test_a_recalled_text_is_copied_past_fifteen_tokens_where_long_passes_pay_and_no_other_copy_is():
+    # A pass of 64 tokens costs 10.3 single steps on Qwen2.5 1.5B (2 cores), 16 cost 3.3: where
+    # every copied token is right (the same prompt again), long passes write more per step.
+    from speculum.engine import auto
+    from speculum.engine.drafters import MemoryLookup
+    from speculum.engine.ngrammemory import NgramMemory
+    from speculum.engine.vocabulary import Source
+
+    rng = np.random.default_rng(6)
+    earlier = rng.integers(0, 1000, 500).tolist()
+    memory = NgramMemory(1000)
+    memory.remember(earlier, "api")
+    policy = AutoPolicy({Source.MEMORY: MemoryLookup(memory)}, "auto", "CPU")
+    policy.calibrated(CostModel({n: 0.030 * (1 + 0.145 * (n - 1)) for n in (1, 2, 3, 4, 5, 6, 8, 16, 32, 64)}))
+    for table in policy._match_rates[Source.MEMORY]:  # copies from the memory have all been right
+        for rate in table:
+            rate.accepted, rate.rejected = 5.0, 0.0
+    recalled = earlier[:250]
+    assert max(policy.choose(recalled).k for _ in range(20)) > auto.MAX_K
+    shared_end = rng.integers(0, 1000, 150).tolist() + earlier[150:250]  # only its end seen before
+    assert max(policy.choose(shared_end).k for _ in range(20)) == auto.MAX_K
+
+
 def test_short_copies_are_sure_again_once_this_answer_has_shown_them_right():
     # A 3-token match's copy is budgeted (how often it is right depends on the text) until this
     # answer's own short copies were right; the next answer starts budgeted again.
@@ -603,7 +626,7 @@ def test_short_copies_are_sure_again_once_this_answer_has_shown_them_right():
 def test_the_curve_in_one_sweep_is_verify_size_by_size():
     # The policy reads the whole curve each cycle in one sweep (CostModel.curve); it must be
     # what verify(n) says for every size, timed or not, drawn or estimated.
-    from speculum.engine.costs import MAX_BATCH
+    from speculum.engine.costs import CURVE_BATCH, MAX_BATCH
 
     states = [{}, {1: 0.03}, {4: 0.08}, {1: 0.03, 4: 0.07}, {1: 0.03, 2: 0.05, 8: 0.13, 16: 0.16},
               {2: 0.05, 3: 0.06}, {1: 0.03, 16: 0.15}]
@@ -612,12 +635,13 @@ def test_the_curve_in_one_sweep_is_verify_size_by_size():
             c = CostModel(dict(verify_s), gpu=gpu, prefill=(128, 0.9))
             c.slope_guess, c.extrapolation_scale = 0.3, 0.6
             for drawn in (True, False):
-                sweep = c.curve(drawn)
-                assert len(sweep) == MAX_BATCH + 1 and sweep[0] == 0.0
-                assert sweep[1:] == [c.verify(n, drawn) for n in range(1, MAX_BATCH + 1)], (verify_s, gpu, drawn)
+                for largest in (CURVE_BATCH, MAX_BATCH):  # (every cycle's, and a recalled copy's)
+                    sweep = c.curve(drawn, largest)
+                    assert len(sweep) == largest + 1 and sweep[0] == 0.0
+                    assert sweep[1:] == [c.verify(n, drawn) for n in range(1, largest + 1)], (verify_s, gpu, drawn)
             # and a drawn guess is not the estimate where something is untimed beyond the timed sizes
             if len(verify_s) >= 2 and max(verify_s) < MAX_BATCH:
-                assert c.curve(True)[MAX_BATCH] < c.curve(False)[MAX_BATCH]
+                assert c.curve(True, MAX_BATCH)[MAX_BATCH] < c.curve(False, MAX_BATCH)[MAX_BATCH]
 
 
 def test_tables_not_drafted_from_age_by_the_cycles_they_sat_idle_and_the_one_drafted_from_does_not():

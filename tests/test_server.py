@@ -15,7 +15,7 @@ import pytest
 import uvicorn
 
 from speculum import cli
-from speculum.engine.costs import MAX_BATCH
+from speculum.engine.auto import MAX_K
 from speculum.engine.loading import LoadOptions, load_decoder
 from speculum.server import listen
 from speculum.server.api import create_app
@@ -347,7 +347,7 @@ def test_a_prediction_drafts_the_answer_and_never_changes_it(server, mode):
     # machine's measured verify curve), and the one line it lacks failed at most two drafts, where
     # the answer left it and where it came back (refused tokens count by the draft: 12-14 of 60
     # on a busy machine, where the policy drafts long).
-    assert accepted > 0.3 * predicted.usage.completion_tokens and rejected <= 2 * (MAX_BATCH - 1)
+    assert accepted > 0.3 * predicted.usage.completion_tokens and rejected <= 2 * MAX_K
     # The usage is what the cycles say: prediction drafts the target verified, kept or refused.
     by_drafter = predicted.model_extra["speculum"]["drafted_by_drafter"]["prediction"]
     assert (accepted, rejected) == (by_drafter["accepted"], by_drafter["drafted"] - by_drafter["accepted"])

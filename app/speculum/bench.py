@@ -15,7 +15,7 @@ from typing import Callable, NamedTuple, Sequence, TextIO
 
 from . import paths
 from .documents import read_document
-from .engine.costs import MAX_BATCH
+from .engine.costs import CURVE_BATCH
 from .engine.decoder import Decoder
 from .engine.drafters import PromptLookup, Spelling
 from .engine.prompts import build_messages
@@ -108,7 +108,7 @@ def time_to_first_token(stats: Stats) -> float:
     return stats.prompt_s + (stats.tokens_over_time[0][0] if stats.tokens_over_time else 0.0)
 
 
-def copy_fates(prompt: Sequence[int], output: Sequence[int], max_batch: int = MAX_BATCH,
+def copy_fates(prompt: Sequence[int], output: Sequence[int], max_batch: int = CURVE_BATCH,
                spelling: Spelling | None = None) -> list[tuple[int, int]]:
     """Per position of ``output``: the lookup drafter's match length there, and how many of
     the up to ``max_batch - 1`` tokens it would copy are right (with the target's ``spelling``,
@@ -129,7 +129,7 @@ def copy_fates(prompt: Sequence[int], output: Sequence[int], max_batch: int = MA
 
 
 def oracle_speedup(prompt: Sequence[int], output: Sequence[int], verify: Callable[[int], float],
-                   max_batch: int = MAX_BATCH, spelling: Spelling | None = None) -> float | None:
+                   max_batch: int = CURVE_BATCH, spelling: Spelling | None = None) -> float | None:
     """The speedup over plain decoding of a lookup that knew in advance how many of its
     tokens would be accepted, on this output with this verify curve (seconds per pass by
     tokens in it). At each position it may copy what followed the longest earlier match

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from .engine.auto import MAX_K as SHOWN_POSITIONS
 from .engine.backend import ModelFacts
 from .engine.stats import Stats
 from .engine.vocabulary import Mode, Source
@@ -160,7 +161,9 @@ def snapshot_of(stats: Stats, cycle, plain: PlainBasis | float | None, prompt_to
     speedup, source, basis = plain.speedup(stats.tokens_per_s, policy)
     return StatsSnapshot(
         acceptance_rate=stats.acceptance_rate,
-        acceptance_by_position=stats.acceptance_by_position,
+        # The positions any draft reaches; a recalled copy's deeper ones (auto.RECALL_K) would
+        # narrow the bars past reading, and are all but always right.
+        acceptance_by_position=stats.acceptance_by_position[:SHOWN_POSITIONS],
         tokens_per_s=stats.tokens_per_s,
         tokens_per_pass=stats.tokens_per_pass,
         tokens=stats.tokens,

@@ -243,10 +243,18 @@ class CachedSequence:
         """A recurrent state cannot be cut back: only a whole saved state serves."""
         return self.model.max_rollback is not None
 
+    @property
+    def keeps_rows(self) -> bool:
+        """Whether a prompt's last row serves it again: not for a recurrent state (it cannot be
+        cut back to the prompt) nor beside an MTP head (which pairs each token with the target's
+        hidden state from the pass that read it)."""
+        return not self._exact and not self.model.has_mtp
+
     def last_row(self, context: Sequence[int]) -> np.ndarray | None:
         """The row of logits read with ``context``'s last token, when this sequence holds all of
         ``context`` and read its last token as a prompt's last (a copy); else None."""
-        if self.row is None or self.row[0] != len(context) - 1 or self.common(context) < len(context):
+        if (self.row is None or self.row[0] != len(context) - 1 or not self.keeps_rows
+                or self.common(context) < len(context)):
             return None
         return self.row[1].copy()
 

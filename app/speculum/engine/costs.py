@@ -16,7 +16,8 @@ from typing import Callable, Sequence
 
 from .backend import Backend
 
-MAX_BATCH = 16
+MAX_BATCH = 64  # the longest pass priced and timed: a recalled copy's (auto.RECALL_K drafts and the pending token)
+CURVE_BATCH = 16  # the passes every cycle prices: any other draft's (auto.MAX_K and the pending token)
 # Batch sizes measured once per machine and pair: CPU kernels make some sizes cheaper
 # than smaller ones (4 rows at once with repacked weights), so no curve is assumed.
 CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16)
@@ -187,12 +188,12 @@ class CostModel:
             return self.verify_s[n]
         return self._estimate(n, sorted(self.verify_s.items()), drawn)
 
-    def curve(self, drawn: bool = True) -> list[float]:
-        """``verify(n, drawn)`` for n = 0 (0.0) .. MAX_BATCH, in one sweep: the policy reads the
-        whole curve every cycle, and sorting the timed sizes per size was most of its cost."""
+    def curve(self, drawn: bool = True, largest: int = CURVE_BATCH) -> list[float]:
+        """``verify(n, drawn)`` for n = 0 (0.0) .. ``largest``, in one sweep: the policy reads the
+        curve every cycle, and sorting the timed sizes per size was most of its cost."""
         known = sorted(self.verify_s.items())
         return [0.0] + [self.verify_s[n] if n in self.verify_s else self._estimate(n, known, drawn)
-                        for n in range(1, MAX_BATCH + 1)]
+                        for n in range(1, min(largest, MAX_BATCH) + 1)]
 
     def _estimate(self, n: int, known: list[tuple[int, float]], drawn: bool) -> float:
         """An untimed size's cost from the timed ones (``known``, sorted by size)."""

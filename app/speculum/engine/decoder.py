@@ -222,12 +222,12 @@ class Decoder:
         stats = stats if stats is not None else Stats()  # the generation's own
         t0 = self.clock()
         known = context[:-1]  # the last token is decoded by the first cycle, for its logits
-        have = self.sequence.resume(context)  # live, or put back from the prompt cache
-        # The same prompt again: its last token's row was kept with it, the first token needs no pass.
+        # Live, or put back from the prompt cache. The same prompt again: its last token's row
+        # was kept with it, and the first token needs no pass.
+        have = self.sequence.resume(context if self.sequence.keeps_rows else known)
         held = self.sequence.last_row(context) if have == len(context) else None
         if held is None and have > len(known):
-            self.sequence.trim(len(known))
-            have = len(known)
+            have = self.sequence.sync(known)
         stats.prompt_cached = have
         to_read = len(known) - min(have, len(known))
         last = [t0]
