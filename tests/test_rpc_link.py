@@ -60,3 +60,37 @@ def test_a_message_that_never_completes_still_goes_on():
         stop.set()
         for s in (ggml, relay_in, relay_out, worker):
             s.close()
+
+
+def test_a_worker_that_stops_halfway_through_an_answer_ends_the_connection_within_the_timeout():
+    """ggml reads an answer (a token's logits) to its end: a worker frozen after sending its
+    header and part of its body is as silent as one that never answered, and the relay's
+    watchdog ends the connection (the answer's header alone once counted as the answer)."""
+    from speculum.engine.rpcaddress import parse_worker
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    timeout_s = 1
+    link = rpclink.ClientLink(parse_worker(f"127.0.0.1:{listener.getsockname()[1]}"), read_timeout=timeout_s,
+                              connect_timeout=5)
+    host, port = link.local_endpoint.rsplit(":", 1)
+    ggml = socket.create_connection((host, int(port)))
+    worker = None
+    try:
+        worker, _ = listener.accept()
+        ggml.sendall(request(8, bytes(40)))  # GET_TENSOR: awaits an answer
+        worker.settimeout(5)
+        got = b""
+        while len(got) < 49:
+            got += worker.recv(100)
+        worker.sendall(struct.pack("<Q", 1000) + bytes(10))  # its header and 10 of its 1000 bytes, then nothing
+        ggml.settimeout(timeout_s + 5)
+        received = b""
+        while chunk := ggml.recv(4096):  # the relay closes ggml's side: recv ends with b""
+            received += chunk
+        assert received == struct.pack("<Q", 1000) + bytes(10)
+        assert link.failure is not None and link.failure[0] == "timeout", link.failure
+    finally:
+        for s in (ggml, worker, listener):
+            if s is not None:
+                s.close()
+        link.close()

@@ -518,6 +518,11 @@ class _Messages:
         """Bytes still to come before the current header or body is whole."""
         return self._skip or self._size - len(self._head)
 
+    @property
+    def midway(self) -> bool:
+        """Whether a message has begun and not ended."""
+        return bool(self._skip or self._head)
+
     def feed(self, data) -> bool:
         """Take the next bytes; whether they end where a message ends."""
         view = memoryview(data)
@@ -570,6 +575,12 @@ class _Requests:
 
     def _answered(self, head: bytes) -> None:
         self.waiting = max(0, self.waiting - 1)
+
+    @property
+    def awaiting(self) -> bool:
+        """Whether ggml waits on the worker: a request unanswered, or an answer begun and not
+        whole (a worker frozen while it sends a token's logits leaves ggml reading forever)."""
+        return self.waiting > 0 or self.answers.midway
 
 
 def _from_this_process(peer) -> bool:
@@ -701,7 +712,7 @@ class ClientLink:
 
         def sent(data: memoryview) -> bool:
             nonlocal heard
-            if requests.waiting == 0:
+            if not requests.awaiting:
                 heard = time.monotonic()  # the wait for an answer starts now
             return requests.sent(data)
 
@@ -718,10 +729,10 @@ class ClientLink:
             return data
 
         def watchdog() -> bool:
-            # Silent while a request awaits its answer, or not reading what ggml sends (a large
+            # Silent while a request awaits its answer (or the rest of it), or not reading what ggml sends (a large
             # SET_TENSOR awaits none: a restored prompt's state would otherwise wait forever).
             now = time.monotonic()
-            if (now - heard > self.read_timeout and (requests is None or requests.waiting)
+            if (now - heard > self.read_timeout and (requests is None or requests.awaiting)
                     or up.stuck_for(now) > self.read_timeout):
                 self._fail("timeout", f"The RPC worker at {self.worker.name} did not answer for "
                                       f"{self.read_timeout:g} s: it is frozen, asleep or cut off (a pass that "
