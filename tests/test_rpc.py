@@ -81,6 +81,14 @@ class Worker:
     def count(self, text: str) -> int:
         return sum(text in line for line in self.output)
 
+    def wait_count(self, text: str, n: int, timeout: float) -> int:
+        """The count of lines holding ``text`` once it reaches ``n``, or when ``timeout`` ends:
+        llama.cpp's server thread and each connection's thread print on their own time."""
+        deadline = time.monotonic() + timeout
+        while self.count(text) < n and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return self.count(text)
+
     def stop(self) -> int:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGCONT)  # (one a test froze)
@@ -579,7 +587,8 @@ def test_the_secure_link_refuses_a_wrong_token_or_certificate_before_llama_cpp_h
         other = "Z" * 43 if paired.fingerprint != "Z" * 43 else "Y" * 43
         wrong_token = WorkerAddress(paired.host, paired.port, paired.fingerprint, TOKEN).text()
         wrong_certificate = WorkerAddress(paired.host, paired.port, other, paired.token).text()
-        heard, accepted = _bytes_to_llama_cpp(w), w.count("Accepted client connection")
+        # (the worker's own probe that ggml listens: accepted once, and printed on ggml's time)
+        heard, accepted = _bytes_to_llama_cpp(w), w.wait_count("Accepted client connection", 1, 10)
 
         with pytest.raises(SpeculumError, match=f"The RPC worker at {w.name} refused the token"):
             rpc.check_worker(wrong_token)
@@ -597,9 +606,7 @@ def test_the_secure_link_refuses_a_wrong_token_or_certificate_before_llama_cpp_h
             s.sendall(bytes([14]) + struct.pack("<Q", 24) + bytes(24) + bytes([10]) + struct.pack("<Q", 1 << 20) + b"x")
             assert b"wrong token" in s.recv(100)
         w.wait_for("disconnected: 0 bytes passed to llama.cpp", 10)
-        deadline = time.monotonic() + 10  # (each refusal is logged by its own connection's thread)
-        while w.count("refused") < 4 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        w.wait_count("refused", 4, 10)  # (each refusal is logged by its own connection's thread)
         time.sleep(0.5)  # (a connection llama.cpp accepted, or a fifth refusal, would be printed by now)
         assert w.count("refused") == 4  # (the third: the check looking for TLS to say what to pass)
         assert _bytes_to_llama_cpp(w) == heard and w.count("Accepted client connection") == accepted
@@ -607,7 +614,7 @@ def test_the_secure_link_refuses_a_wrong_token_or_certificate_before_llama_cpp_h
         assert rpc.check_worker(w.endpoint) == rpc.PROTOCOL  # the pairing string it printed: served
         w.wait_for("disconnected: 33 bytes passed to llama.cpp", 10)  # its hello, nothing else
         assert _bytes_to_llama_cpp(w) == heard + 33, "".join(w.output)
-        assert w.count("Accepted client connection") == accepted + 1
+        assert w.wait_count("Accepted client connection", accepted + 1, 10) == accepted + 1, "".join(w.output)
 
         # Another program on this machine finds the relay that holds the token: it is not let through.
         relay = rpc._links[w.name].local_endpoint.split(":")
