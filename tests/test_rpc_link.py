@@ -94,3 +94,56 @@ def test_a_worker_that_stops_halfway_through_an_answer_ends_the_connection_withi
             if s is not None:
                 s.close()
         link.close()
+
+
+def test_an_answers_length_is_known_from_its_get_tensor_request_whatever_the_pieces():
+    rng = random.Random(11)
+    asked = 2312  # SmolLM2's hidden state, a token's answer through a worker
+    get_tensor = request(8, bytes(range(40)) + struct.pack("<QQ", 0, asked))
+    stream = request(6, bytes(300)) + request(10, b"") + get_tensor + request(14, bytes(24)) + request(4, bytes(8))
+    for _ in range(50):
+        answers = rpclink._Answers()
+        for piece in pieces(stream, rng):
+            answers.asked(piece)
+        assert answers.expected == [8 + asked, 0]  # the hello's length is not named: its header says it
+        assert answers.missing() == 8 + asked
+        answer = struct.pack("<Q", asked) + bytes(asked)
+        for piece in pieces(answer, rng):
+            assert not answers.feed(piece) or piece == answer[-len(piece):]
+            if answers.answers.midway:
+                assert answers.missing() < 8 + asked  # (the rest of this one, as its header says)
+        assert answers.expected == [0] and answers.missing() == 8  # the hello's answer: its header first
+
+
+def test_the_worker_front_end_wakes_once_for_an_answer_sent_in_two_pieces():
+    """ggml's server sends an answer's size, then its body: knowing the length from the request,
+    the way from ggml reads the two as one (one wake, one TLS record), where it read them apart."""
+    import time
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    ggml_side = socket.create_connection(listener.getsockname())
+    src, _ = listener.accept()
+    sink_a, sink_b = socket.socketpair()
+    answers = rpclink._Answers()
+    answers.asked(request(8, bytes(40) + struct.pack("<QQ", 0, 2312)))
+    way = rpclink._Way(src, sink_a, whole=answers.feed, missing=answers.missing)
+    reads = []
+    original = way.read
+    way.read = lambda: (reads.append(time.monotonic()), original())[1]
+    way.wake_at(answers.missing())
+    stop = threading.Event()
+    threading.Thread(target=rpclink._shuttle, args=([way], 0.5, lambda: not stop.is_set()), daemon=True).start()
+    try:
+        ggml_side.sendall(struct.pack("<Q", 2312))
+        time.sleep(0.1)  # the body lags, as after the worker's pass
+        ggml_side.sendall(bytes(2312))
+        sink_b.settimeout(5)
+        got = b""
+        while len(got) < 8 + 2312:
+            got += sink_b.recv(65536)
+        assert got == struct.pack("<Q", 2312) + bytes(2312)
+        assert len(reads) == 1, reads
+    finally:
+        stop.set()
+        for s in (listener, ggml_side, src, sink_a, sink_b):
+            s.close()

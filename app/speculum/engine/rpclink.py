@@ -421,17 +421,19 @@ class FrontEnd:
             tls.sendall(json.dumps({"ok": True, "device": self.device}).encode() + b"\n")
             self.log(f"paired with {who}")
 
+            answers = _Answers()
+
             def count(data: memoryview) -> memoryview:
                 nonlocal passed
                 passed += len(data)
                 self.bytes_to_ggml += len(data)
+                answers.asked(data)
                 return data
 
             def framed(data: memoryview) -> memoryview:  # (the header's room was kept in front)
                 _FRAME.pack_into(data, 0, _DATA, len(data) - _FRAME.size)
                 return data
 
-            answers = _Messages(8)
             to_client = _Way(ggml, tls, framed, head=_FRAME.size, whole=answers.feed, missing=answers.missing)
             next_beat = time.monotonic() + HEARTBEAT_S
 
@@ -508,11 +510,14 @@ _ANSWERED = {0, 1, 2, 3, 7, 8, 9, 11, 13, 14, 15}
 
 class _Messages:
     """Where llama.cpp's RPC messages end in one direction of a connection, from their headers
-    alone: a request is | command (1) | size (8) | body |, an answer | size (8) | body |."""
+    alone: a request is | command (1) | size (8) | body |, an answer | size (8) | body |.
+    ``on_end(head, tail)``, when given, hears each message's end with its body's last ``tail`` bytes."""
 
-    def __init__(self, head_size: int, on_head: Callable[[bytes], None] | None = None):
-        self._size, self._on_head = head_size, on_head
+    def __init__(self, head_size: int, on_head: Callable[[bytes], None] | None = None,
+                 on_end: Callable[[bytes, bytes], None] | None = None, tail: int = 0):
+        self._size, self._on_head, self._on_end, self._tail_size = head_size, on_head, on_end, tail
         self._head, self._skip = bytearray(), 0
+        self._last_head, self._tail = b"", bytearray()
 
     def missing(self) -> int:
         """Bytes still to come before the current header or body is whole."""
@@ -529,17 +534,59 @@ class _Messages:
         while view:
             if self._skip:
                 step = min(self._skip, len(view))
+                if self._tail_size and step > self._skip - self._tail_size:  # (the body's last bytes)
+                    self._tail += view[max(0, self._skip - self._tail_size):step]
                 self._skip, view = self._skip - step, view[step:]
+                if not self._skip:
+                    self._ended()
                 continue
             take = self._size - len(self._head)
             self._head += view[:take]
             view = view[take:]
             if len(self._head) == self._size:
                 self._skip = struct.unpack_from("<Q", self._head, self._size - 8)[0]
+                self._last_head = bytes(self._head)
+                self._tail.clear()
                 if self._on_head:
-                    self._on_head(bytes(self._head))
+                    self._on_head(self._last_head)
                 self._head.clear()
+                if not self._skip:
+                    self._ended()
         return not self._skip and not self._head
+
+    def _ended(self) -> None:
+        if self._on_end:
+            self._on_end(self._last_head, bytes(self._tail[-self._tail_size:]) if self._tail_size else b"")
+
+
+_GET_TENSOR = 8  # its request's body ends with the bytes asked for (rpc_msg_get_tensor_req.size)
+
+
+class _Answers:
+    """A worker's answers on their way to the client: where each ends, and how long the next
+    will be before it begins where its request said so. ggml's server sends an answer's size and
+    body in two sends; knowing a GET_TENSOR's length (a token's hidden state) from its request,
+    the front end wakes once for both, not once for the size and again for the body."""
+
+    def __init__(self) -> None:
+        self.expected: list[int] = []  # per request awaiting its answer: the answer's length, 0 if not known
+        self.requests = _Messages(9, on_end=self._asked, tail=8)
+        self.answers = _Messages(8, self._began)
+        self.asked, self.feed = self.requests.feed, self.answers.feed
+
+    def _asked(self, head: bytes, tail: bytes) -> None:
+        if head[0] in _ANSWERED:
+            known = head[0] == _GET_TENSOR and len(tail) == 8
+            self.expected.append(8 + struct.unpack("<Q", tail)[0] if known else 0)
+
+    def _began(self, head: bytes) -> None:
+        if self.expected:
+            self.expected.pop(0)
+
+    def missing(self) -> int:
+        if not self.answers.midway and self.expected and self.expected[0]:
+            return self.expected[0]
+        return self.answers.missing()
 
 
 class _Gathered:
