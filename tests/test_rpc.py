@@ -362,10 +362,23 @@ def test_the_output_layer_stays_here_so_only_hidden_states_cross_the_network(smo
         worker.stop()
 
 
-def test_a_tokens_requests_cross_the_secure_link_as_one_tls_record(smollm_path, monkeypatch):
-    # A token's inputs and graph await no answer; ggml waits only on the hidden state it asks for
-    # next, so the relay sends them together: one record to encrypt and one wake-up of the
-    # worker's front end a token, not one per message.
+def commands_in(record: bytes) -> list[int]:
+    """The llama.cpp RPC requests a record carries, by command; ValueError if one is cut."""
+    commands, at = [], 0
+    while at < len(record):
+        (size,) = struct.unpack_from("<Q", record, at + 1)
+        commands.append(record[at])
+        at += 9 + size
+    if at != len(record):
+        raise ValueError(f"a request cut at a record's end: {commands}")
+    return commands
+
+
+def test_a_tokens_graph_crosses_the_secure_link_with_the_request_for_its_result(smollm_path, monkeypatch):
+    # A token's graph (GRAPH_RECOMPUTE, 16) is held for the request for its result (GET_TENSOR, 8),
+    # on which ggml waits: one record, one wake of the worker's front end on the token's critical
+    # path. Every record carries whole requests. (That the inputs before it are not held for it:
+    # test_rpc_link's test of _Gathered; when they go together here depends on the relay's timing.)
     import ssl
 
     from speculum.engine import rpclink
@@ -374,7 +387,7 @@ def test_a_tokens_requests_cross_the_secure_link_as_one_tls_record(smollm_path, 
 
     def counted(way):
         if way.out and isinstance(way.dst, ssl.SSLSocket):
-            records.append(len(way.out))
+            records.append(bytes(way.out))
         return write(way)
 
     monkeypatch.setattr(rpclink._Way, "write", counted)
@@ -384,11 +397,15 @@ def test_a_tokens_requests_cross_the_secure_link_as_one_tls_record(smollm_path, 
             logits = model.decode(model.tokenize("The capital of France is"))
             logits = model.decode([int(logits[0].argmax())])  # (a single token's graph, set up once)
             records.clear()
-            for _ in range(8):
+            steps = 8
+            for _ in range(steps):
                 logits = model.decode([int(logits[0].argmax())])
-            assert len(records) == 8, records
+            carried = [commands_in(r) for r in records]  # (before the model's closing requests)
     finally:
         worker.stop()
+    graphs = [c for c in carried if 16 in c or 10 in c]
+    assert len(graphs) == steps and all(c[-2:] == [16, 8] and set(c[:-2]) <= {6} for c in graphs), carried
+    assert {command for c in carried for command in c} == {6, 16, 8}, carried
 
 
 def test_tensor_split_gives_each_worker_its_share_of_layers(smollm_path, workers):

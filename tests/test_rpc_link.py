@@ -46,6 +46,23 @@ def test_message_ends_and_frames_are_found_whatever_the_pieces():
         assert set(given) <= ends  # whole messages only
 
 
+def test_a_tokens_inputs_go_on_whole_and_its_graph_waits_for_the_request_for_its_result():
+    # What the client's relay releases to a secure worker: each input (SET_TENSOR) once whole, so
+    # the worker takes it while ggml makes the next; a graph (GRAPH_COMPUTE, GRAPH_RECOMPUTE) only
+    # with the request that follows it (GET_TENSOR, which ggml waits on).
+    rng = random.Random(5)
+    token = [request(6, bytes(300)), request(6, bytes(1800)), request(16, bytes(4)),
+             request(8, bytes(40) + struct.pack("<QQ", 0, 2312)), request(10, bytes(900)), request(6, bytes(20))]
+    released_after = {0, 1, 3, 5}  # the messages whose end lets what is held go (a graph's does not)
+    ends = {sum(map(len, token[:i + 1])): i for i in range(len(token))}
+    stream = b"".join(token)
+    for _ in range(50):
+        gathered, seen = rpclink._Gathered(), 0
+        for piece in pieces(stream, rng):
+            seen += len(piece)
+            assert gathered.feed(piece) == (ends.get(seen) in released_after), (seen, ends.get(seen))
+
+
 def test_a_message_that_never_completes_still_goes_on():
     ggml, relay_in = socket.socketpair()
     relay_out, worker = socket.socketpair()
