@@ -220,6 +220,13 @@ def row(label: str, delay_ms: float, r: dict) -> str:
             f"{cell('auto', 'plain'):>13} | {est:>38} | {cell('copy', 'copy'):>11} | {cell('lookup', 'copy'):>13}")
 
 
+def _load_average() -> str:
+    try:
+        return f"{os.getloadavg()[0]:.1f}"
+    except (OSError, AttributeError):  # (Windows has none)
+        return "unknown"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", required=True)
@@ -239,6 +246,7 @@ def main() -> None:
     args = ap.parse_args()
 
     links = [name.strip() for name in args.links.split(",") if name.strip()]
+    load_start = _load_average()
     kinds = tuple(k for k in KINDS if k in args.runs.split(","))
     data = tempfile.mkdtemp(prefix="speculum-bench-rpc-")
     workers = {link: [start_worker(args.worker_threads, link == "secure", data) for _ in range(args.workers)]
@@ -290,6 +298,9 @@ def main() -> None:
         if ratios:
             print("\nratios of tok/s between links, per run kind: median of the rounds' ratios (their range)")
             print("\n".join(ratios))
+        # An idle machine wakes each relay's thread from an idle core, a slow step on a virtual
+        # machine: the secure link's share of a token depends on how busy the machine was.
+        print(f"\nload average {load_start} at the start, {_load_average()} at the end")
     finally:
         for base in bases.values():
             base.target.close()
