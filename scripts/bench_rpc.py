@@ -15,15 +15,24 @@ between links is the median of the rounds' own ratios, with their range (a burst
 process's work on a shared machine slows whichever link runs then: the range says how noisy
 the machine was).
 
+On one machine, the workers and this process (the client's threads, its relays, the latency
+relays) take turns on the same cores, which two machines never do; the secure link, with a
+thread more on each side, loses more to that sharing than the plain one. ``--split-cores``
+(Linux) gives the workers one half of the cores and this process the other, as two machines.
+
     python scripts/bench_rpc.py --target T.gguf --draft D.gguf [--delays 0,1,5] [--tokens 64]
         [--links secure,plain,direct] [--runs plain,draft,auto,copy,lookup] [--repeat 3]
+        [--split-cores] [--json FILE]
+    python scripts/bench_rpc.py --pool FILE [FILE ...]     # several runs' --json, their rounds together
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import queue
+import random
 import statistics
 import struct
 import socket
@@ -108,13 +117,29 @@ class DelayRelay:
                 return
 
 
-def start_worker(threads: int, secure: bool, data_dir: str) -> tuple[subprocess.Popen, int, str]:
-    """A worker on 127.0.0.1: (process, port, its pairing string or HOST:PORT)."""
+def split_cores() -> tuple[set[int], set[int]]:
+    """(this process's cores, the workers'): the cores this process may use, in two halves."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        raise SystemExit("--split-cores needs at least two cores")
+    return set(cores[:len(cores) // 2]), set(cores[len(cores) // 2:])
+
+
+def start_worker(threads: int, secure: bool, data_dir: str,
+                 cores: set[int] | None = None) -> tuple[subprocess.Popen, int, str]:
+    """A worker on 127.0.0.1, on ``cores`` when given: (process, port, its pairing string or HOST:PORT)."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(Path(speculum.__file__).parents[1]), "SPECULUM_DATA_DIR": data_dir}
-    proc = subprocess.Popen([sys.executable, "-m", "speculum.cli", "rpc-worker", "--port", str(port),
-                             "--threads", str(threads), *([] if secure else ["--insecure"])],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    mine = os.sched_getaffinity(0) if cores else None
+    if cores:  # (a child takes the mask of the thread that starts it; this thread's own is put back below)
+        os.sched_setaffinity(0, cores)
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "speculum.cli", "rpc-worker", "--port", str(port),
+                                 "--threads", str(threads), *([] if secure else ["--insecure"])],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    finally:
+        if mine:
+            os.sched_setaffinity(0, mine)
     for line in proc.stdout:
         if "--rpc " in line:
             threading.Thread(target=proc.stdout.read, daemon=True).start()  # keep draining its log
@@ -220,6 +245,25 @@ def row(label: str, delay_ms: float, r: dict) -> str:
             f"{cell('auto', 'plain'):>13} | {est:>38} | {cell('copy', 'copy'):>11} | {cell('lookup', 'copy'):>13}")
 
 
+def pool(files: list[str]) -> None:
+    """Secure / plain over every round of several runs (their --json), per machine split and delay:
+    the median of the rounds' ratios, with a 90% interval for that median (bootstrap, fixed seed)."""
+    rng = random.Random(0)
+    groups: dict[tuple[str, str], list[float]] = {}
+    for name in files:
+        run = json.loads(Path(name).read_text())
+        split = (f"{'split' if run['split_cores'] else 'shared'} cores, "
+                 f"{run['workers']} worker(s) of {run['worker_threads']} thread(s)")
+        for delay, links in run["tokens_per_s"].items():
+            for kind in links["secure"][0]:
+                groups.setdefault((f"{run['target']}, {split}, {kind}", delay), []).extend(
+                    s[kind] / p[kind] for s, p in zip(links["secure"], links["plain"]))
+    for (what, delay), each in groups.items():
+        medians = sorted(statistics.median(rng.choices(each, k=len(each))) for _ in range(2000))
+        print(f"{what} | {delay:>3} ms | secure / plain {statistics.median(each):.3f} over {len(each)} rounds "
+              f"(90% interval {medians[100]:.3f}-{medians[1899]:.3f})")
+
+
 def _load_average() -> str:
     try:
         return f"{os.getloadavg()[0]:.1f}"
@@ -229,8 +273,8 @@ def _load_average() -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--target", required=True)
-    ap.add_argument("--draft", required=True)
+    ap.add_argument("--target")
+    ap.add_argument("--draft")
     ap.add_argument("--delays", default="0,1,5", help="ms added each way per chunk, comma-separated")
     ap.add_argument("--links", default="secure,plain,direct",
                     help="secure (pairing string, TLS), plain (--insecure, through Speculum's relay), direct "
@@ -241,15 +285,30 @@ def main() -> None:
                     help="rounds per delay, links alternating within each; medians count")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--round-trips", type=int, default=2000, help="small requests timed per link")
-    ap.add_argument("--worker-threads", type=int, default=1)
+    ap.add_argument("--worker-threads", type=int, help="per worker (default 1; with --split-cores, the workers' cores)")
     ap.add_argument("--threads", type=int, help="local threads (the draft's)")
+    ap.add_argument("--json", metavar="FILE", help="also write every round's tok/s, per delay and link, here")
+    ap.add_argument("--split-cores", action="store_true",
+                    help="workers on one half of the cores, this process on the other, as two machines (Linux)")
+    ap.add_argument("--pool", nargs="+", metavar="FILE", help="only pool these runs' --json files")
     args = ap.parse_args()
+    if args.pool:
+        return pool(args.pool)
+    if not (args.target and args.draft):
+        ap.error("--target and --draft are needed for a run")
+    if args.split_cores and not hasattr(os, "sched_setaffinity"):
+        raise SystemExit("--split-cores needs Linux (os.sched_setaffinity)")
+    here, theirs = split_cores() if args.split_cores else (None, None)
+    if here:  # before any thread starts here: they all take this one's cores
+        os.sched_setaffinity(0, here)
+        print(f"cores: this process {sorted(here)}, workers {sorted(theirs)}", flush=True)
+    args.worker_threads = args.worker_threads or (len(theirs) if theirs else 1)
 
     links = [name.strip() for name in args.links.split(",") if name.strip()]
     load_start = _load_average()
     kinds = tuple(k for k in KINDS if k in args.runs.split(","))
     data = tempfile.mkdtemp(prefix="speculum-bench-rpc-")
-    workers = {link: [start_worker(args.worker_threads, link == "secure", data) for _ in range(args.workers)]
+    workers = {link: [start_worker(args.worker_threads, link == "secure", data, theirs) for _ in range(args.workers)]
                for link in links}
     relays = {link: [DelayRelay(("127.0.0.1", port)) for _, port, _ in workers[link]] for link in links}
     bases: dict[str, Decoder] = {}
@@ -276,6 +335,7 @@ def main() -> None:
         header = (f"{'link':>6} | {'delay each way':>11} | {'plain':>6} | {'draft':>13} | {'auto':>13} | "
                   f"{'auto: plain est., verify(5)/verify(1)':>38} | {'copy: plain':>11} | {'lookup':>13}")
         rows, ratios = [], []
+        rounds: dict[str, dict[str, list[dict]]] = {}
         for delay_ms in (float(d) for d in args.delays.split(",")):
             for link in links:
                 for r in relays[link]:
@@ -284,6 +344,7 @@ def main() -> None:
             for i in range(args.repeat):
                 for link in links[i % len(links):] + links[:i % len(links)]:  # each link leads a round in turn
                     runs[link].append(measure(bases[link], args.tokens, kinds))
+            rounds[f"{delay_ms:g}"] = {link: [{k: r[k] for k in kinds} for r in runs[link]] for link in links}
             results = {link: median(runs[link], kinds) for link in links}
             for link in links:
                 rows.append(row(link, delay_ms, results[link]))
@@ -298,9 +359,15 @@ def main() -> None:
         if ratios:
             print("\nratios of tok/s between links, per run kind: median of the rounds' ratios (their range)")
             print("\n".join(ratios))
-        # An idle machine wakes each relay's thread from an idle core, a slow step on a virtual
-        # machine: the secure link's share of a token depends on how busy the machine was.
-        print(f"\nload average {load_start} at the start, {_load_average()} at the end")
+        # The secure link's threads take turns with the workers' compute on a machine's cores:
+        # its share of a token depends on what else was running.
+        load_end = _load_average()
+        print(f"\nload average {load_start} at the start, {load_end} at the end")
+        if args.json:
+            Path(args.json).write_text(json.dumps({
+                "target": args.target, "tokens": args.tokens, "workers": args.workers,
+                "worker_threads": args.worker_threads, "split_cores": args.split_cores,
+                "load_average": [load_start, load_end], "tokens_per_s": rounds}, indent=1))
     finally:
         for base in bases.values():
             base.target.close()
