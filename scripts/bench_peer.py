@@ -402,6 +402,11 @@ def build_llama_server() -> str:
     return out.stdout.strip().splitlines()[-1]
 
 
+def _minute(load: tuple[float, float, float] | None) -> str:
+    """The 1-minute load average as printed ("unknown" where the system keeps none: Windows)."""
+    return f"{load[0]:.1f}" if load else "unknown"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target")
@@ -424,7 +429,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sys.path.insert(0, str(REPO / "app"))
     sys.path.insert(0, str(SCRIPTS))
     from speculum.bench import load_prompts
-    from speculum.engine.backend import usable_cores
+    from speculum.engine.backend import load_average, usable_cores
     from demo_pair import demo_pair
 
     if args.quick:
@@ -452,15 +457,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         configs = [c for c in configs if not c.optional]
     info = {"target": Path(target).name, "draft": Path(draft).name if draft else None, "threads": threads,
-            "ctx": args.ctx, "rounds": rounds, "load_average_start": os.getloadavg(),
+            "ctx": args.ctx, "rounds": rounds, "load_average_start": load_average(),
             "commands": {c.name: " ".join([*(f"{k}={v}" for k, v in c.env), *c.command]) for c in configs}}
     table = Table()
     logs = Path(tempfile.mkdtemp(prefix="bench-peer-logs-"))  # the servers' own output, kept
     print(f"servers' logs in {logs}", file=sys.stderr)
     for i in range(rounds):
-        print(f"round {i + 1} of {rounds} (load average {os.getloadavg()[0]:.1f})", file=sys.stderr, flush=True)
+        print(f"round {i + 1} of {rounds} (load average {_minute(load_average())})", file=sys.stderr, flush=True)
         run_round(configs, cases(prompts, max_tokens), table, logs, i)
-    info["load_average_end"] = os.getloadavg()
+    info["load_average_end"] = load_average()
     result = report(table, info)
     for metric in METRICS:
         print(render(table, metric) + "\n")
@@ -470,8 +475,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{name}: {value}")
     for name, command in info["commands"].items():
         print(f"{name}: {command}")
-    print(f"threads {threads}, context {args.ctx}; load average {info['load_average_start'][0]:.1f} at the start, "
-          f"{info['load_average_end'][0]:.1f} at the end")
+    print(f"threads {threads}, context {args.ctx}; load average {_minute(info['load_average_start'])} at the start, "
+          f"{_minute(info['load_average_end'])} at the end")
     if args.json:
         text = json.dumps(result, indent=1)
         if args.json == "-":

@@ -45,6 +45,7 @@ from pathlib import Path
 
 import speculum
 from speculum.engine import rpc
+from speculum.engine.backend import load_average
 from speculum.engine.decoder import Decoder
 from speculum.engine.loading import LoadOptions, load_decoder
 from speculum.engine.rpcaddress import WorkerAddress, parse_worker
@@ -265,10 +266,8 @@ def pool(files: list[str]) -> None:
 
 
 def _load_average() -> str:
-    try:
-        return f"{os.getloadavg()[0]:.1f}"
-    except (OSError, AttributeError):  # (Windows has none)
-        return "unknown"
+    load = load_average()
+    return f"{load[0]:.1f}" if load else "unknown"
 
 
 def main() -> None:

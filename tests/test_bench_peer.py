@@ -102,3 +102,14 @@ def test_cases_build_later_turns_from_each_configurations_own_answers():
     assert [m["content"] for m in switch[1].messages([])] == ["open-chat"]
     assert switch[2].messages(["edit answer", "chat answer"])[:2] == [
         {"role": "user", "content": "code-editing"}, {"role": "assistant", "content": "edit answer"}]
+
+
+def test_the_load_average_is_unknown_where_the_system_keeps_none(monkeypatch):
+    import os
+
+    from speculum.engine.backend import load_average
+
+    assert bench_peer._minute((0.54, 0.2, 0.1)) == "0.5"
+    monkeypatch.delattr(os, "getloadavg")  # (Windows has none)
+    assert load_average() is None
+    assert bench_peer._minute(load_average()) == "unknown"

@@ -27,6 +27,15 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def load_average() -> tuple[float, float, float] | None:
+    """The system's 1-, 5- and 15-minute load averages, or None where it keeps none (Windows):
+    what else was running while something was timed."""
+    try:
+        return os.getloadavg()
+    except (AttributeError, OSError):
+        return None
+
+
 # What a loaded model is, as the window shows it. Defined here, not in llama.py: the window
 # receives it from the engine process, and unpickling must not load llama.cpp there.
 @dataclass(frozen=True)
