@@ -402,11 +402,6 @@ def build_llama_server() -> str:
     return out.stdout.strip().splitlines()[-1]
 
 
-def _minute(load: tuple[float, float, float] | None) -> str:
-    """The 1-minute load average as printed ("unknown" where the system keeps none: Windows)."""
-    return f"{load[0]:.1f}" if load else "unknown"
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target")
@@ -429,7 +424,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sys.path.insert(0, str(REPO / "app"))
     sys.path.insert(0, str(SCRIPTS))
     from speculum.bench import load_prompts
-    from speculum.engine.backend import load_average, usable_cores
+    from speculum.engine.backend import load_average, one_minute_load, usable_cores
     from demo_pair import demo_pair
 
     if args.quick:
@@ -463,7 +458,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs = Path(tempfile.mkdtemp(prefix="bench-peer-logs-"))  # the servers' own output, kept
     print(f"servers' logs in {logs}", file=sys.stderr)
     for i in range(rounds):
-        print(f"round {i + 1} of {rounds} (load average {_minute(load_average())})", file=sys.stderr, flush=True)
+        print(f"round {i + 1} of {rounds} (load average {one_minute_load(load_average())})",
+              file=sys.stderr, flush=True)
         run_round(configs, cases(prompts, max_tokens), table, logs, i)
     info["load_average_end"] = load_average()
     result = report(table, info)
@@ -475,8 +471,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{name}: {value}")
     for name, command in info["commands"].items():
         print(f"{name}: {command}")
-    print(f"threads {threads}, context {args.ctx}; load average {_minute(info['load_average_start'])} at the start, "
-          f"{_minute(info['load_average_end'])} at the end")
+    print(f"threads {threads}, context {args.ctx}; load average {one_minute_load(info['load_average_start'])} "
+          f"at the start, {one_minute_load(info['load_average_end'])} at the end")
     if args.json:
         text = json.dumps(result, indent=1)
         if args.json == "-":

@@ -45,7 +45,7 @@ from pathlib import Path
 
 import speculum
 from speculum.engine import rpc
-from speculum.engine.backend import load_average
+from speculum.engine.backend import load_average, one_minute_load
 from speculum.engine.decoder import Decoder
 from speculum.engine.loading import LoadOptions, load_decoder
 from speculum.engine.rpcaddress import WorkerAddress, parse_worker
@@ -256,6 +256,8 @@ def pool(files: list[str]) -> None:
         split = (f"{'split' if run['split_cores'] else 'shared'} cores, "
                  f"{run['workers']} worker(s) of {run['worker_threads']} thread(s)")
         for delay, links in run["tokens_per_s"].items():
+            if not {"secure", "plain"} <= links.keys():
+                continue  # (a run without both links has no ratio to give)
             for kind in links["secure"][0]:
                 groups.setdefault((f"{run['target']}, {split}, {kind}", delay), []).extend(
                     s[kind] / p[kind] for s, p in zip(links["secure"], links["plain"]))
@@ -263,11 +265,6 @@ def pool(files: list[str]) -> None:
         medians = sorted(statistics.median(rng.choices(each, k=len(each))) for _ in range(2000))
         print(f"{what} | {delay:>3} ms | secure / plain {statistics.median(each):.3f} over {len(each)} rounds "
               f"(90% interval {medians[100]:.3f}-{medians[1899]:.3f})")
-
-
-def _load_average() -> str:
-    load = load_average()
-    return f"{load[0]:.1f}" if load else "unknown"
 
 
 def main() -> None:
@@ -284,7 +281,8 @@ def main() -> None:
                     help="rounds per delay, links alternating within each; medians count")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--round-trips", type=int, default=2000, help="small requests timed per link")
-    ap.add_argument("--worker-threads", type=int, help="per worker (default 1; with --split-cores, the workers' cores)")
+    ap.add_argument("--worker-threads", type=int,
+                    help="per worker (default 1; with --split-cores, the workers' cores)")
     ap.add_argument("--threads", type=int, help="local threads (the draft's)")
     ap.add_argument("--json", metavar="FILE", help="also write every round's tok/s, per delay and link, here")
     ap.add_argument("--split-cores", action="store_true",
@@ -292,7 +290,8 @@ def main() -> None:
     ap.add_argument("--pool", nargs="+", metavar="FILE", help="only pool these runs' --json files")
     args = ap.parse_args()
     if args.pool:
-        return pool(args.pool)
+        pool(args.pool)
+        return
     if not (args.target and args.draft):
         ap.error("--target and --draft are needed for a run")
     if args.split_cores and not hasattr(os, "sched_setaffinity"):
@@ -304,7 +303,7 @@ def main() -> None:
     args.worker_threads = args.worker_threads or (len(theirs) if theirs else 1)
 
     links = [name.strip() for name in args.links.split(",") if name.strip()]
-    load_start = _load_average()
+    load_start = one_minute_load(load_average())
     kinds = tuple(k for k in KINDS if k in args.runs.split(","))
     data = tempfile.mkdtemp(prefix="speculum-bench-rpc-")
     workers = {link: [start_worker(args.worker_threads, link == "secure", data, theirs) for _ in range(args.workers)]
@@ -360,7 +359,7 @@ def main() -> None:
             print("\n".join(ratios))
         # The secure link's threads take turns with the workers' compute on a machine's cores:
         # its share of a token depends on what else was running.
-        load_end = _load_average()
+        load_end = one_minute_load(load_average())
         print(f"\nload average {load_start} at the start, {load_end} at the end")
         if args.json:
             Path(args.json).write_text(json.dumps({

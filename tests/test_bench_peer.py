@@ -107,9 +107,9 @@ def test_cases_build_later_turns_from_each_configurations_own_answers():
 def test_the_load_average_is_unknown_where_the_system_keeps_none(monkeypatch):
     import os
 
-    from speculum.engine.backend import load_average
+    from speculum.engine.backend import load_average, one_minute_load
 
-    assert bench_peer._minute((0.54, 0.2, 0.1)) == "0.5"
+    assert one_minute_load((0.54, 0.2, 0.1)) == "0.5"
     monkeypatch.delattr(os, "getloadavg")  # (Windows has none)
     assert load_average() is None
-    assert bench_peer._minute(load_average()) == "unknown"
+    assert one_minute_load(load_average()) == "unknown"

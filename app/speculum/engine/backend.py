@@ -36,6 +36,11 @@ def load_average() -> tuple[float, float, float] | None:
         return None
 
 
+def one_minute_load(load: tuple[float, float, float] | None) -> str:
+    """A load average as benchmarks print it: its 1-minute figure, or "unknown"."""
+    return f"{load[0]:.1f}" if load else "unknown"
+
+
 # What a loaded model is, as the window shows it. Defined here, not in llama.py: the window
 # receives it from the engine process, and unpickling must not load llama.cpp there.
 @dataclass(frozen=True)
