@@ -709,3 +709,21 @@ def test_copies_from_one_or_two_tokens_of_context_are_not_explored_but_from_thre
     assert drafted(text + [1, 10, 11, 12]) > 0  # three: explored within the budget
     # Where a pass of a few tokens costs about one (a GPU), a failed probe costs next to nothing.
     assert drafted(text + [1, 10], slope=0.02) > 0
+
+
+def test_calibration_times_again_a_size_a_busy_moment_spoiled_in_every_round():
+    # Something else held the cores through the first three 2-token passes (the rounds'):
+    # dropped as impossible, the size would leave the curve unmeasured; it is timed again.
+    dec = make_pair(CPU)
+    list(dec.generate([1, 2, 3, 4], max_tokens=5, policy="off"))
+    cost, busy = dec.target.pass_cost, [3]
+
+    def pass_cost(n: int) -> float:
+        if n == 2 and busy[0]:
+            busy[0] -= 1
+            return 10 * cost(n)
+        return cost(n)
+
+    dec.target.pass_cost = pass_cost
+    assert dec.calibrate() is True
+    assert abs(dec.policy_for("auto").costs.verify_s[2] - cost(2)) < 1e-9

@@ -380,8 +380,12 @@ def _measure_for_serving(args, decoder, served, server) -> None:
         print(f"speculum: not measured ({exc}); auto mode learns from the requests instead", file=sys.stderr,
               flush=True)
         return
+    took = f"{time.monotonic() - start:.1f} s"
     if measured:
-        print(f"speculum: measured in {time.monotonic() - start:.1f} s", file=sys.stderr, flush=True)
+        print(f"speculum: measured in {took}", file=sys.stderr, flush=True)
+    elif not server.should_exit:
+        print(f"speculum: partly measured in {took} (the machine was busy); auto mode times the rest from the "
+              "requests", file=sys.stderr, flush=True)
 
 
 def cmd_rpc_worker(args) -> int:
