@@ -727,3 +727,15 @@ def test_calibration_times_again_a_size_a_busy_moment_spoiled_in_every_round():
     dec.target.pass_cost = pass_cost
     assert dec.calibrate() is True
     assert abs(dec.policy_for("auto").costs.verify_s[2] - cost(2)) < 1e-9
+
+
+def test_calibration_on_a_machine_whose_speed_keeps_changing_prices_a_size_at_most_n_single_steps():
+    # Another program on the cores: every 3-token pass reads slower than three single steps. The
+    # size is priced at the most it can cost instead of being left out, so the curve is measured.
+    dec = make_pair(CPU)
+    list(dec.generate([1, 2, 3, 4], max_tokens=5, policy="off"))
+    cost = dec.target.pass_cost
+    dec.target.pass_cost = lambda n: 4 * cost(1) if n == 3 else cost(n)
+    assert dec.calibrate() is True
+    verify_s = dec.policy_for("auto").costs.verify_s
+    assert abs(verify_s[3] - 3 * cost(1)) < 1e-9 and abs(verify_s[4] - cost(4)) < 1e-9

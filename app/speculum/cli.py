@@ -384,8 +384,8 @@ def _measure_for_serving(args, decoder, served, server) -> None:
     if measured:
         print(f"speculum: measured in {took}", file=sys.stderr, flush=True)
     elif not server.should_exit:
-        print(f"speculum: partly measured in {took} (the machine was busy); auto mode times the rest from the "
-              "requests", file=sys.stderr, flush=True)
+        print(f"speculum: partly measured in {took}; auto mode times the rest from the requests", file=sys.stderr,
+              flush=True)
 
 
 def cmd_rpc_worker(args) -> int:

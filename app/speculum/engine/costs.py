@@ -332,14 +332,20 @@ def calibrate(target: Backend, draft: Backend | None, token: int, clock: Callabl
                 return measured
             measured.verify_s[n] = min(measured.verify_s.get(n, float("inf")), timed(target, [token] * n))
             measured.observations += 1
-    # A size that a busy moment spoiled in every round would be dropped as impossible and
-    # leave the curve unmeasured (a server measures once, before its first request): time it again.
+    # A size read above n single steps (impossible: see plausible) would be dropped and leave the
+    # curve unmeasured, and a server measures only once, before its first request. A busy moment
+    # that spoiled its every round passes: it is timed again. A machine whose speed keeps changing
+    # (another program on the cores; one lucky fast single step) does not: such a size is priced
+    # at the most it can cost, n single steps, and the passes that follow correct it.
     for _ in range(3):
         for n in [n for n in sizes if n not in plausible(measured.verify_s)]:
             if interrupted():
                 return measured
             measured.verify_s[n] = min(measured.verify_s[n], timed(target, [token] * n))
             measured.observations += 1
+    one = measured.verify_s.get(1)
+    if one is not None:
+        measured.verify_s = {n: min(s, n * one) for n, s in measured.verify_s.items()}
     if draft is not None and draft.n_past + 2 <= draft.n_ctx and not interrupted():
         timed(draft, [token])
         # A cycle's first draft token follows a catch-up on ~2 new tokens.
