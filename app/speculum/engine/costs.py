@@ -343,9 +343,8 @@ def calibrate(target: Backend, draft: Backend | None, token: int, clock: Callabl
                 return measured
             measured.verify_s[n] = min(measured.verify_s[n], timed(target, [token] * n))
             measured.observations += 1
-    one = measured.verify_s.get(1)
-    if one is not None:
-        measured.verify_s = {n: min(s, n * one) for n, s in measured.verify_s.items()}
+    one, kept = measured.verify_s.get(1), plausible(measured.verify_s)  # (all kept without a single step)
+    measured.verify_s = {n: kept[n] if n in kept else n * one for n in measured.verify_s}
     if draft is not None and draft.n_past + 2 <= draft.n_ctx and not interrupted():
         timed(draft, [token])
         # A cycle's first draft token follows a catch-up on ~2 new tokens.
