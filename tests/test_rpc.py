@@ -227,6 +227,27 @@ def test_json_reports_flash_attention_per_model_and_the_device_each_worker_compu
     assert draft == {"model": "draft", "devices": "CPU", "flash_attn": "llama.cpp's choice"}
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="C stdio is reached through CDLL(None), which Windows lacks")
+def test_llama_cpps_lines_reach_the_workers_stdout_whole_even_when_python_runs_unbuffered():
+    # llama.cpp's server thread prints through C stdio, the worker's own lines go straight to the
+    # same pipe: a half-written C line would be split by one of ours.
+    script = """if True:
+        import ctypes, os, sys
+        from speculum.engine import rpc
+        rpc.c_stdout_line_buffered()
+        libc = ctypes.CDLL(None)
+        stdout = ctypes.c_void_p.in_dll(libc, "__stdoutp" if sys.platform == "darwin" else "stdout")
+        libc.fputs.argtypes = [ctypes.c_char_p, ctypes.c_void_p]
+        libc.fputs(b"Accepted client", stdout)
+        os.write(1, b"speculum: ours\\n")
+        libc.fputs(b" connection\\n", stdout)
+        os._exit(0)  # (no exit-time flush: what is written is what the pipe got)
+    """
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                         env={**ENV, "PYTHONUNBUFFERED": "1"})
+    assert out.stdout == "speculum: ours\nAccepted client connection\n", out.stdout + out.stderr
+
+
 def test_an_insecure_worker_beyond_loopback_warns_that_anyone_can_use_it():
     assert exposure_warning("127.0.0.1", "127.0.0.1:50052", "CPU") is None
     warning = exposure_warning("192.168.1.20", "192.168.1.20:50052", "CPU")

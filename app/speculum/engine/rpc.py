@@ -424,15 +424,24 @@ def serve(endpoint: str, device: int, n_threads: int, cache_dir: str | None = No
                                       n_threads, 1, devices)
 
 
+_C_STDOUT_BUFFER: list = []  # the buffer C stdio writes into from now on: kept alive with the process
+
+
 def c_stdout_line_buffered() -> None:
     """llama.cpp's server prints its own lines through C stdio: flush them per line, so they
-    interleave with ours when stdout is a pipe or a log file. Best effort."""
+    interleave with ours when stdout is a pipe or a log file. Best effort.
+
+    With a buffer of our own: Python started unbuffered (PYTHONUNBUFFERED, -u) leaves C stdout a
+    one-byte buffer, which glibc keeps when asked for line buffering without one, and a line then
+    goes out in pieces ("A", "ccepted client connection") that a line of ours can split."""
     try:
         libc = ctypes.CDLL(None)
         stream = ctypes.c_void_p.in_dll(libc, "__stdoutp" if sys.platform == "darwin" else "stdout")
         libc.setvbuf.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_size_t]
-        libc.setvbuf(stream, None, 1, 0)  # _IOLBF
-    except (OSError, ValueError, AttributeError):
+        buffer = ctypes.create_string_buffer(1 << 16)
+        if libc.setvbuf(stream, buffer, 1, len(buffer)) == 0:  # _IOLBF
+            _C_STDOUT_BUFFER.append(buffer)
+    except (OSError, ValueError, AttributeError, TypeError):  # (TypeError: Windows has no CDLL(None))
         pass
 
 
