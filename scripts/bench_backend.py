@@ -16,7 +16,7 @@ import time
 
 from llama_cpp import Llama
 
-from speculum.engine.llama import LlamaModel, default_threads
+from speculum.engine.llama.model import LlamaModel, default_threads
 from speculum.engine.decoder import Decoder
 
 PROMPT = "Write a Python function that checks whether a number is prime, with a docstring."

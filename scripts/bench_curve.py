@@ -3,7 +3,7 @@
 
 A verification pass of n tokens costs some number of single decoding steps; that curve
 caps what any drafter can gain (a copy of n - 1 accepted tokens gives n tokens for the
-price of the pass). Two settings change it (engine/cpu_settings.py): ggml's tiled K-quant
+price of the pass). Two settings change it (engine/llama/cpu_settings.py): ggml's tiled K-quant
 matmul (``--setting tiled``, from 8 tokens on; it also speeds up prompt chunks) and flash
 attention (``--setting attention``; its CPU kernel walks the cache once per row of a small
 batch, so it matters more the more is cached: ``--context``). Each setting runs in a
@@ -28,8 +28,8 @@ CHUNK = 128
 
 
 def measure(target: str, threads: int | None, repeat: int, cached: int, flash_attn: bool | None) -> dict:
-    from speculum.engine.llama import default_threads
-    from speculum.engine.tuning import time_passes
+    from speculum.engine.llama.model import default_threads
+    from speculum.engine.llama.tuning import time_passes
 
     return time_passes(target, threads or default_threads(), sizes=(*SIZES, CHUNK), cached=cached, repeat=repeat,
                        flash_attn=flash_attn, one_row=(CHUNK,))  # a prompt chunk asks for one row

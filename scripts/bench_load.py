@@ -11,7 +11,7 @@ process that spins on one core, for plain decoding and auto mode.
      --max-tokens N, --repeat N, --json)
 
 Settings: today = libgomp's default (GOMP_SPINCOUNT=300000, what Speculum ran with before);
-passive = OMP_WAIT_POLICY=passive; speculum = what engine/cpu_settings.py sets; spin=N = GOMP_SPINCOUNT=N.
+passive = OMP_WAIT_POLICY=passive; speculum = what engine/llama/cpu_settings.py sets; spin=N = GOMP_SPINCOUNT=N.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def busy_core() -> subprocess.Popen:
 def measure(args) -> dict:
     """In the fresh process: load once, then alternate quiet and busy runs per mode."""
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "app"))
-    from speculum.engine import cpu_settings
+    from speculum.engine.llama import cpu_settings
     from speculum.engine.loading import LoadOptions, load_decoder
     from speculum.engine.prompts import build_messages
 

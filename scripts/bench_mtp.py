@@ -23,7 +23,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import mtpgguf  # noqa: E402
 
-from speculum.engine.llama import LlamaModel  # noqa: E402
+from speculum.engine.llama.model import LlamaModel  # noqa: E402
 from speculum.models import bundled  # noqa: E402
 
 

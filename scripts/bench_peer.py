@@ -46,7 +46,7 @@ SPECULUM = ("speculum auto", "speculum off")
 QUICK_PROMPTS = ("code-editing", "open-chat")
 FOLLOW_UP = "Thank you. Now give the same answer once more, exactly as before."
 SWITCH_BACK = "Now do the same once more, but also rename the variable `totals` to `sums`."
-# engine/cpu_settings.py's thread wait, for llama-server where asked (--llama-wait speculum)
+# engine/llama/cpu_settings.py's thread wait, for llama-server where asked (--llama-wait speculum)
 SPECULUM_WAIT = (("GOMP_SPINCOUNT", "1000"), ("OMP_WAIT_POLICY", "active"))
 
 
@@ -417,7 +417,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--llama-server", help="a llama-server binary (default: build it from the vendored llama.cpp)")
     ap.add_argument("--llama-wait", choices=("default", "speculum"), default="default",
                     help="how llama-server's threads wait: libgomp's default (300,000 spins, which collapses when "
-                         "other programs load the cores), or Speculum's (engine/cpu_settings.py)")
+                         "other programs load the cores), or Speculum's (engine/llama/cpu_settings.py)")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON here ('-': standard output)")
     args = ap.parse_args(argv)
 

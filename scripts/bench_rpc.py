@@ -44,11 +44,11 @@ import time
 from pathlib import Path
 
 import speculum
-from speculum.engine import rpc
+from speculum.engine.rpc import client as rpc
 from speculum.engine.backend import load_average, one_minute_load
 from speculum.engine.decoder import Decoder
 from speculum.engine.loading import LoadOptions, load_decoder
-from speculum.engine.rpcaddress import WorkerAddress, parse_worker
+from speculum.engine.rpc.address import WorkerAddress, parse_worker
 
 CODE_PROMPT = "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring."
 COPY_PROMPT = ("Rename the variable `total` to `running_sum` in this code and show the full result:\n\n"

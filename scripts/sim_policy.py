@@ -69,9 +69,9 @@ def record(target: str, path: Path) -> dict[str, tuple[list[int], list[int]]]:
 
 def replay(answers, curve: dict[int, float], seed: int, mode, spelling=None) -> dict[str, float]:
     """One fresh policy through the answers in order; each answer's speedup over plain decoding."""
-    from speculum.engine.auto import AutoPolicy
-    from speculum.engine.draft import Draft
-    from speculum.engine.drafters import PromptLookup
+    from speculum.engine.policy.auto import AutoPolicy
+    from speculum.engine.drafting.draft import Draft
+    from speculum.engine.drafting.drafters import PromptLookup
     from speculum.engine.vocabulary import Source
 
     now = [0.0]
@@ -104,7 +104,7 @@ def replay(answers, curve: dict[int, float], seed: int, mode, spelling=None) -> 
 def ceiling(prompt: list[int], answer: list[int], curve: dict[int, float], spelling=None) -> float:
     """A causal policy told this answer's own acceptance per (match-length bucket, position)."""
     from speculum.bench import copy_fates
-    from speculum.engine.auto import bucket_of, expected_tokens
+    from speculum.engine.policy.auto import bucket_of, expected_tokens
 
     seen = copy_fates(prompt, answer, spelling=spelling)  # per position: (match length, tokens of lookup's proposal right)
     hits, tries = collections.Counter(), collections.Counter()
@@ -143,8 +143,8 @@ def main() -> int:
     target, _ = demo_pair(args.target, None)
     path = Path(args.answers or Path(tempfile.gettempdir()) / f"speculum-sim-{Path(target).stem}.json")
     answers = record(target, path)
-    from speculum.engine.drafters import Spelling
-    from speculum.engine.llama import LlamaModel
+    from speculum.engine.drafting.drafters import Spelling
+    from speculum.engine.llama.model import LlamaModel
 
     spelling = Spelling.of(LlamaModel(target, n_ctx=64))  # its vocabulary: lookup respells renamed words
     a, _, b = args.seeds.partition("-")

@@ -8,7 +8,7 @@ import pytest
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 # No engine process started by a test measures the tiled matmul in child processes when it is
-# idle (engine/tuning.py): it would run beside the tests. The tests of that measurement lift it.
+# idle (engine/llama/tuning.py): it would run beside the tests. The tests of that measurement lift it.
 os.environ["SPECULUM_NO_TUNING"] = "1"
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -42,7 +42,7 @@ def gemma_path() -> Path:
 
 @pytest.fixture(scope="session")
 def smollm(smollm_path):
-    from speculum.engine.llama import LlamaModel
+    from speculum.engine.llama.model import LlamaModel
 
     model = LlamaModel(smollm_path, n_ctx=2048)
     yield model

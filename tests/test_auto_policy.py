@@ -5,7 +5,7 @@ from typing import Sequence
 import math
 import numpy as np
 
-from speculum.engine.auto import AutoPolicy, CostModel, expected_tokens
+from speculum.engine.policy.auto import AutoPolicy, CostModel, expected_tokens
 from speculum.engine.decoder import Decoder
 from synthetic import FakeClock, SyntheticModel, noisy_copy
 
@@ -338,7 +338,7 @@ def _auto_over_off(seed: int, n: int = 128, taught: bool = False) -> float:
 
 
 def test_exploring_copies_never_costs_an_answer_more_than_its_loss_share(monkeypatch):
-    from speculum.engine import auto
+    from speculum.engine.policy import auto
 
     n = 128
     bound = 1 + auto.LOSS_SHARE * (1 + auto.LOSS_HORIZON / n)  # the budget, counted in plain steps
@@ -377,7 +377,7 @@ def test_a_draft_model_that_does_not_pay_is_explored_within_the_loss_budget():
     # Half its drafts right at the first token: on its draws alone it was tried again and again
     # (one answer 12% slower than plain). Its first try times its cost; after that its drafts are
     # exploration like a short copy's, within the answer's budget, until its means pay.
-    from speculum.engine import auto
+    from speculum.engine.policy import auto
 
     n = 128
     bound = 1 + auto.LOSS_SHARE * (1 + auto.LOSS_HORIZON / n)
@@ -389,7 +389,7 @@ def test_a_draft_model_that_does_not_pay_is_explored_within_the_loss_budget():
 def test_copies_an_earlier_answer_taught_to_trust_keep_within_the_budget_where_they_fail(monkeypatch):
     # After a document whose every copy was right, short matches look sure on the means; in the
     # chat that follows they fail, and they may then cost no more than the budget allows.
-    from speculum.engine import auto
+    from speculum.engine.policy import auto
 
     n = 128
     bound = 1 + auto.LOSS_SHARE * (1 + auto.LOSS_HORIZON / n)
@@ -531,8 +531,8 @@ def test_a_long_copy_is_sure_only_once_its_match_length_has_been_seen():
     # A fresh policy's prior says a 12-token match copies well; on that alone its first copy
     # stays within the loss budget (a restated function signature, copied 14 tokens long and
     # wrong, cost a first answer 5%). One copy seen from such a match, the next may be long.
-    from speculum.engine.draft import Draft
-    from speculum.engine.drafters import PromptLookup
+    from speculum.engine.drafting.draft import Draft
+    from speculum.engine.drafting.drafters import PromptLookup
     from speculum.engine.vocabulary import Source
 
     policy = AutoPolicy({Source.LOOKUP: PromptLookup()}, "auto", "CPU")
@@ -540,7 +540,7 @@ def test_a_long_copy_is_sure_only_once_its_match_length_has_been_seen():
     phrase = list(range(10, 40))
     context = [1, 2] + phrase + [3, 4] + phrase[:12]  # the last 12 tokens were seen: 18 follow them
     worst = max(0.030 * 0.35 * policy.choose(context).k for _ in range(20))  # its pass minus one plain step
-    from speculum.engine import auto
+    from speculum.engine.policy import auto
 
     assert worst <= auto.LOSS_SHARE * auto.LOSS_HORIZON * 0.030 + 1e-9  # what the answer's start allows
     policy.observe(Draft(tokens=phrase[12:13], source=Source.LOOKUP, match_length=12), 1, 0.0, 0.030 * 1.35)
@@ -551,9 +551,9 @@ def test_a_recalled_context_copies_long_at_once_and_a_shared_ending_only_probes(
     # The same prompt again (the memory began a text as this whole context does): the earlier
     # greedy answer is written again, so its copy is sure on a fresh policy's prior; a resent
     # document after another question shares only its end, and its first copy stays a probe.
-    from speculum.engine import auto
-    from speculum.engine.drafters import MemoryLookup
-    from speculum.engine.ngrammemory import NgramMemory
+    from speculum.engine.policy import auto
+    from speculum.engine.drafting.drafters import MemoryLookup
+    from speculum.engine.drafting.ngrammemory import NgramMemory
     from speculum.engine.vocabulary import Source
 
     rng = np.random.default_rng(5)
@@ -575,9 +575,9 @@ def test_a_recalled_context_copies_long_at_once_and_a_shared_ending_only_probes(
 def test_a_recalled_text_is_copied_past_fifteen_tokens_where_long_passes_pay_and_no_other_copy_is():
     # A pass of 64 tokens costs 10.3 single steps on Qwen2.5 1.5B (2 cores), 16 cost 3.3: where
     # every copied token is right (the same prompt again), long passes write more per step.
-    from speculum.engine import auto
-    from speculum.engine.drafters import MemoryLookup
-    from speculum.engine.ngrammemory import NgramMemory
+    from speculum.engine.policy import auto
+    from speculum.engine.drafting.drafters import MemoryLookup
+    from speculum.engine.drafting.ngrammemory import NgramMemory
     from speculum.engine.vocabulary import Source
 
     rng = np.random.default_rng(6)
@@ -598,9 +598,9 @@ def test_a_recalled_text_is_copied_past_fifteen_tokens_where_long_passes_pay_and
 def test_short_copies_are_sure_again_once_this_answer_has_shown_them_right():
     # A 3-token match's copy is budgeted (how often it is right depends on the text) until this
     # answer's own short copies were right; the next answer starts budgeted again.
-    from speculum.engine import auto
-    from speculum.engine.draft import Draft
-    from speculum.engine.drafters import PromptLookup
+    from speculum.engine.policy import auto
+    from speculum.engine.drafting.draft import Draft
+    from speculum.engine.drafting.drafters import PromptLookup
     from speculum.engine.vocabulary import Source
 
     policy = AutoPolicy({Source.LOOKUP: PromptLookup()}, "auto", "CPU")
@@ -626,7 +626,7 @@ def test_short_copies_are_sure_again_once_this_answer_has_shown_them_right():
 def test_the_curve_in_one_sweep_is_verify_size_by_size():
     # The policy reads the whole curve each cycle in one sweep (CostModel.curve); it must be
     # what verify(n) says for every size, timed or not, drawn or estimated.
-    from speculum.engine.costs import CURVE_BATCH, MAX_BATCH
+    from speculum.engine.policy.costs import CURVE_BATCH, MAX_BATCH
 
     states = [{}, {1: 0.03}, {4: 0.08}, {1: 0.03, 4: 0.07}, {1: 0.03, 2: 0.05, 8: 0.13, 16: 0.16},
               {2: 0.05, 3: 0.06}, {1: 0.03, 16: 0.15}]
@@ -647,9 +647,9 @@ def test_the_curve_in_one_sweep_is_verify_size_by_size():
 def test_tables_not_drafted_from_age_by_the_cycles_they_sat_idle_and_the_one_drafted_from_does_not():
     # Idle aging is applied when a table is next read, not to every table every cycle: what
     # it reads must be what aging each cycle would have left (IDLE_DECAY per idle cycle).
-    from speculum.engine import auto
-    from speculum.engine.draft import Draft
-    from speculum.engine.drafters import PromptLookup
+    from speculum.engine.policy import auto
+    from speculum.engine.drafting.draft import Draft
+    from speculum.engine.drafting.drafters import PromptLookup
     from speculum.engine.vocabulary import Source
 
     policy = AutoPolicy({Source.LOOKUP: PromptLookup()}, "auto", "CPU")
@@ -677,8 +677,8 @@ def test_tables_not_drafted_from_age_by_the_cycles_they_sat_idle_and_the_one_dra
 def test_a_plain_step_reports_the_speed_of_plain_decoding_even_when_its_pass_was_its_first_timing():
     # The report follows the pass it chose, which is timed first: a fresh machine's first plain
     # step, weighed against a default cost and shown against the measured one, read 0.86x plain.
-    from speculum.engine.draft import Draft
-    from speculum.engine.drafters import PromptLookup
+    from speculum.engine.drafting.draft import Draft
+    from speculum.engine.drafting.drafters import PromptLookup
     from speculum.engine.vocabulary import Source
 
     policy = AutoPolicy({Source.LOOKUP: PromptLookup()}, "auto", "CPU")
@@ -695,7 +695,7 @@ def test_copies_from_one_or_two_tokens_of_context_are_not_explored_but_from_thre
     # A newline or a bracket in common says little of what follows it: such copies spent the
     # loss budget that copies of longer matches could use. Until this answer's short copies
     # have been right, only a match of three tokens or more is tried on the draws.
-    from speculum.engine.drafters import PromptLookup
+    from speculum.engine.drafting.drafters import PromptLookup
     from speculum.engine.vocabulary import Source
 
     def drafted(context, slope=0.35, tries=60):

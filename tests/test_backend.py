@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from speculum.engine.llama import LlamaModel
+from speculum.engine.llama.model import LlamaModel
 from speculum.errors import SpeculumError
 from speculum.models.gguf import check_gguf_file
 from ggufgen import write_gguf

@@ -10,7 +10,7 @@ import pytest
 
 from speculum.engine.backend import DecodeAborted
 from speculum.engine.decoder import PROMPT_CHUNK
-from speculum.engine.llama import LlamaModel
+from speculum.engine.llama.model import LlamaModel
 from speculum.engine.loading import LoadOptions, load_decoder
 
 

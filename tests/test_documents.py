@@ -53,8 +53,8 @@ def test_text_past_the_character_limit_is_refused(tmp_path, monkeypatch):
 
 
 def test_the_pane_reads_files_off_the_ui_thread(qtbot, tmp_path, monkeypatch):
-    from speculum.ui import document as pane_module
-    from speculum.ui.document import DocumentPane
+    from speculum.ui.chat import document as pane_module
+    from speculum.ui.chat.document import DocumentPane
 
     release = threading.Event()
     readers = []

@@ -2,10 +2,10 @@
 
 import numpy as np
 
-from speculum.engine import drafters
+from speculum.engine.drafting import drafters
 from speculum.engine.decoder import Decoder
-from speculum.engine.drafters import Choice, Draft
-from speculum.engine.policy import FixedPolicy
+from speculum.engine.drafting.drafters import Choice, Draft
+from speculum.engine.policy.fixed import FixedPolicy
 from speculum.engine.vocabulary import Source
 from synthetic import SyntheticModel
 

@@ -15,7 +15,7 @@ import threading
 import pytest
 
 from speculum import paths, yielding
-from speculum.engine import profiles
+from speculum.engine.llama import profiles
 from speculum.engine_process import CRASH_SWITCH, MID_GENERATION_CYCLE, EngineProcess, describe_exit
 from speculum.protocol import (Batch, CycleEvent, Failed, Finished, Generate, Load, Loaded, LoadFailed,
                                LoadRequest, Measuring, ProfileChosen, Ready, SetPlainRate, StageChanged)
@@ -64,7 +64,7 @@ def _engine_settings() -> dict:
 
 
 def test_the_engine_process_waits_for_threads_as_speculum_sets_it_before_llama_cpp_loads(data_dirs, monkeypatch):
-    from speculum.engine import cpu_settings
+    from speculum.engine.llama import cpu_settings
 
     for name in (*cpu_settings.USER_SETTINGS, cpu_settings.TILED_MATMUL):
         monkeypatch.delenv(name, raising=False)  # this test process applied them to itself
@@ -83,7 +83,7 @@ def test_the_engine_process_waits_for_threads_as_speculum_sets_it_before_llama_c
 
 
 def test_the_tiled_matmul_is_on_only_where_the_cpu_has_avx512(tmp_path, monkeypatch):
-    from speculum.engine import cpu_settings
+    from speculum.engine.llama import cpu_settings
 
     def flags(line):
         cpuinfo = tmp_path / "cpuinfo"
@@ -116,7 +116,7 @@ def test_the_active_wait_policy_is_set_only_for_libgomp(tmp_path, monkeypatch, n
     # LLVM's and Intel's OpenMP read `active` as spin forever: the collapse under load again
     from importlib.machinery import ModuleSpec
 
-    from speculum.engine import cpu_settings
+    from speculum.engine.llama import cpu_settings
 
     package = tmp_path / "llama_cpp"
     (package / "lib").mkdir(parents=True)
@@ -132,7 +132,7 @@ def test_the_active_wait_policy_is_set_only_for_libgomp(tmp_path, monkeypatch, n
 
 
 def test_a_users_own_tiled_matmul_setting_is_kept(data_dirs, monkeypatch):
-    from speculum.engine import cpu_settings
+    from speculum.engine.llama import cpu_settings
 
     monkeypatch.setenv(cpu_settings.TILED_MATMUL, "1")
     setting = _engine_settings()
@@ -141,7 +141,7 @@ def test_a_users_own_tiled_matmul_setting_is_kept(data_dirs, monkeypatch):
 
 
 def test_the_tiled_matmul_switch_reads_as_ggml_reads_it():
-    from speculum.engine.cpu_settings import TILED_MATMUL, tiled_matmul_on
+    from speculum.engine.llama.cpu_settings import TILED_MATMUL, tiled_matmul_on
 
     assert tiled_matmul_on({})  # unset: ggml's default is on
     for value, on in (("0", False), ("1", True), ("00", False), (" 2", True), ("off", False), ("", False)):
@@ -393,7 +393,7 @@ if __name__ == "__main__":
 
 
 def test_tuning_decides_by_the_passes_the_tiled_path_changes():
-    from speculum.engine import tuning
+    from speculum.engine.llama import tuning
 
     def passes(on8, on16, off8, off16):
         return {"1": {"1": 0.03, "8": on8, "16": on16}, "0": {"1": 0.03, "8": off8, "16": off16}}
@@ -406,7 +406,7 @@ def test_tuning_decides_by_the_passes_the_tiled_path_changes():
 def test_a_target_more_than_twice_the_size_measures_the_tiled_matmul_again(data_dirs, monkeypatch):
     import time
 
-    from speculum.engine import tuning
+    from speculum.engine.llama import tuning
 
     assert tuning.needs_measuring(None, 10)
     small = {"tiled": "0", "model": "small.gguf", "model_bytes": 100}
@@ -425,7 +425,8 @@ def test_a_target_more_than_twice_the_size_measures_the_tiled_matmul_again(data_
 
 def test_idle_after_a_load_the_engine_measures_the_tiled_matmul_and_the_next_engine_uses_it(
         smollm_path, data_dirs, monkeypatch):
-    from speculum.engine import cpu_settings, tuning
+    from speculum.engine.llama import cpu_settings
+    from speculum.engine.llama import tuning
 
     monkeypatch.delenv(tuning.OFF_SWITCH, raising=False)
     # (this process may have loaded llama.cpp, which set it here: not the user's setting)
@@ -467,7 +468,7 @@ def test_idle_after_a_load_the_engine_measures_the_tiled_matmul_and_the_next_eng
 def test_a_request_stops_the_tuning_children_at_once(smollm_path, data_dirs):
     import time
 
-    from speculum.engine import tuning
+    from speculum.engine.llama import tuning
 
     start = time.monotonic()
     assert tuning.measure(smollm_path, 2, lambda: time.monotonic() - start > 0.5) is None
@@ -479,7 +480,9 @@ def test_speculum_tune_measures_now_and_the_doctor_names_the_measurement(smollm_
     import subprocess
     import sys
 
-    from speculum.engine import cpu_settings, tuning
+    from speculum.engine.llama import cpu_settings
+
+    from speculum.engine.llama import tuning
 
     monkeypatch.delenv(cpu_settings.TILED_MATMUL, raising=False)
     proc = subprocess.run([sys.executable, "-m", "speculum.cli", "tune", "--target", str(smollm_path)],
@@ -502,7 +505,7 @@ def test_speculum_tune_measures_now_and_the_doctor_names_the_measurement(smollm_
 def test_a_model_whose_timing_fails_is_not_measured_again_at_every_idle_moment(data_dirs, monkeypatch):
     import time
 
-    from speculum.engine import tuning
+    from speculum.engine.llama import tuning
 
     monkeypatch.delenv(tuning.OFF_SWITCH, raising=False)
     bad = data_dirs / "broken.gguf"

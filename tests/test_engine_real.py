@@ -5,7 +5,7 @@ import threading
 import numpy as np
 import pytest
 
-from speculum.engine.llama import LlamaModel
+from speculum.engine.llama.model import LlamaModel
 from speculum.engine.loading import LoadOptions, load_decoder
 from speculum.errors import SpeculumError
 from test_backend import QWEN_MAX_NOISE
@@ -114,7 +114,7 @@ def test_stop_from_another_thread_within_one_pass(smollm_path):
 def test_the_target_verifies_without_flash_attention_on_the_cpu(smollm_path):
     # The CPU's flash attention walks the whole cache once per row of a verification pass
     # (cpu_settings): off for the target there; the draft model, one row at a time, keeps it.
-    from speculum.engine.llama import gpu_backend
+    from speculum.engine.llama.model import gpu_backend
 
     decoder = load_decoder(smollm_path, smollm_path, LoadOptions(n_ctx=256))
     assert decoder.target.flash_attn is (False if gpu_backend() is None else None)
@@ -131,7 +131,8 @@ def test_the_target_verifies_without_flash_attention_on_the_cpu(smollm_path):
 def test_without_flash_attention_a_long_context_reads_in_smaller_micro_batches(qwen_target_path):
     # Its attention scores, n_ctx x micro-batch x heads, are reserved with the context: at 32k
     # tokens a 512-token micro-batch would hold 0.8 GB of them (cpu_settings.attention).
-    from speculum.engine import cpu_settings, llama
+    from speculum.engine.llama import cpu_settings
+    from speculum.engine.llama import model as llama
 
     with LlamaModel(qwen_target_path, n_ctx=32768, verifies=True) as model:
         if llama.gpu_backend() is None:
@@ -239,7 +240,7 @@ def test_prompt_progress_is_reported_chunk_by_chunk_and_stop_cancels_it(smollm_p
     assert isinstance(events[-1], Finished) and events[-1].result.finish == "stopped"
     assert len(runner.decoder.sequence.tokens) == PROMPT_CHUNK
     # What the stats and the answer's note say of it: the chunk read, not the whole prompt.
-    from speculum.ui.answer import stopped_note
+    from speculum.ui.chat.answer import stopped_note
 
     stopped = events[-1].result
     assert (stopped.snapshot.prompt_tokens, stopped.snapshot.prompt_reused) == (PROMPT_CHUNK, 0)

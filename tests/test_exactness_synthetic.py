@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from speculum.engine.decoder import Decoder
-from speculum.engine.drafters import Draft
+from speculum.engine.drafting.drafters import Draft
 from speculum.engine.sampling import SamplingParams, distribution
 from speculum.engine.verify import verify
 from speculum.engine.vocabulary import Source

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from speculum import cli, qtcheck
-from speculum.engine import native as llama  # the gate: what this build and machine can do
+from speculum.engine.llama import native as llama  # the gate: what this build and machine can do
 
 REPO = Path(__file__).resolve().parents[1]
 NO_AMX = ("-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16")

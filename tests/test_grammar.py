@@ -10,7 +10,7 @@ import pytest
 
 from grammar_vocab import EOS, PIECES, JsonSynthetic, LlamaVocab, json_draft, write_vocab
 from speculum.engine.decoder import Decoder
-from speculum.engine.drafters import Draft
+from speculum.engine.drafting.drafters import Draft
 from speculum.engine.grammar import Grammar, grammar_for_response_format, json_object_grammar
 from speculum.engine.sampling import SamplingParams, distribution, log_probs
 from speculum.engine.vocabulary import Source

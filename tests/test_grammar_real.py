@@ -9,7 +9,7 @@ import pytest
 
 from speculum.engine.decoder import Decoder
 from speculum.engine.grammar import grammar_for_response_format
-from speculum.engine.llama import LlamaModel
+from speculum.engine.llama.model import LlamaModel
 from speculum.engine.sampling import SamplingParams
 from test_backend import QWEN_MAX_NOISE
 from test_engine_real import first_difference, generate, tokens_of

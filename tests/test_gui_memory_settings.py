@@ -8,7 +8,7 @@ import json
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QDialogButtonBox
 
-from speculum.engine import ngrammemory
+from speculum.engine.drafting import ngrammemory
 from speculum.ui.settings import Settings
 from speculum.ui.settingsdialog import SettingsDialog
 

@@ -16,10 +16,10 @@ from speculum.conversations import Conversation, ConversationStore, Message
 from speculum.documents import html_to_text
 from speculum.engine.cycle import Cycle, PolicyReport
 from speculum.ui import look
-from speculum.ui.answer import StagedCycle, answer_so_far, cycle_records, staged_cycles, with_stages
-from speculum.ui.tokenview import SpeculationView, token_runs
-from speculum.ui.stats import StatsPanel
-from speculum.ui.transcript import Transcript, settled_length
+from speculum.ui.chat.answer import StagedCycle, answer_so_far, cycle_records, staged_cycles, with_stages
+from speculum.ui.speculation.tokenview import SpeculationView, token_runs
+from speculum.ui.speculation.stats import StatsPanel
+from speculum.ui.chat.transcript import Transcript, settled_length
 from speculum.ui.worker import CycleBatcher, StatsSnapshot, replay_snapshots, ui_cpu_budget
 
 
@@ -94,7 +94,7 @@ def cycle(index, source, drafted, n_accepted, emitted, finish=None):
 
 
 def test_engine_messages_speak_of_the_windows_controls():
-    from speculum.engine.policy import NO_MTP
+    from speculum.engine.policy.fixed import NO_MTP
 
     assert look.window_words("Draft mode needs a draft model: pass --draft, or use --mode lookup.") == (
         "Draft mode needs a draft model: pick a draft model, or use Mode: Prompt lookup.")
@@ -137,7 +137,7 @@ def test_mtp_drafts_have_their_own_label_colour_and_hover_text(qtbot):
 
 
 def test_status_bar_names_a_built_in_mtp_head_as_the_draft(qtbot):
-    from speculum.ui.loadstatus import LoadStatus
+    from speculum.ui.library.loadstatus import LoadStatus
 
     status = LoadStatus()
     qtbot.addWidget(status)
@@ -225,7 +225,7 @@ def test_each_part_keeps_its_own_prompt_counts_in_the_records_and_in_replay():
 
 
 def test_replay_names_the_part_and_counts_cycles_over_the_whole_answer():
-    from speculum.ui.replaycontroller import describe_step
+    from speculum.ui.speculation.replaycontroller import describe_step
 
     staged = [StagedCycle(cycle(0, "none", [], 0, [1]), "Part 1 of 2"),
               StagedCycle(cycle(0, "none", [], 0, [2]), "Part 2 of 2"), StagedCycle(cycle(1, "none", [], 0, [3]), "Part 2 of 2")]
@@ -235,7 +235,7 @@ def test_replay_names_the_part_and_counts_cycles_over_the_whole_answer():
 def test_replay_bar_seeks_where_clicked_jumps_to_either_end_and_plays_at_three_speeds(qtbot):
     from PySide6.QtCore import QPoint, Qt
 
-    from speculum.ui.replay import ReplayBar
+    from speculum.ui.speculation.replay import ReplayBar
 
     bar = ReplayBar()
     qtbot.addWidget(bar)
@@ -271,7 +271,7 @@ def test_replay_snapshots_follow_the_cycles():
 def test_acceptance_bars_labels_fit_their_bars(qtbot):
     # 15 draft positions in a 1280-pixel window: "100%" centred on a narrower bar spilled white
     # onto the white gaps and read "00%".
-    from speculum.ui.stats import AcceptanceBars
+    from speculum.ui.speculation.stats import AcceptanceBars
 
     from PySide6.QtGui import QFontMetricsF
 
@@ -416,7 +416,7 @@ def test_code_blocks_wrap_inside_the_transcript_and_copy_whole(qtbot):
 
 
 def test_the_input_grows_with_its_text_up_to_half_the_pane(qtbot):
-    from speculum.ui.chatpane import ChatPane
+    from speculum.ui.chat.chatpane import ChatPane
 
     pane = ChatPane()
     qtbot.addWidget(pane)
@@ -626,7 +626,7 @@ def test_stats_say_when_the_policy_is_still_learning(qtbot, width):
 
 
 def test_prompt_progress_bar_counts_tokens_and_hides_when_read(qtbot):
-    from speculum.ui.chatpane import ChatPane
+    from speculum.ui.chat.chatpane import ChatPane
 
     pane = ChatPane()
     qtbot.addWidget(pane)

@@ -17,7 +17,7 @@ from speculum.conversations import ConversationStore
 from speculum.ui import look
 from speculum.ui.mainwindow import MainWindow
 from speculum.ui.settings import Settings
-from speculum.ui.stats import prompt_read
+from speculum.ui.speculation.stats import prompt_read
 
 LOAD_MS = 120_000
 GENERATE_MS = 300_000  # the test machine is shared and can be slow

@@ -20,8 +20,8 @@ from ggufgen import write_gguf
 from speculum import paths
 from speculum.conversations import Conversation, ConversationStore, Message
 from speculum.engine.cycle import Cycle
-from speculum.ui.answer import StagedCycle
-from speculum.ui.transcript import Transcript
+from speculum.ui.chat.answer import StagedCycle
+from speculum.ui.chat.transcript import Transcript
 from traps import FileTrap
 
 
@@ -114,7 +114,7 @@ def window(qtbot, data_dirs, monkeypatch):
 
 
 def test_model_names_and_saved_drafter_names_show_as_text(qtbot, window, trap):
-    from speculum.engine.llama import ModelFacts
+    from speculum.engine.llama.model import ModelFacts
 
     hostile = f'<img src="{trap.path}">'
     w = window()

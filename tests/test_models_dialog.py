@@ -14,8 +14,8 @@ from hubserver import hub, make_gguf  # noqa: F401  (hub is a fixture)
 from speculum.models import catalog
 from speculum.models.hardware import Machine
 from speculum.models.library import Library
-from speculum.ui.downloadrow import SCALE
-from speculum.ui.models_dialog import ModelsDialog
+from speculum.ui.library.downloadrow import SCALE
+from speculum.ui.library.models_dialog import ModelsDialog
 
 MiB = 1 << 20
 GB = 1e9
@@ -138,7 +138,7 @@ def test_an_mtp_entry_shows_built_in_draft_downloads_its_target_and_loads_in_mtp
     the catalog names its draft Built-in (MTP), the download fetches one file from the local Hub,
     the library tab lists the pair, and Use hands the pair picker a target it runs in MTP mode."""
     from speculum.engine.vocabulary import Mode
-    from speculum.ui.modelbar import BUILT_IN, BUILT_IN_MTP, ModelBar
+    from speculum.ui.library.modelbar import BUILT_IN, BUILT_IN_MTP, ModelBar
 
     data = make_gguf(3 * MiB, 8, "Qwen3.6-Test", nextn=1)
     hub.add_bytes("test-org/Qwen3.6-Test-MTP-GGUF", "Qwen3.6-Test-Q4_K_M.gguf", data)
@@ -248,7 +248,7 @@ def test_add_two_files_refuses_an_incompatible_pair(qtbot, tmp_path, pairs, monk
     d = ModelsDialog(library=Library(tmp_path / "models", pairs=pairs), machine=LAPTOP, pairs=pairs)
     qtbot.addWidget(d)
     picks = iter([(str(own), ""), (str(smollm_path), "")])
-    monkeypatch.setattr("speculum.ui.models_dialog.QFileDialog.getOpenFileName", lambda *a, **k: next(picks))
+    monkeypatch.setattr("speculum.ui.library.models_dialog.QFileDialog.getOpenFileName", lambda *a, **k: next(picks))
     warnings = []
     monkeypatch.setattr(QMessageBox, "exec", lambda box: warnings.append(
         (box.windowTitle(), box.text(), box.textFormat())) or QMessageBox.Ok)

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from mtpgguf import NEXTN_LAYERS, write_gemma4_pair, write_mtp_gguf
-from speculum.engine import llama_ext
+from speculum.engine.llama import llama_ext
 from speculum.engine.decoder import Decoder
-from speculum.engine.llama import LlamaModel
+from speculum.engine.llama.model import LlamaModel
 from speculum.engine.sampling import SamplingParams, distribution
 from speculum.engine.vocabulary import Source
 from speculum.models.gguf import check_gguf_file
@@ -168,7 +168,7 @@ def test_head_is_fed_as_llama_cpp_feeds_it(mtp_models, max_pending, switch, arch
             more, _ = generate(decoder, prompt, max_tokens=10, policy="lookup", k=3)
         context = prompt + out + more
         sampling = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, seed=0)
-        from speculum.engine.drafters import Choice
+        from speculum.engine.drafting.drafters import Choice
         q = drafter.propose(context, 1, Choice(Source.MTP, 1), sampling, np.random.default_rng(0)).q[0]
     with LlamaModel(path, n_ctx=512, n_threads=1) as ref:
         hidden = shifted_target_hidden(ref, context)
@@ -193,7 +193,7 @@ def test_chained_heads_are_fed_as_llama_cpp_feeds_them(mtp_models):
         out, _ = generate(decoder, prompt, max_tokens=10, policy="mtp", k=3)
         more, _ = generate(decoder, prompt + out, max_tokens=6, policy="lookup", k=3)
         context = prompt + out + more
-        from speculum.engine.drafters import Choice
+        from speculum.engine.drafting.drafters import Choice
         draft = drafter.propose(context, 5, Choice(Source.MTP, 5), sampling, np.random.default_rng(0))
         assert len(draft.tokens) == 3 and drafter.head.layer == 0
     with LlamaModel(path, n_ctx=512, n_threads=1) as ref:
@@ -356,7 +356,7 @@ def test_auto_mode_measures_and_learns_the_mtp_head(mtp_models, data_dirs):
     so left to itself auto decodes plainly (it tries the untimed head only when a draw says so);
     told the head costs a twentieth of a step (as on a deep model), it drafts with it, and those
     drafts time it."""
-    from speculum.engine.auto import AutoPolicy
+    from speculum.engine.policy.auto import AutoPolicy
 
     with LlamaModel(mtp_models["aligned"], n_ctx=512, n_threads=1) as model:
         decoder = Decoder(model)
@@ -400,9 +400,9 @@ def test_adaptive_k_asks_chained_heads_for_no_more_than_they_have(mtp_models):
 def test_auto_puts_a_confident_lookup_first_with_the_mtp_head_behind():
     """Hybrid, as users run MTP with n-gram drafts on code edits: a long lookup match drafts
     first and the MTP head drafts when lookup has nothing."""
-    from speculum.engine.auto import AutoPolicy
-    from speculum.engine.costs import CostModel
-    from speculum.engine.drafters import PromptLookup
+    from speculum.engine.policy.auto import AutoPolicy
+    from speculum.engine.policy.costs import CostModel
+    from speculum.engine.drafting.drafters import PromptLookup
 
     class Head:  # only its source matters to the policy
         source = Source.MTP
@@ -444,7 +444,7 @@ def test_models_check_says_a_target_with_nextn_layers_is_a_pair_alone(mtp_models
 
 
 def test_pair_picker_offers_built_in_mtp_for_a_target_with_nextn_layers(qtbot, mtp_models, tmp_path, monkeypatch):
-    from speculum.ui.modelbar import BUILT_IN, BUILT_IN_MTP, ModelBar
+    from speculum.ui.library.modelbar import BUILT_IN, BUILT_IN_MTP, ModelBar
 
     folder = tmp_path / "models"
     folder.mkdir()
@@ -465,7 +465,7 @@ def test_pair_picker_offers_built_in_mtp_for_a_target_with_nextn_layers(qtbot, m
 
 
 def test_pair_picker_picks_mtp_mode_for_a_gemma4_assistant(qtbot, gemma4_models, tmp_path, monkeypatch):
-    from speculum.ui.modelbar import ModelBar
+    from speculum.ui.library.modelbar import ModelBar
 
     folder = tmp_path / "models"
     folder.mkdir()
@@ -530,7 +530,7 @@ def test_gemma4_assistant_drafts_on_its_targets_cache(gemma4_models, mtp_models)
 
 def llama_ext_pos_max(model) -> int:
     """The last position llama.cpp itself holds in the model's cache (-1: empty)."""
-    from speculum.engine.llama import lc
+    from speculum.engine.llama.model import lc
     return lc.llama_memory_seq_pos_max(model._mem, 0)
 
 
@@ -548,7 +548,7 @@ def test_gemma4_assistant_is_fed_as_llama_cpp_feeds_it(gemma4_models):
     target's one row earlier at the first step, the target's last one after it)."""
     pair = gemma4_models["noisy"]
     sampling = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, seed=0)
-    from speculum.engine.drafters import Choice
+    from speculum.engine.drafting.drafters import Choice
     with gemma4_target(pair) as model:
         decoder = Decoder(model)
         prompt = prompt_of(model)

@@ -11,10 +11,10 @@ import pytest
 
 from speculum import paths
 from speculum.conversations import Conversation, ConversationStore
-from speculum.engine import ngrammemory
-from speculum.engine.draft import Choice
+from speculum.engine.drafting import ngrammemory
+from speculum.engine.drafting.draft import Choice
 from speculum.engine.loading import LoadOptions, load_decoder
-from speculum.engine.ngrammemory import HEADER, MAGIC, NgramMemory
+from speculum.engine.drafting.ngrammemory import HEADER, MAGIC, NgramMemory
 from speculum.engine.sampling import SamplingParams
 from speculum.engine.vocabulary import Source
 from test_engine_real import generate, tokens_of
@@ -159,7 +159,7 @@ def test_a_damaged_file_starts_it_empty(tmp_path, kind):
 
 
 def test_a_damaged_file_does_not_stop_the_engine(smollm_path, data_dirs):
-    from speculum.engine.llama import LlamaModel
+    from speculum.engine.llama.model import LlamaModel
 
     with LlamaModel(smollm_path, n_ctx=512) as model:
         path = NgramMemory.for_model(model).path

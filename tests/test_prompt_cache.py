@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from speculum.engine.decoder import Decoder
-from speculum.engine.llama import LlamaModel
+from speculum.engine.llama.model import LlamaModel
 from speculum.engine.loading import LoadOptions, load_decoder
 from speculum.engine.promptcache import PromptCache
 from test_backend import QWEN_MAX_NOISE

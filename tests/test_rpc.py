@@ -23,10 +23,10 @@ from pathlib import Path
 import pytest
 
 import speculum
-from speculum.engine import rpc
-from speculum.engine.llama import LlamaModel, gpu_backend
+from speculum.engine.rpc import client as rpc
+from speculum.engine.llama.model import LlamaModel, gpu_backend
 from speculum.engine.loading import LoadOptions, load_decoder
-from speculum.engine.rpcaddress import WorkerAddress, parse_worker
+from speculum.engine.rpc.address import WorkerAddress, parse_worker
 from speculum.errors import SpeculumError
 from speculum.rpc_worker import exposure_warning
 from test_engine_real import first_difference, generate, tokens_of
@@ -233,7 +233,7 @@ def test_llama_cpps_lines_reach_the_workers_stdout_whole_even_when_python_runs_u
     # same pipe: a half-written C line would be split by one of ours.
     script = """if True:
         import ctypes, os, sys
-        from speculum.engine import rpc
+        from speculum.engine.rpc import client as rpc
         rpc.c_stdout_line_buffered()
         libc = ctypes.CDLL(None)
         stdout = ctypes.c_void_p.in_dll(libc, "__stdoutp" if sys.platform == "darwin" else "stdout")
@@ -402,7 +402,7 @@ def test_a_tokens_graph_crosses_the_secure_link_with_the_request_for_its_result(
     # test_rpc_link's test of _Gathered; when they go together here depends on the relay's timing.)
     import ssl
 
-    from speculum.engine import rpclink
+    from speculum.engine.rpc import link as rpclink
 
     records, write = [], rpclink._Way.write
 
@@ -587,7 +587,7 @@ def test_a_worker_on_all_interfaces_prints_a_usable_pairing_string_for_each_on_i
     from ipaddress import ip_address
 
     from speculum.rpc_worker import _hints, interface_addresses
-    from speculum.engine.rpclink import Identity
+    from speculum.engine.rpc.link import Identity
 
     found = interface_addresses(ip_address("0.0.0.0"))
     assert found and all(not ip_address(ip).is_unspecified for _, ip in found)
@@ -699,7 +699,7 @@ def test_a_frozen_worker_ends_generate_with_one_message_naming_it_within_the_tim
 def test_a_worker_frozen_while_it_is_sent_a_tensor_ends_the_connection_within_the_timeout():
     """A SET_TENSOR awaits no answer: a worker that stops reading one (a large restored prompt
     state) is only seen by the bytes it leaves untaken, and that too is the timeout."""
-    from speculum.engine.rpclink import ClientLink
+    from speculum.engine.rpc.link import ClientLink
 
     w = Worker(insecure=True)
     timeout_s = 2

@@ -9,7 +9,7 @@ import socket
 import struct
 import threading
 
-from speculum.engine import rpclink
+from speculum.engine.rpc import link as rpclink
 
 
 def request(command: int, body: bytes) -> bytes:
@@ -83,7 +83,7 @@ def test_a_worker_that_stops_halfway_through_an_answer_ends_the_connection_withi
     """ggml reads an answer (a token's logits) to its end: a worker frozen after sending its
     header and part of its body is as silent as one that never answered, and the relay's
     watchdog ends the connection (the answer's header alone once counted as the answer)."""
-    from speculum.engine.rpcaddress import parse_worker
+    from speculum.engine.rpc.address import parse_worker
 
     listener = socket.create_server(("127.0.0.1", 0))
     timeout_s = 1

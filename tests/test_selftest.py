@@ -13,7 +13,7 @@ from speculum.selftest import IDENTICAL, MISMATCH, TIE, compare
 
 
 def test_self_test_on_smollm_is_exact_and_exercises_lookup(smollm_path):
-    from speculum.engine.llama import gpu_backend
+    from speculum.engine.llama.model import gpu_backend
 
     result = selftest.run_self_test(smollm_path)
 

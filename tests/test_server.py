@@ -15,7 +15,7 @@ import pytest
 import uvicorn
 
 from speculum import cli
-from speculum.engine.auto import MAX_K
+from speculum.engine.policy.auto import MAX_K
 from speculum.engine.loading import LoadOptions, load_decoder
 from speculum.server import listen
 from speculum.server.api import create_app

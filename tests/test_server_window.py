@@ -10,7 +10,7 @@ import httpx
 import openai
 
 from speculum.ui import look
-from speculum.ui.tokenview import KIND
+from speculum.ui.speculation.tokenview import KIND
 from test_gui_window import GENERATE_MS, LOAD_MS, open_window, send  # noqa: F401  (fixture)
 
 

@@ -15,9 +15,9 @@ from typing import Callable, NamedTuple, Sequence, TextIO
 
 from . import paths
 from .documents import read_document
-from .engine.costs import CURVE_BATCH
+from .engine.policy.costs import CURVE_BATCH
 from .engine.decoder import Decoder
-from .engine.drafters import PromptLookup, Spelling
+from .engine.drafting.drafters import PromptLookup, Spelling
 from .engine.prompts import build_messages
 from .engine.sampling import SamplingParams
 from .engine.stats import Stats

@@ -66,7 +66,7 @@ def _fixed_k(args) -> int | None:
 def _load(args, progress=None):
     """The pair, loaded in this process with the engine profile this machine remembers
     (``progress(stage, fraction)`` returning False cancels)."""
-    from .engine import profiles
+    from .engine.llama import profiles
     from .engine.loading import LoadOptions, load_decoder
 
     profile, why = profiles.remembered()
@@ -90,7 +90,7 @@ def _cache_ram(args) -> int | None:
 
 def _rpc_options(args) -> dict:
     """--rpc and --tensor-split as LoadOptions fields (checked here: a typo is one message)."""
-    from .engine import rpc
+    from .engine.rpc import client as rpc
 
     options: dict = {}
     if getattr(args, "rpc_timeout", None) is not None:
@@ -108,7 +108,7 @@ def _rpc_options(args) -> dict:
 def _attention(decoder) -> list[dict]:
     """Flash attention in effect for each model, with the devices that hold it (RPC workers named,
     each with the device it said it computes on)."""
-    from .engine import rpc
+    from .engine.rpc import client as rpc
 
     report = []
     for role, model in (("target", decoder.target), ("draft", decoder.draft)):
@@ -213,9 +213,9 @@ def cmd_bench(args) -> int:
 
 def cmd_tune(args) -> int:
     """Time the target's verification passes with ggml's tiled matmul on and off, in child
-    processes; the faster setting is remembered for this machine (engine/tuning.py)."""
-    from .engine import tuning
-    from .engine.llama import default_threads
+    processes; the faster setting is remembered for this machine (engine/llama/tuning.py)."""
+    from .engine.llama import tuning
+    from .engine.llama.model import default_threads
 
     threads = args.threads or default_threads()
     if args.child:  # one setting, from the environment: the passes' seconds as JSON
@@ -234,7 +234,7 @@ def cmd_tune(args) -> int:
 
 def cmd_doctor(args) -> int:
     from . import qtcheck
-    from .engine import cpu_settings, native, profiles
+    from .engine.llama import cpu_settings, native, profiles
 
     try:
         from PySide6 import __version__ as qt_version
@@ -290,7 +290,7 @@ def cmd_serve(args) -> int:
     says loading (and requests get 503 model_loading) until the models are in."""
     import uvicorn
 
-    from .engine.policy import FixedPolicy
+    from .engine.policy.fixed import FixedPolicy
     from .models.gguf import check_gguf_file
     from .server import listen
     from .server.api import create_app
@@ -348,7 +348,7 @@ def _load_served(args, served, server, failed) -> None:
         server.should_exit = True
         return
     if getattr(args, "rpc", None):
-        from .engine import rpc
+        from .engine.rpc import client as rpc
 
         # A lost worker ends the request, not the server: the models load again once it is back.
         served.workers = rpc.parse_endpoints(args.rpc)
@@ -391,14 +391,14 @@ def _measure_for_serving(args, decoder, served, server) -> None:
 def cmd_rpc_worker(args) -> int:
     from .rpc_worker import run
 
-    from .engine.rpcaddress import check_port
+    from .engine.rpc.address import check_port
 
     return run(args.host, check_port(args.port, "--port"), args.threads, args.cache_dir, args.insecure,
                args.new_pairing)
 
 
 def _rpc_row() -> str:
-    from .engine import rpc
+    from .engine.rpc import client as rpc
 
     why = rpc.availability()
     return why or (f"available (llama.cpp RPC protocol {'.'.join(map(str, rpc.PROTOCOL))}): "
@@ -406,7 +406,7 @@ def _rpc_row() -> str:
 
 
 def _mtp_row() -> str:
-    from .engine import llama_ext
+    from .engine.llama import llama_ext
 
     ok = llama_ext.support()
     return ("yes: models with NextN layers draft for themselves (--mode mtp)" if ok
@@ -419,7 +419,7 @@ def _thread_wait(setting: dict) -> str:
 
 
 def _tiled_matmul(setting: dict) -> str:
-    from .engine import cpu_settings
+    from .engine.llama import cpu_settings
 
     on = cpu_settings.tiled_matmul_on(setting)
     why = ""

@@ -173,7 +173,7 @@ class ConversationStore:
         paths.write_text_atomic(self._path(conversation.id), conversation.json_text())
 
     def delete(self, conversation_id: str) -> None:
-        from .engine import ngrammemory  # numpy only: no model is loaded here
+        from .engine.drafting import ngrammemory  # numpy only: no model is loaded here
 
         self._path(conversation_id).unlink(missing_ok=True)
         ngrammemory.forget(conversation_id)  # what it wrote and read is not drafted from again

@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Callable
 
-from .engine import profiles
+from .engine.llama import profiles
 from .engine.loading import LoadOptions
 from .protocol import (Batch, Command, CycleEvent, Event, Generate, Load, LoadProgress, PostponeMeasuring,
                        ProfileChosen, Quit, Ready, Serve, SetPlainRate, StopServing, WorkerLost)
@@ -110,7 +110,8 @@ class _EngineLoop:
     """The engine process's side of the pipe: each command to its handler, by type."""
 
     def __init__(self, conn, stop, cancel_load):
-        from .engine import cpu_settings, native, rpc
+        from .engine.llama import cpu_settings, native
+        from .engine.rpc import client as rpc
         from .runner import EngineRunner
 
         self.conn, self.stop = conn, stop

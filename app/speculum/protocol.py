@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from .engine.auto import MAX_K as SHOWN_POSITIONS
+from .engine.policy.auto import MAX_K as SHOWN_POSITIONS
 from .engine.backend import ModelFacts
 from .engine.stats import Stats
 from .engine.vocabulary import Mode, Source

@@ -1,7 +1,7 @@
 """`speculum rpc-worker`: lend this machine's device to another machine's target model.
 
 By default llama.cpp's RPC server listens on 127.0.0.1 only, on a port of its own, and the
-address the user chose is served by the secure link's TLS front end (engine/rpclink.py),
+address the user chose is served by the secure link's TLS front end (engine/rpc/link.py),
 which lets a client's bytes reach llama.cpp only after its token checks out. The worker
 prints the pairing string the client passes as `--rpc`. With ``--insecure`` llama.cpp's
 server listens on the chosen address itself, as llama.cpp's own `rpc-server` does.
@@ -50,7 +50,7 @@ def _bind_address(host: str, insecure: bool) -> ipaddress.IPv4Address | ipaddres
 
 
 def _shown(text: str) -> str:
-    from .engine.rpcaddress import shown
+    from .engine.rpc.address import shown
 
     return shown(text)
 
@@ -130,7 +130,8 @@ def interface_addresses(address: ipaddress.IPv4Address | ipaddress.IPv6Address) 
 def run(host: str, port: int, threads: int | None, cache_dir: str | None, insecure: bool = False,
         new_pairing: bool = False) -> int:
     from . import paths
-    from .engine import llama, rpc, rpclink
+    from .engine.llama import model as llama
+    from .engine.rpc import client as rpc, link as rpclink
 
     rpc.libraries()  # RpcUnavailable, in words, before anything else
     address = _bind_address(host, insecure)
@@ -190,7 +191,7 @@ def _say(line: str) -> None:
 
 def _hints(address, port: int, identity) -> list[str]:
     """What to pass on the other machine, one line per address this worker can be reached at."""
-    from .engine.rpcaddress import WorkerAddress
+    from .engine.rpc.address import WorkerAddress
 
     lines = ["on the other machine, pass the pairing string (it holds this worker's secret token: share it "
              "as you would a password):" if identity else "on the other machine:"]

@@ -226,9 +226,9 @@ class EngineRunner:
 
     def tune_while_idle(self, interrupted) -> None:
         """Once per machine (again for a much larger target): time the tiled matmul both ways in
-        child processes, for the next engine start (engine/tuning.py), where the target runs on
+        child processes, for the next engine start (engine/llama/tuning.py), where the target runs on
         the CPU and the user did not choose the setting; stopped as soon as ``interrupted()``."""
-        from .engine import cpu_settings, tuning
+        from .engine.llama import cpu_settings, tuning
 
         target = self.decoder.target if self.decoder is not None else None
         if (target is None or target.facts.backend != "CPU" or self.serving is not None  # API clients come first

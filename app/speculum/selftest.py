@@ -10,7 +10,7 @@ share a batch (up to ~0.5 measured on CPU), so a model can flip at a numerical t
 difference passes only when it is proven to be one: at the first differing position the
 speculative token is the plain run's runner-up and the two logits, re-measured along
 the plain run's exact path, are closer than that noise. It runs as the app does: on the
-CPU the target has no flash attention (engine/cpu_settings.py), and then even SmolLM2
+CPU the target has no flash attention (engine/llama/cpu_settings.py), and then even SmolLM2
 Q4_1, bit-identical across batch shapes with it, can meet such a tie.
 
 No Qt import: this runs on machines without a screen, and before the window is trusted.
@@ -171,7 +171,7 @@ def _replay_plain(target, prompt: list[int], plain: list[int]) -> Callable[[int]
 
 def run_self_test(model_path: str | Path) -> SelfTestResult:
     """Load, generate twice, compare. Raises SpeculumError for a missing or bad model."""
-    from .engine.llama import gpu_backend
+    from .engine.llama.model import gpu_backend
     from .engine.loading import LoadOptions, load_decoder
 
     modules = speculum_modules()
@@ -235,7 +235,7 @@ def self_test(model_path: str | Path, out: TextIO | None = None) -> int:
           f"{platform.system()} {platform.machine()})", file=out)
     try:
         # Importing the engine loads llama.cpp's shared library: part of what is tested.
-        from .engine.llama import llama_cpp_version
+        from .engine.llama.model import llama_cpp_version
 
         print(f"llama.cpp  llama-cpp-python {llama_cpp_version()}", file=out)
         result = run_self_test(model_path)

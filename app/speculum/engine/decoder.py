@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 import numpy as np
 
 from ..errors import ContextFullError, SpeculumError
-from .auto import AutoPolicy, default_store
+from .policy.auto import AutoPolicy, default_store
 from .backend import Backend, CachedSequence
-from .costs import calibrate
+from .policy.costs import calibrate
 from .cycle import Cycle
-from .drafters import Choice, Draft, Drafter, DrafterInputs, build_drafters
-from .ngrammemory import NgramMemory
-from .policy import FixedPolicy, Policy
+from .drafting.drafters import Choice, Draft, Drafter, DrafterInputs, build_drafters
+from .drafting.ngrammemory import NgramMemory
+from .policy.fixed import FixedPolicy, Policy
 from .promptcache import PromptCache
 from .sampling import RowProbs, SamplingParams
 from .stats import Stats

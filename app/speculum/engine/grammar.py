@@ -58,7 +58,7 @@ _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
 def _lc():
     """llama_cpp, loaded on first use through the gate (engine.native), so importing this module
     loads no llama.cpp (the window's process never does)."""
-    from .native import lc
+    from .llama.native import lc
     return lc
 
 
@@ -96,7 +96,7 @@ class Grammar:
 
     def _sampler(self, vocab):
         lc = _lc()
-        from .native import _log_lines, clear_log, recent_log_error
+        from .llama.native import _log_lines, clear_log, recent_log_error
         clear_log()
         sampler = lc.llama_sampler_init_grammar(vocab, self.gbnf.encode("utf-8", "replace"),
                                                 self.root.encode("utf-8", "replace"))

@@ -10,7 +10,7 @@ from ..errors import SpeculumError
 from ..models.compat import check_headers
 from ..models.gguf import VOCAB_KEYS, check_gguf_file
 from .decoder import Decoder
-from .ngrammemory import NgramMemory
+from .drafting.ngrammemory import NgramMemory
 from .promptcache import MIB, PromptCache
 
 
@@ -35,7 +35,7 @@ def load_decoder(target: str | os.PathLike, draft: str | os.PathLike | None = No
 
     ``progress(stage, fraction)`` returning False cancels the load.
     """
-    from .llama import LlamaModel
+    from .llama.model import LlamaModel
 
     options = options or LoadOptions()
     # Each header is read once: for the checks here, the pair's vocabularies, and LlamaModel's facts.

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from .drafters import Draft
+from .drafting.drafters import Draft
 from .sampling import Penalties, SamplingParams, distribution, log_probs, sample
 
 if TYPE_CHECKING:

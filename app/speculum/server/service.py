@@ -193,7 +193,7 @@ class ServedModel:
         """llama.cpp lost an RPC worker (``rpc.on_worker_lost``; on llama.cpp's thread, about to abort).
         The request running ends with ``message``; the thread inside llama.cpp can never return there,
         so it is parked for good and the models it holds are given up; the server serves on."""
-        from ..engine.rpc import CANNOT_CONTINUE
+        from ..engine.rpc.client import CANNOT_CONTINUE
 
         message = message.replace(CANNOT_CONTINUE, "This request ends; start the worker again and the server "
                                                    "loads the model again once it answers.")
@@ -252,7 +252,7 @@ class ServedModel:
                 ident = threading.get_ident()
                 self._engine_threads[ident] = lambda exc: loop.call_soon_threadsafe(settle, exc)
                 try:
-                    from ..engine import rpc
+                    from ..engine.rpc import client as rpc
 
                     rpc.forget_lost(self.workers)
                     self._give_up(self.decoder)

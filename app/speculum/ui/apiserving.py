@@ -12,7 +12,7 @@ from PySide6.QtCore import QObject, Signal
 
 from ..protocol import Finished, Started
 from .servepanel import ServePanel
-from .speculationpane import SpeculationPane
+from .speculation.speculationpane import SpeculationPane
 
 SERVING_MESSAGE_MS = 5000
 

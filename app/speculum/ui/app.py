@@ -23,7 +23,7 @@ def run_app(args=None) -> int:
     if icon.is_file():
         app.setWindowIcon(QIcon(str(icon)))
     from .. import instance
-    from .richtext import warn
+    from .chat.richtext import warn
 
     try:
         instance.claim(paths.data_dir())  # one window per data folder: see speculum.instance

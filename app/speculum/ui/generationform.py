@@ -6,7 +6,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QDoubleSpinBox, QFormLayout, QGroupBox, QLabel, QLineEdit, QSpinBox, QVBoxLayout,
                                QWidget)
 
-from ..engine import rpc  # addresses only: this module loads no llama.cpp
+from ..engine.rpc import client as rpc  # addresses only: this module loads no llama.cpp
 from .look import BUILT_IN_MTP
 from .settings import Settings
 from .worker import GenerationRequest

@@ -14,20 +14,20 @@ from PySide6.QtWidgets import QFrame, QMainWindow, QScrollArea, QSplitter, QVBox
 
 from .. import paths
 from ..conversations import Conversation, ConversationStore
-from ..engine import profiles
+from ..engine.llama import profiles
 from ..errors import SpeculumError
-from .answer import StagedCycle
-from .answering import Answering
-from .chatpane import ChatPane
-from .conversationlist import ConversationList
+from .chat.answer import StagedCycle
+from .chat.answering import Answering
+from .chat.chatpane import ChatPane
+from .chat.conversationlist import ConversationList
 from .generationform import GenerationForm
-from .loadstatus import LoadStatus, crash_offer
+from .library.loadstatus import LoadStatus, crash_offer
 from .look import window_words
-from .modelbar import ModelBar
+from .library.modelbar import ModelBar
 from .apiserving import ApiServing
 from .setaside import saved_state_notice
 from .settings import Settings
-from .speculationpane import SpeculationPane
+from .speculation.speculationpane import SpeculationPane
 from .worker import Engine, LoadRequest
 
 

@@ -8,9 +8,9 @@ from PySide6.QtGui import QValidator
 from PySide6.QtWidgets import (QCheckBox, QDialog, QDialogButtonBox, QFormLayout, QGroupBox, QHBoxLayout, QLabel,
                                QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
-from ..engine import ngrammemory
+from ..engine.drafting import ngrammemory
 from ..engine.promptcache import MIB, default_budget
-from .richtext import escaped_tooltip
+from .chat.richtext import escaped_tooltip
 from .settings import MAX_PROMPT_CACHE_MIB, Settings
 
 AUTOMATIC, OFF = -1, 0  # the prompt cache's two special values

@@ -16,7 +16,7 @@ from collections import deque
 
 from PySide6.QtCore import QObject, Qt, QTimer, Signal, Slot
 
-from ..engine import profiles
+from ..engine.llama import profiles
 from ..engine.backend import usable_cores
 from ..engine_process import EngineProcess, describe_exit
 # The window imports the protocol's request and result types from here.

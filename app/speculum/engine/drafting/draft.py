@@ -1,0 +1,119 @@
+"""What every drafter shares: the policy's ``Choice``, the ``Draft`` it returns, the
+``Drafter`` protocol and the ``DrafterInputs`` it is built from. The drafters themselves
+live in ``drafters.py`` and ``mtp.py``, which both build on this module.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
+
+import numpy as np
+
+from ..backend import Backend
+from ..sampling import SamplingParams, distribution, sample
+from ..vocabulary import Source
+
+if TYPE_CHECKING:
+    from ..grammar import GrammarState
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The policy's pick for one cycle: which drafter, how many tokens, and its thresholds."""
+
+    source: Source
+    k: int
+    min_confidence: float = 0.0  # model drafts stop below this draft probability
+    min_match: int = 1  # lookup drafts need a suffix match at least this long
+    fallback: Source = Source.NONE  # hybrid: the drafter to use when the first has nothing
+    # The answer's grammar state at the end of the context (set by the decoder, not the policy):
+    # a model draft is drawn from the model's distribution kept to what the grammar allows.
+    grammar: "GrammarState | None" = field(default=None, compare=False)
+
+
+@dataclass
+class Draft:
+    tokens: list[int] = field(default_factory=list)
+    source: Source = Source.NONE
+    # Per drafted token, the draft's distribution q (rows, V) when sampling; None means a
+    # point mass on each token (greedy drafts and lookup drafts).
+    q: np.ndarray | None = None
+    confidence: list[float] = field(default_factory=list)  # the draft's own p of each token
+    match_length: int = 0  # lookup: length of the context suffix that matched
+    first_s: float = 0.0  # model drafts: seconds to catch up and propose the first token
+    caught_up: int = 0  # model drafts: context tokens decoded before the first (a new prompt: many)
+    # Model drafts: single-token decodes after the first token. One more than the tokens after
+    # the first when the draft stopped early: the token it refused had to be decoded to be judged.
+    steps: int = 0
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+class Drafter(Protocol):
+    source: Source
+
+    @classmethod
+    def build(cls, inputs: "DrafterInputs") -> "Drafter | None": ...  # None: the inputs do not allow it
+
+    def begin(self, context: Sequence[int]) -> None: ...  # a generation starts from context
+
+    def propose(self, context: Sequence[int], k: int, choice: Choice, sampling: SamplingParams,
+                rng: np.random.Generator) -> Draft: ...  # up to k tokens following context
+
+    def accept(self, context: Sequence[int]) -> None: ...  # the target kept context; drop the rest
+
+
+@dataclass(frozen=True)
+class DrafterInputs:
+    """What a drafter may be built from."""
+
+    target: Backend
+    draft: Backend | None = None  # a second model of the same tokenizer
+    clock: Callable[[], float] = time.perf_counter
+    max_ngram: int | None = None  # lookup: cap on the match length (None: as long as the text allows)
+    prompt_cache: object | None = None  # promptcache.PromptCache: a drafting model's saved states too
+    memory: object | None = None  # ngrammemory.NgramMemory: what this machine wrote and read before
+
+
+def draft_one_by_one(logits: np.ndarray, k: int, next_logits: Callable[[int, int], np.ndarray], choice: Choice,
+                     sampling: SamplingParams, rng: np.random.Generator, since: float,
+                     clock: Callable[[], float]) -> tuple[list[int], np.ndarray | None, list[float], float, int]:
+    """A model's draft, a token at a time from ``logits``: greedy or sampled, stopping early
+    once a token's own probability falls below ``choice.min_confidence``.
+    ``next_logits(i, token)`` decodes the i-th drafted token and returns the logits after it.
+    Returns the tokens, their q rows when sampling, their confidences, the seconds from
+    ``since`` to the first token, and how many times ``next_logits`` ran."""
+    tokens: list[int] = []
+    qs: list[np.ndarray] = []
+    conf: list[float] = []
+    first_s = 0.0
+    steps = 0
+    walk = choice.grammar.clone() if choice.grammar is not None else None  # the grammar down the draft
+    for i in range(k):
+        if sampling.greedy:
+            tok = int(np.argmax(logits)) if walk is None else walk.best(logits)
+            # (unmasked: a lower bound on the masked confidence, without a whole-vocabulary mask)
+            c = 1.0 / float(np.exp(np.asarray(logits, np.float32) - logits[tok]).sum())
+        else:
+            q = distribution(logits, sampling)
+            if walk is not None:  # the proposal is kept to what the grammar allows
+                head = None if sampling.filtered else walk.masked_head(q)
+                q = head if head is not None else distribution(walk.mask(logits), sampling)
+            tok = sample(q, rng)
+            qs.append(q)
+            c = float(q[tok])
+        if tokens and c < choice.min_confidence:
+            break
+        tokens.append(tok)
+        conf.append(c)
+        if i == 0:
+            first_s = clock() - since
+        if i + 1 < k:
+            if walk is not None:
+                walk.accept(tok)
+            logits = next_logits(i, tok)
+            steps += 1
+    return tokens, np.stack(qs[: len(tokens)]) if qs else None, conf, first_s, steps

@@ -1,0 +1,52 @@
+"""The right of the window: the speculation view, the replay bar and the stats, for the
+window's own answers and for an API client's requests alike."""
+
+from __future__ import annotations
+
+from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
+
+from ...protocol import Finished, Started
+from .replaycontroller import ReplayController
+from .tokenview import SpeculationView
+from .stats import StatsPanel
+
+
+class SpeculationPane(QWidget):
+    def __init__(self, transcript, parent=None):
+        super().__init__(parent)
+        self.setObjectName("speculationPane")
+        self.speculation = SpeculationView()
+        self.stats = StatsPanel()
+        self.replay = ReplayController(self.speculation, self.stats, transcript, self)
+        lay = QVBoxLayout(self)
+        title = QLabel("Speculation, cycle by cycle")
+        title.setObjectName("paneTitle")
+        lay.addWidget(title)
+        lay.addWidget(self.speculation.legend)
+        lay.addWidget(self.speculation, 1)
+        lay.addWidget(self.replay.bar)
+        lay.addWidget(self.replay.label)
+        lay.addWidget(self.stats)
+
+    def clear(self) -> None:
+        self.speculation.clear_view()
+        self.stats.reset()
+
+    def add_events(self, events) -> None:
+        """CycleEvents as they arrive: every cycle in the view, every point in the chart (drawn later)."""
+        self.stats.chart.add_points([(e.snapshot.seconds, e.snapshot.tokens_per_s) for e in events], redraw=False)
+        self.speculation.append_cycles(events)
+
+    def show_snapshot(self, snapshot) -> None:
+        self.stats.show_snapshot(snapshot)
+        self.stats.chart.update()
+
+    def show_served_request(self, event) -> None:
+        """An API client's request (Started, Finished, Failed): shown live, like the window's own answers."""
+        if isinstance(event, Started):
+            self.clear()
+            self.replay.label.setText("Answering an API request…")
+        elif isinstance(event, Finished):
+            self.replay.label.setText(f"Answered an API request: {event.usage['completion_tokens']} tokens.")
+        else:
+            self.replay.label.setText("An API request failed.")
