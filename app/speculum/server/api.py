@@ -50,6 +50,8 @@ def create_app(served: ServedModel, api_key: str | None = None, cors_origins: li
               Route("/v1/models/{model_id:path}", api.guarded(api.model), methods=["GET"]),
               Route("/v1/chat/completions", api.guarded(api.chat), methods=["POST"]),
               Route("/v1/completions", api.guarded(api.completions), methods=["POST"])]
+    from . import responses  # (it builds on this module: imported once the module is whole)
+    routes += responses.routes(api)
     return Starlette(routes=routes,
                      middleware=[Middleware(Guard, bind_host=bind_host, cors_origins=cors_origins or ())],
                      exception_handlers={404: _not_found, 405: _not_found, Exception: _failed})
