@@ -50,6 +50,8 @@ def create_app(served: ServedModel, api_key: str | None = None, cors_origins: li
               Route("/v1/models/{model_id:path}", api.guarded(api.model), methods=["GET"]),
               Route("/v1/chat/completions", api.guarded(api.chat), methods=["POST"]),
               Route("/v1/completions", api.guarded(api.completions), methods=["POST"])]
+    from .anthropic import Messages  # (here: it builds on this module)
+    routes += Messages(api).routes()
     from . import responses  # (it builds on this module: imported once the module is whole)
     routes += responses.routes(api)
     return Starlette(routes=routes,
@@ -69,8 +71,11 @@ class Api:
     def authorised(self, request: Request) -> bool:
         if self.api_key is None:
             return True
+        key = self.api_key.encode()
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.api_key.encode())
+        if scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key):
+            return True
+        return hmac.compare_digest(request.headers.get("x-api-key", "").strip().encode(), key)  # (Anthropic's clients)
 
     def guarded(self, endpoint):
         """An endpoint with the API key checked and the client's own faults as 4xx answers."""

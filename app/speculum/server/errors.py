@@ -25,3 +25,21 @@ class BadRequest(SpeculumError):
 
 class WorkerLost(SpeculumError):
     """An RPC worker holding the target's layers was lost: this request ends (503), the server stays."""
+
+
+# --- Anthropic's error shape, for the routes of its Messages API ---------------------------------------
+
+ANTHROPIC_PATHS = "/v1/messages"  # /v1/messages and everything under it answer in Anthropic's shape
+_ANTHROPIC_KINDS = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+                    503: "overloaded_error", 529: "overloaded_error"}
+
+
+def shaped_for(path: str, status: int, body: dict) -> dict:
+    """An error body in OpenAI's shape, reshaped for the API ``path`` belongs to: Anthropic's
+    ``{"type": "error", "error": {"type", "message"}}`` under /v1/messages, else as it is."""
+    if not (path == ANTHROPIC_PATHS or path.startswith(ANTHROPIC_PATHS + "/")):
+        return body
+    error = body.get("error") if isinstance(body.get("error"), dict) else {}
+    kind = _ANTHROPIC_KINDS.get(status, "invalid_request_error" if status < 500 else "api_error")
+    return {"type": "error", "error": {"type": kind, "message": str(error.get("message", ""))}}

@@ -12,7 +12,8 @@ lets a page on another site read the answers under its own host name. So, before
 - a ``POST`` must say ``Content-Type: application/json``: a browser cannot send that
   cross-site without a preflight, which is answered per the same origins.
 
-Each refusal is an answer in OpenAI's error shape, sent before the body is read.
+Each refusal is an answer in the error shape of the API asked (OpenAI's, Anthropic's), sent before
+the body is read.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import ipaddress
 import json
 from typing import Iterable
 from urllib.parse import urlsplit
+
+from .errors import shaped_for
 
 ALLOWED_METHODS = "GET, POST, OPTIONS"
 PREFLIGHT_MAX_AGE_S = 600
@@ -65,7 +68,8 @@ class Guard:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         refusal = self._refusal(scope, headers)
         if refusal is not None:
-            return await _answer(send, *refusal)
+            status, body = refusal
+            return await _answer(send, status, shaped_for(scope["path"], status, body))  # (each API its own shape)
         origin = headers.get("origin")
         cross_site = origin is not None and origin.rstrip("/").lower() != self._own_origin(scope, headers)
         if scope["method"] == "OPTIONS":

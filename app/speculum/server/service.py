@@ -59,6 +59,7 @@ class Done:
     finish_reason: str  # "stop" or "length"
     usage: dict
     speculum: dict  # Speculum's own numbers: acceptance, tokens per pass, tokens/s, passes by drafter
+    stop_sequence: str | None = None  # the stop sequence that ended the answer (Anthropic's API names it)
 
 
 class StopSequences:
@@ -68,14 +69,16 @@ class StopSequences:
         self.stops = [s for s in stops if s]
         self.pending = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop sequence found (the earliest; the longest there)
 
     def feed(self, text: str) -> str:
         """The text that is safe to send now."""
         if not self.stops:
             return text
         self.pending += text
-        cut = min((at for at in (self.pending.find(s) for s in self.stops) if at >= 0), default=-1)
-        if cut >= 0:
+        found = [(at, -len(s), s) for s in self.stops if (at := self.pending.find(s)) >= 0]
+        if found:
+            cut, _, self.matched = min(found)
             out, self.pending, self.stopped = self.pending[:cut], "", True
             return out
         # Keep the longest tail that is the start of some stop sequence.
@@ -374,7 +377,8 @@ class ServedModel:
             tail = stops.flush() if not stops.stopped else ""
             if tail:
                 yield Delta(tail)
-            done = Done(finish, usage(len(completion.prompt), generated, stats), speculum_numbers(stats))
+            done = Done(finish, usage(len(completion.prompt), generated, stats), speculum_numbers(stats),
+                        stops.matched)
             self._tell(Finished(None, Asker.API, done.usage))
             yield done
         finally:
