@@ -11,10 +11,9 @@ import httpx
 import openai
 import pytest
 
-from speculum.engine.loading import load_decoder
-from speculum.engine.settings import LoadOptions
+from speculum.engine.loading import LoadOptions, load_decoder
 from speculum.server.service import ServedModel
-from live_server import LiveServer
+from test_server import LiveServer
 
 MODEL = "smol"
 KEY = "test-key-123"
