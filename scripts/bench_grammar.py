@@ -104,8 +104,10 @@ def main() -> int:
     args = parser.parse_args()
     sys.path.insert(0, str(REPO / "app"))
     sys.path.insert(0, str(REPO / "scripts"))
-    from speculum.engine.grammar import GrammarState, grammar_for_response_format
-    from speculum.engine.loading import LoadOptions, load_decoder
+    from speculum.engine.grammar.schema import grammar_for_response_format
+    from speculum.engine.grammar.state import GrammarState
+    from speculum.engine.loading import load_decoder
+    from speculum.engine.settings import LoadOptions
     from speculum.engine.sampling import SamplingParams
 
     from demo_pair import demo_pair

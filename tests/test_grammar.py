@@ -10,8 +10,9 @@ import pytest
 
 from grammar_vocab import EOS, PIECES, JsonSynthetic, LlamaVocab, json_draft, write_vocab
 from speculum.engine.decoder import Decoder
-from speculum.engine.drafting.drafters import Draft
-from speculum.engine.grammar import Grammar, grammar_for_response_format, json_object_grammar
+from speculum.engine.drafting.draft import Draft, Drafter
+from speculum.engine.grammar.schema import grammar_for_response_format, json_object_grammar
+from speculum.engine.grammar.state import Grammar
 from speculum.engine.sampling import SamplingParams, distribution, log_probs
 from speculum.engine.vocabulary import Source
 from test_exactness_synthetic import chi_square_p
@@ -87,7 +88,7 @@ def test_without_a_grammar_the_same_model_writes_no_json(vocab):
         json.loads(text_of(out))
 
 
-class ErrantDrafter:
+class ErrantDrafter(Drafter):
     """Drafts the target's constrained greedy token with probability ``quality``, else any token
     of the vocabulary. When sampling, its q is uniform over the vocabulary (forbidden tokens too)
     and the draft is drawn from it, so verification must reject what the grammar forbids."""
@@ -97,8 +98,9 @@ class ErrantDrafter:
     def __init__(self, target, quality: float, seed: int = 0):
         self.target, self.quality, self.rng = target, quality, np.random.default_rng(seed)
 
-    def begin(self, context):
-        pass
+    @classmethod
+    def build(cls, inputs):
+        return None  # (put in place by hand in each test)
 
     def propose(self, context, k, choice, sampling, rng):
         n = len(PIECES)
@@ -114,9 +116,6 @@ class ErrantDrafter:
             else:
                 walk = None
         return Draft(tokens, Source.MODEL)
-
-    def accept(self, context):
-        pass
 
 
 def test_drafts_the_grammar_forbids_are_cut_before_verification(vocab):
@@ -188,7 +187,7 @@ def test_sampled_constrained_answers_are_distributed_as_the_masked_target(vocab,
     rejection; "small head": only 3 tokens are asked before the whole mask, so the bounds on the
     allowed mass settle acceptance tests or fall back to the whole mask; "top-k": every row masked
     whole, then cut."""
-    import speculum.engine.grammar as grammar_module
+    import speculum.engine.grammar.state as grammar_module
 
     if reading == "small head":
         monkeypatch.setattr(grammar_module, "HEAD_SIZES", (3,))

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from grammar_vocab import LlamaVocab, write_vocab
-from speculum.engine.grammar import Grammar
+from speculum.engine.grammar.state import Grammar
 
 CHARS = [chr(c) for c in range(32, 127)] + ["é", "\n"]
 PIECES = ["<unk>", "<s>", "</s>"] + CHARS

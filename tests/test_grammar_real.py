@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from speculum.engine.decoder import Decoder
-from speculum.engine.grammar import grammar_for_response_format
+from speculum.engine.grammar.schema import grammar_for_response_format
 from speculum.engine.llama.model import LlamaModel
+from speculum.engine.settings import LoadOptions
 from speculum.engine.sampling import SamplingParams
 from test_backend import QWEN_MAX_NOISE
 from test_engine_real import first_difference, generate, tokens_of
@@ -38,7 +39,7 @@ def parsed_person(decoder, tokens):
 
 def masked_top2_gap(path, prompt, grammar, answer):
     """The reference's top-2 logit gap among the tokens the grammar allows after ``answer``."""
-    with LlamaModel(path, n_ctx=1024) as ref:
+    with LlamaModel(path, LoadOptions(n_ctx=1024)) as ref:
         row = ref.prefill(prompt + answer)
         state = grammar.start(ref)
         for t in answer:
@@ -48,7 +49,7 @@ def masked_top2_gap(path, prompt, grammar, answer):
 
 
 def test_smollm_constrained_lookup_and_prediction_equal_plain(smollm_path):
-    decoder = Decoder(LlamaModel(smollm_path, n_ctx=2048))
+    decoder = Decoder(LlamaModel(smollm_path, LoadOptions(n_ctx=2048)))
     grammar = person_grammar()
     prompt = tokens_of(decoder, ASK)
     # The prompt read once before, so every run decodes its last token in a short batch (plain
@@ -72,7 +73,7 @@ def test_smollm_constrained_lookup_and_prediction_equal_plain(smollm_path):
 
 
 def test_smollm_penalised_speculation_equals_penalised_plain(smollm_path):
-    decoder = Decoder(LlamaModel(smollm_path, n_ctx=2048))
+    decoder = Decoder(LlamaModel(smollm_path, LoadOptions(n_ctx=2048)))
     prompt = tokens_of(decoder, ASK)
     sampling = SamplingParams(presence_penalty=1.5, frequency_penalty=1.0, repeat_penalty=1.1)
     unpenalised, _ = generate(decoder, prompt, max_tokens=64, policy="off")

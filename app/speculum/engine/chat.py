@@ -331,6 +331,18 @@ def _bounded_filters(filters: dict) -> dict:
             "wordwrap": wordwrap, "batch": batch, "slice": slice_, "tojson": _tojson}
 
 
+# Qwen2.5's templates show the call format from a Python f-string, its braces still doubled:
+# ``{{"name": <function-name>, ...}}`` reaches the model as written, and with a system message of
+# its own the model copies it (calls in double braces, unparsed). Shown as Qwen's later templates
+# show it, with single braces.
+_DOUBLED_CALL_EXAMPLE = re.compile(r'\{\{(\\"name\\": <function-name>, \\"arguments\\": <args-json-object>)\}\}')
+
+
+def _repaired(template: str) -> str:
+    """``template`` with known slips in what it tells the model corrected."""
+    return _DOUBLED_CALL_EXAMPLE.sub(r"{\1}", template)
+
+
 @lru_cache(maxsize=16)
 def _compile(template: str) -> jinja2.Template:
     env = _TemplateSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
@@ -340,7 +352,7 @@ def _compile(template: str) -> jinja2.Template:
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     env.globals[_CONCAT] = _concat
-    return env.from_string(template)
+    return env.from_string(_repaired(template))
 
 
 def template_owner(model: HasTemplate) -> str:
@@ -387,3 +399,60 @@ def render_chat(model: HasTemplate, messages: Sequence[dict], add_generation_pro
     finally:
         _budget.reset(running)
     return "".join(out)
+
+
+# -- the prompt's tokens: the template's scaffolding makes special tokens, a client's text never --
+
+class Tokenizes(Protocol):
+    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True,
+                            **tools: Any) -> str: ...
+
+    def tokenize(self, text: str, add_special: bool = False, parse_special: bool = True) -> list[int]: ...
+
+
+_MARKER = re.compile("\ue000([0-9]+)\ue001")  # private-use characters: no template changes them
+
+
+def chat_tokens(model: Tokenizes, messages: Sequence[dict], tools: Sequence[dict] | None = None,
+                add_generation_prompt: bool = True) -> list[int]:
+    """The conversation rendered by the model's chat template, as tokens in which only the
+    template's own text (``<|im_start|>``, ``<|im_end|>``...) makes special tokens: a message's
+    ``<|im_end|>``, or a tool description's, stays text and cannot close its turn.
+
+    Where no message holds a special token's text, that is the rendered text tokenized whole.
+    Else those messages' contents (and descriptions) are rendered as markers, the rest tokenized
+    with special tokens read, and each marked text tokenized as text."""
+    extra = {"tools": list(tools)} if tools else {}
+    marked: dict[str, str] = {}  # marker -> the text it stands for, as it is written there
+
+    def mark(text: str, written: str) -> str:
+        if not text or model.tokenize(text, parse_special=True) == model.tokenize(text, parse_special=False):
+            return text
+        marker = f"\ue000{len(marked)}\ue001"
+        marked[marker] = written
+        return marker
+
+    messages = [{**m, "content": mark(m["content"], m["content"])} if isinstance(m.get("content"), str) else m
+                for m in messages]
+    if tools:  # a description within the tools' JSON: written escaped, as JSON writes it
+        extra["tools"] = [_described(tool, lambda d: mark(d, json.dumps(d, ensure_ascii=False)[1:-1]))
+                          for tool in tools]
+    text = model.apply_chat_template(messages, add_generation_prompt, **extra)
+    if not marked:
+        return model.tokenize(text)
+    tokens, at = [], 0
+    for match in _MARKER.finditer(text):
+        tokens += model.tokenize(text[at:match.start()]) if match.start() > at else []
+        tokens += model.tokenize(marked.get(match.group(0), match.group(0)), parse_special=False)
+        at = match.end()
+    return tokens + (model.tokenize(text[at:]) if at < len(text) else [])
+
+
+def _described(node: Any, mark) -> Any:
+    """``node`` with every ``description`` string put through ``mark``."""
+    if isinstance(node, dict):
+        return {k: mark(v) if k == "description" and isinstance(v, str) else _described(v, mark)
+                for k, v in node.items()}
+    if isinstance(node, list):
+        return [_described(v, mark) for v in node]
+    return node

@@ -19,19 +19,20 @@ from .policy.auto import AutoPolicy, default_store
 from .backend import Backend, CachedSequence
 from .policy.costs import calibrate
 from .cycle import Cycle
-from .drafting.drafters import Choice, Draft, Drafter, DrafterInputs, build_drafters
+from .drafting.draft import Choice, Draft, Drafter, DrafterInputs
+from .drafting.drafters import build_drafters
 from .drafting.ngrammemory import NgramMemory
 from .policy.fixed import FixedPolicy, Policy
 from .promptcache import PromptCache
 from .sampling import RowProbs, SamplingParams
 from .stats import Stats
 from .verify import Constraints, TargetRows, Verdict, verify
-from .vocabulary import Finish, Mode, Source
+from .vocabulary import Device, Finish, Mode, Role, Source
 
 FIRST_TOKEN = Choice(Source.NONE, 0)  # every generation's first cycle: plain (see _cycles)
 
 if TYPE_CHECKING:
-    from .grammar import Grammar
+    from .grammar.state import Grammar
 
 
 # Prompt tokens per decode while someone watches the progress: small enough for a steady
@@ -66,7 +67,7 @@ class Decoder:
         self.draft = draft
         # Saved states of earlier sequences, both models' (None: only the live one is reused).
         self.prompt_cache = prompt_cache
-        self.sequence = CachedSequence(target, prompt_cache, owner="target")
+        self.sequence = CachedSequence(target, prompt_cache, owner=Role.TARGET)
         self.memory = memory  # what this machine wrote and read before, for the memory drafter
         # Every registered drafter the models allow, by source (drafters.DRAFTERS).
         self.drafters: dict[Source, Drafter] = build_drafters(
@@ -92,8 +93,8 @@ class Decoder:
                 or (mode == Mode.MTP and not has_mtp)):  # (no drafter: FixedPolicy's plain-words error)
             return FixedPolicy.for_mode(mode, k, has_draft_model, has_mtp)
         if mode not in self.policies:  # one per mode, learning across this decoder's generations
-            backend = self.target.facts.backend if self.target.facts is not None else "CPU"
-            self.policies[mode] = AutoPolicy(self.drafters, mode, backend, default_store(self.target, self.draft),
+            device = self.target.facts.device if self.target.facts is not None else Device.CPU
+            self.policies[mode] = AutoPolicy(self.drafters, mode, device, default_store(self.target, self.draft),
                                              self.clock)
         return self.policies[mode]
 
@@ -141,9 +142,8 @@ class Decoder:
                 prediction, grammar, logprobs, origin) -> Iterator[Cycle]:
         if isinstance(policy, str):
             policy = self.policy_for(policy, k)
-        predicted = self.drafters.get(Source.PREDICTION)
-        if predicted is not None:
-            predicted.expect(prediction)  # empty clears the previous generation's
+        for drafter in self.drafters.values():
+            drafter.expect(prediction)  # the prediction drafter's; empty clears the previous generation's
         context, pending = self._prefill(prompt, policy, stop, on_prompt, stats)
         constraints = Constraints.start(self.target, grammar, sampling, context)
         rng = np.random.default_rng(sampling.seed)
@@ -234,7 +234,7 @@ class Decoder:
         # Where the draft model drafts every cycle (draft mode), it reads the prompt here too,
         # after the target: progress counts both reads.
         model = self.drafters.get(Source.MODEL)
-        reads_ahead = hasattr(model, "read") and [s for s in policy.sources if s != Source.PREDICTION] == [Source.MODEL]
+        reads_ahead = model is not None and [s for s in policy.sources if s != Source.PREDICTION] == [Source.MODEL]
         draft_behind = model.behind(known) if reads_ahead and model.holds(known) else 0
         total = len(known) + draft_behind
 
@@ -283,10 +283,9 @@ class Decoder:
             sequence.keep()
 
     def _sequences(self) -> list[CachedSequence]:
-        """The target's sequence, and the draft model's where one drafts (a stand-in drafter
+        """The target's sequence, and each drafter's own (the draft model's; a stand-in drafter
         may hold none)."""
-        drafted = getattr(self.drafters.get(Source.MODEL), "sequence", None)
-        return [self.sequence] + ([drafted] if drafted is not None else [])
+        return [self.sequence] + [d.sequence for d in self.drafters.values() if d.sequence is not None]
 
     def forget_prompts(self) -> None:
         """Nothing of any prompt cached any more, in either model: the next one is read cold."""

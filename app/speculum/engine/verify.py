@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from .drafting.drafters import Draft
+from .drafting.draft import Draft
 from .sampling import Penalties, SamplingParams, distribution, log_probs, sample
 
 if TYPE_CHECKING:
-    from .grammar import GrammarState, MaskedDistribution
+    from .grammar.state import GrammarState, MaskedDistribution
 
 
 @dataclass
@@ -83,7 +83,7 @@ class TargetRows:
         (whose masks would change what they keep), read lazily (grammar.MaskedDistribution)."""
         if self._states is None or sampling.filtered or i in self._shaped:
             return ExactRow(distribution(self.logits(i), sampling))
-        from .grammar import MaskedDistribution
+        from .grammar.state import MaskedDistribution
 
         return MaskedDistribution(self.penalised(i), sampling, self.state(i))
 

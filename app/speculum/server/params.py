@@ -16,7 +16,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from ..engine.grammar import grammar_for_response_format
+from ..engine.grammar.schema import grammar_for_response_format
 from ..engine.sampling import SamplingParams
 from ..errors import SpeculumError
 from .service import BadRequest, Completion, ServedModel
@@ -86,18 +86,25 @@ def _prediction(body: dict) -> str | None:
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound (5 for completions' legacy logprobs)
 
 
+def sampling_params(body: dict) -> SamplingParams:
+    """The sampler's settings from a request in OpenAI's names (``temperature``, ``top_p``,
+    ``top_k``, ``min_p``, ``seed``, the penalties): the one reading every API's request goes
+    through (Anthropic's and the Responses API's are put in these names first)."""
+    return SamplingParams(temperature=_number(body, "temperature", 1.0 if "temperature" in body else 0.0, 0, 2),
+                          top_p=_number(body, "top_p", 1.0, 0, 1) or 1.0,
+                          top_k=_integer(body, "top_k", 0) or 0, min_p=_number(body, "min_p", 0.0, 0, 1),
+                          seed=_integer(body, "seed", -2**63, 2**63 - 1),
+                          presence_penalty=_number(body, "presence_penalty", 0.0, -2, 2),
+                          frequency_penalty=_number(body, "frequency_penalty", 0.0, -2, 2),
+                          repeat_penalty=_number(body, "repeat_penalty", 1.0, 0.01, 10))
+
+
 def _completion(served: ServedModel, body: dict, prompt: list[int], chat: bool) -> Completion:
     n_ctx = served.decoder.target.n_ctx
     max_tokens = _integer(body, "max_completion_tokens", 1, n_ctx) or _integer(body, "max_tokens", 1, n_ctx) or 256
     _integer(body, "n", 1, 1)
     _integer(body, "best_of", 1, 1)
-    sampling = SamplingParams(temperature=_number(body, "temperature", 1.0 if "temperature" in body else 0.0, 0, 2),
-                              top_p=_number(body, "top_p", 1.0, 0, 1) or 1.0,
-                              top_k=_integer(body, "top_k", 0) or 0, min_p=_number(body, "min_p", 0.0, 0, 1),
-                              seed=_integer(body, "seed", -2**63, 2**63 - 1),
-                              presence_penalty=_number(body, "presence_penalty", 0.0, -2, 2),
-                              frequency_penalty=_number(body, "frequency_penalty", 0.0, -2, 2),
-                              repeat_penalty=_number(body, "repeat_penalty", 1.0, 0.01, 10))
+    sampling = sampling_params(body)
     if not isinstance(body.get("stream", False), bool) and body.get("stream") is not None:
         raise BadRequest("'stream' must be true or false.", param="stream")
     if not isinstance(body.get("stream_options") or {}, dict):
@@ -139,7 +146,7 @@ IMPLEMENTED = {"model", "max_tokens", "max_completion_tokens", "temperature", "t
                "stop", "seed", "stream", "stream_options", "prediction", "response_format", "logprobs",
                "presence_penalty", "frequency_penalty", "repeat_penalty"}
 CHAT_ONLY = {"messages", "tools", "tool_choice", "parallel_tool_calls", "top_logprobs"}
-TEXT_ONLY = {"prompt", "best_of"}
+TEXT_ONLY = {"prompt", "best_of", "parse_special"}  # parse_special: read special tokens' names (ours)
 # Harmless to ignore: bookkeeping for OpenAI's platform that changes no answer.
 IGNORED = {"user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key",
            "prompt_cache_retention", "prompt_cache_options"}  # (this server's prompt cache is its own)
@@ -261,7 +268,10 @@ def chat_request(served: ServedModel, body: dict, bound: "PromptBound") -> Compl
     completion = _completion(served, body, prompt, chat=True)
     if use is not None:
         completion.tools = use
-        completion.grammar = use.grammar() or completion.grammar
+        # A required call's grammar from the first token; with 'auto', the calls' grammar waits
+        # for the model to start one, unless the answer already follows a response_format.
+        if use.choice != "auto" or completion.grammar is None:
+            completion.grammar = use.grammar()
     return completion
 
 
@@ -274,7 +284,10 @@ def text_request(served: ServedModel, body: dict, bound: "PromptBound") -> Compl
     if not isinstance(prompt, str) or not prompt:
         raise BadRequest("'prompt' must be a non-empty string.", param="prompt")
     bound.check(len(prompt), "prompt")
-    return _completion(served, body, served.text_prompt(prompt), chat=False)
+    special = body.get("parse_special", False)
+    if not isinstance(special, bool):
+        raise BadRequest("'parse_special' must be true or false.", param="parse_special")
+    return _completion(served, body, served.text_prompt(prompt, parse_special=special), chat=False)
 
 
 async def json_body(request: Request) -> dict:

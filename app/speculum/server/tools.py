@@ -14,7 +14,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..engine.grammar import Grammar
+from ..engine.grammar.lazy import LazyGrammar, Trigger
+from ..engine.grammar.schema import convert, prepare
+from ..engine.grammar.state import Grammar
 from .errors import BadRequest
 
 MAX_TOOLS = 128
@@ -29,11 +31,18 @@ class CallFormat:
     closing: str  # after each call
     arguments_key: str  # "arguments" or Llama's "parameters"
     in_list: bool = False  # Mistral: one marker, then a JSON list of calls
+    separator: str = "\n"  # between calls
+    triggers: tuple[Trigger, ...] = ()  # where a call starts, in an answer that may also talk
+    bare_trigger: bool = False  # a marked format whose model may forget the marker (answers a bare call)
 
 
-HERMES = CallFormat("hermes", "<tool_call>\n", "\n</tool_call>", "arguments")
-MISTRAL = CallFormat("mistral", "[TOOL_CALLS]", "", "arguments", in_list=True)
-LLAMA3 = CallFormat("llama3", "", "", "parameters")
+# A call's JSON begins so; the grammar spells it without spaces inside (llama.cpp's converter).
+_BARE_OPENING = Trigger('{"name"', at_start=True)
+HERMES = CallFormat("hermes", "<tool_call>\n", "\n</tool_call>", "arguments",
+                    triggers=(Trigger("<tool_call>"), _BARE_OPENING), bare_trigger=True)
+MISTRAL = CallFormat("mistral", "[TOOL_CALLS]", "", "arguments", in_list=True, triggers=(Trigger("[TOOL_CALLS]"),))
+LLAMA3 = CallFormat("llama3", "", "", "parameters", separator=";",
+                    triggers=(_BARE_OPENING,))
 
 
 def call_format(template: str | None) -> CallFormat | None:
@@ -58,35 +67,52 @@ class ToolUse:
     required_name: str | None = None
     parameters: dict[str, dict] = field(default_factory=dict)  # each function's JSON schema
     parallel: bool = True  # whether a required call may be followed by more
+    places: dict[str, str] = field(default_factory=dict)  # each function's schema's place in the request
 
-    def grammar(self) -> Grammar | None:
-        """For required or named calls: the grammar of one or more calls in the model's format."""
-        if self.choice == "auto":
-            return None
+    def grammar(self) -> Grammar | LazyGrammar:
+        """The calls' grammar in the model's format, over the offered functions and their argument
+        schemas: from the first token for required or named calls; for ``auto``, held back until
+        the model starts a call (its format's ``triggers``), so every call it starts is valid."""
         names = [self.required_name] if self.required_name else list(self.parameters)
-        call = {"anyOf": [{"type": "object",
-                           "properties": {"name": {"const": name}, self.format.arguments_key: self.parameters[name]},
-                           "required": ["name", self.format.arguments_key], "additionalProperties": False}
-                          for name in names]}
+        fmt = self.format
         try:
-            body = Grammar.from_json_schema(call).gbnf
-            fmt = self.format
+            body = call_gbnf(names, self.parameters, fmt.arguments_key, self.places)
+            one = f"{_gbnf(fmt.opening)} root {_gbnf(fmt.closing)}" if fmt.opening else "root"
             if fmt.in_list:
                 more = '("," " "? root)*' if self.parallel else ""
-                wrap = f'tool-calls ::= {_gbnf(fmt.opening)} "[" root {more} "]"\n'
-            elif fmt.opening:
-                one = f'{_gbnf(fmt.opening)} root {_gbnf(fmt.closing)}'
-                more = f'("\\n" {one})*' if self.parallel else ""
-                wrap = f"tool-calls ::= {one} {more}\n"
+                calls = f'{_gbnf(fmt.opening)} "[" root {more} "]"'
             else:
-                wrap = "tool-calls ::= root\n"
-            return Grammar(body + "\n" + wrap, root="tool-calls")
+                calls = f'{one} ({_gbnf(fmt.separator)} {one})*' if self.parallel else one
+            if self.choice != "auto":
+                return Grammar(f"{body}\ntool-calls ::= {calls}\n", root="tool-calls")
+            # Lazily: the format's own calls, or (where the format's calls are marked) bare ones,
+            # as a model writes them when it forgets the marker.
+            bare = ' root ("\\n"{0,2} root)*' if self.parallel else " root"
+            lazy = f"{calls} | {bare}" if fmt.opening and fmt.bare_trigger else calls
+            return LazyGrammar(Grammar(f"{body}\ntool-calls ::= {lazy}\n", root="tool-calls"),
+                               fmt.triggers)
         except ValueError as exc:
             raise BadRequest(f"The tools' parameters cannot be enforced: {exc}", param="tools") from None
 
 
 def _gbnf(text: str) -> str:
     return json.dumps(text) if text else '""'
+
+
+def call_gbnf(names: list[str], parameters: dict[str, dict], arguments_key: str,
+              places: dict[str, str] | None = None) -> str:
+    """GBNF whose root is one call, ``{"name": ..., "<arguments_key>": ...}``, of any of ``names``,
+    each function's arguments following its own schema (its ``$ref``s resolved in it)."""
+    places = places or {}
+    alternatives, defs, rules = [], {}, {}
+    for i, name in enumerate(names):
+        prepared = prepare(parameters[name], places.get(name, f"tools[{i}].function.parameters"), f"t{i}")
+        defs.update(prepared.defs)
+        rules.update(prepared.rules)
+        alternatives.append({"type": "object", "properties": {"name": {"const": name},
+                                                               arguments_key: prepared.schema},
+                             "required": ["name", arguments_key], "additionalProperties": False})
+    return convert({"anyOf": alternatives, "$defs": defs}, rules)
 
 
 def tool_use(body: dict, template: str | None) -> ToolUse | None:
@@ -98,7 +124,7 @@ def tool_use(body: dict, template: str | None) -> ToolUse | None:
         return None
     if not isinstance(tools, list) or len(tools) > MAX_TOOLS:
         raise BadRequest(f"'tools' must be a list of up to {MAX_TOOLS} tools.", param="tools")
-    parameters = {}
+    parameters, places = {}, {}
     for i, tool in enumerate(tools):
         function = tool.get("function") if isinstance(tool, dict) and tool.get("type") == "function" else None
         if not isinstance(function, dict) or not isinstance(function.get("name"), str) \
@@ -111,6 +137,7 @@ def tool_use(body: dict, template: str | None) -> ToolUse | None:
             raise BadRequest(f"'tools[{i}].function.parameters' must be a JSON schema object.",
                              param=f"tools[{i}].function.parameters")
         parameters[function["name"]] = schema
+        places[function["name"]] = f"tools[{i}].function.parameters"
     kind, name = _choice(choice, parameters)
     if kind == "none":
         return None  # the model is shown no tools, and so calls none
@@ -120,7 +147,7 @@ def tool_use(body: dict, template: str | None) -> ToolUse | None:
                          param="tools", code="unsupported_parameter")
     return ToolUse(tools=[{"type": "function", "function": t["function"]} for t in tools], format=fmt,
                    choice=kind, required_name=name, parameters=parameters,
-                   parallel=body.get("parallel_tool_calls") is not False)
+                   parallel=body.get("parallel_tool_calls") is not False, places=places)
 
 
 def _choice(choice: Any, parameters: dict) -> tuple[str, str | None]:
@@ -140,6 +167,10 @@ def _choice(choice: Any, parameters: dict) -> tuple[str, str | None]:
 
 
 # --- reading calls back ------------------------------------------------------------------------------
+#
+# A call's arguments are the JSON text the model wrote for them, as it wrote it (the grammar
+# keeps it compact): the same bytes whole and streamed. Only a call read in another shape (keys
+# in another order, arguments given as a JSON string) has them re-serialised.
 
 @dataclass
 class ToolCall:
@@ -151,32 +182,82 @@ class ToolCall:
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
 
 
-def _call(obj: Any, fmt: CallFormat, names: set[str]) -> ToolCall | None:
-    """A call from one parsed JSON object, if it is one (a known name, object arguments)."""
+_DECODER = json.JSONDecoder()
+# The head of a call, up to where its arguments begin: the name is known from here on.
+_HEAD = re.compile(r'\{\s*"name"\s*:\s*"([^"\\]*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*')
+_FENCE = re.compile(r"```[a-zA-Z]*[ \t]*\n(.*?)\n?```", re.S)
+
+
+def _call(obj: Any, fmt: CallFormat, names: set[str], text: str = "", at: int = -1) -> ToolCall | None:
+    """A call from one parsed JSON object, if it is one (a known name, object arguments);
+    ``text[at:]`` is where the object was written, for its arguments' own text."""
     if not isinstance(obj, dict) or obj.get("name") not in names:
         return None
     arguments = obj.get(fmt.arguments_key, obj.get("arguments", obj.get("parameters", {})))
     if isinstance(arguments, str):  # some models write the arguments as JSON text
         try:
             arguments = json.loads(arguments)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
     if not isinstance(arguments, dict):
         return None
-    return ToolCall(obj["name"], json.dumps(arguments, ensure_ascii=False))
+    return ToolCall(obj["name"], _written(text, at, obj["name"]) or json.dumps(arguments, ensure_ascii=False))
 
 
-def _json(text: str) -> Any:
+def _written(text: str, at: int, name: str) -> str | None:
+    """The arguments' JSON text as written in the call object at ``text[at:]`` (None: not so)."""
+    head = _HEAD.match(text, at) if at >= 0 else None
+    if head is None or head.group(1) != name or text[head.end():head.end() + 1] != "{":
+        return None
     try:
-        return json.loads(text)
+        _, end = _DECODER.raw_decode(text, head.end())
     except (ValueError, RecursionError):
         return None
+    return text[head.end():end]
 
 
-def _unfenced(text: str) -> str:
-    """The text without a Markdown code fence around it."""
-    match = re.fullmatch(r"\s*```[a-z]*\s*\n(.*?)\n?```\s*", text, re.S)
-    return match.group(1) if match else text.strip()
+def _values(text: str) -> list[tuple[Any, int]] | None:
+    """The JSON values ``text`` holds one after another (separated by blanks, ',' or ';'), each
+    with where it starts; a value in doubled braces (``{{...}}``, a template's escape copied)
+    read as the object inside. None when anything else stands between them."""
+    found, i, n = [], 0, len(text)
+    while True:
+        while i < n and text[i] in " \t\r\n,;":
+            i += 1
+        if i >= n:
+            return found
+        doubled = text.startswith("{{", i)
+        start = i + 1 if doubled else i
+        try:
+            value, i = _DECODER.raw_decode(text, start)
+        except (ValueError, RecursionError):
+            return None
+        if doubled:
+            while i < n and text[i] in " \t\r\n":
+                i += 1
+            if not text.startswith("}", i):
+                return None
+            i += 1
+        found.append((value, start))
+
+
+def _calls_in(text: str, fmt: CallFormat, names: set[str]) -> list[ToolCall] | None:
+    """The calls ``text`` is made of (one, several, a list of them, or fenced), or None when it
+    holds anything that is no call."""
+    fenced = _FENCE.fullmatch(text.strip())
+    inner = fenced.group(1) if fenced else text
+    values = _values(inner)
+    if not values:
+        return None
+    calls = []
+    for value, at in values:
+        items = [(item, -1) for item in value] if isinstance(value, list) else [(value, at)]
+        for item, where in items:
+            call = _call(item, fmt, names, inner, where)
+            if call is None:
+                return None
+            calls.append(call)
+    return calls
 
 
 def parse_calls(text: str, use: ToolUse) -> tuple[str | None, list[ToolCall]]:
@@ -185,37 +266,76 @@ def parse_calls(text: str, use: ToolUse) -> tuple[str | None, list[ToolCall]]:
     if fmt is HERMES:
         calls, rest, at = [], [], 0
         for match in re.finditer(r"<tool_call>(.*?)(?:</tool_call>|$)", text, re.S):
-            call = _call(_json(match.group(1).strip()), fmt, names)
-            if call is None:
+            found = _calls_in(match.group(1), fmt, names)
+            if not found:
                 continue  # not a call after all: left in the text
-            calls.append(call)
+            calls += found
             rest.append(text[at:match.start()])
             at = match.end()
         rest.append(text[at:])
+        if not calls:  # small models also write bare calls, in doubled braces or a fenced block
+            return _loose_calls(text, fmt, names)
         content = "".join(rest).strip()
-        if calls:
-            return content or None, calls
-        call = _call(_json(_unfenced(text)), fmt, names)  # small models also write the bare call
-        return (None, [call]) if call is not None else (text or None, [])
+        return content or None, calls
     stripped = text.strip()
     if fmt is MISTRAL:
         if not stripped.startswith("[TOOL_CALLS]"):
             return text or None, []
-        items = _json(stripped[len("[TOOL_CALLS]"):].strip())
-        items = items if isinstance(items, list) else [items]
+        calls = _calls_in(stripped[len("[TOOL_CALLS]"):], fmt, names)
     else:  # Llama 3.x: the whole answer is one call (or several, ';'-separated)
-        stripped = stripped.removeprefix("<|python_tag|>").strip()
-        items = [_json(part) for part in stripped.split(";")] if stripped.startswith("{") else []
-    calls = [_call(item, fmt, names) for item in items]
-    if not calls or any(c is None for c in calls):
+        calls = _calls_in(stripped.removeprefix("<|python_tag|>"), fmt, names)
+    return (None, calls) if calls else (text or None, [])
+
+
+def _loose_calls(text: str, fmt: CallFormat, names: set[str]) -> tuple[str | None, list[ToolCall]]:
+    """Calls written without their marker: the whole answer, or fenced blocks within it."""
+    whole = _calls_in(text, fmt, names)
+    if whole:
+        return None, whole
+    calls, rest, at = [], [], 0
+    for match in _FENCE.finditer(text):
+        found = _calls_in(match.group(1), fmt, names)
+        if found:
+            calls += found
+            rest.append(text[at:match.start()])
+            at = match.end()
+    if not calls:
         return text or None, []
-    return None, calls
+    rest.append(text[at:])
+    return "".join(rest).strip() or None, calls
 
 
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
-# The head of a Hermes call, up to where its arguments begin: the name is known from here on.
-_BARE_CALL = re.compile(r'\s*(```[a-z]*\s*)?\{\s*"name"')
-_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]*)"\s*,\s*"arguments"\s*:\s*')
+
+
+class _Arguments:
+    """Follows a call's arguments object as it is written: which of its characters may be sent
+    now (``ready``), and whether it has closed (``done``). Blanks outside strings are held
+    until something follows them, so what is sent is exactly the object's text."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.depth, self.in_string, self.escaped, self.done = 0, False, False, False
+        self.ready = 0
+
+    def feed(self, text: str) -> int:
+        """How many characters of ``text`` belong to the object (all, until it closes)."""
+        for i, c in enumerate(text):
+            self.text += c
+            if self.in_string:
+                self.escaped, self.in_string = (False, True) if self.escaped else (c == "\\", c != '"')
+            elif c == '"':
+                self.in_string = True
+            elif c in "{[":
+                self.depth += 1
+            elif c in "}]":
+                self.depth -= 1
+            if self.in_string or not c.isspace():
+                self.ready = len(self.text)
+            if self.depth == 0:
+                self.done = True
+                return i + 1
+        return len(text)
 
 
 class CallStream:
@@ -223,9 +343,10 @@ class CallStream:
     shape: a call's index, id, type and name first, then its arguments in fragments.
 
     Hermes calls stream as they are written: the name once the call's head is read, then the
-    arguments, holding back only what may be the call's end. Text that may start a call is held
-    back. Formats without a closing marker (Mistral, Llama 3.x) and bare JSON calls are held
-    from their first character to the end when they look like calls, and sent whole then.
+    arguments object, exactly its text. Text that may start a call is held back; a call in
+    another shape is held to its end and sent whole. Formats without a closing marker (Mistral,
+    Llama 3.x) and bare JSON calls are held from their first character to the end when they look
+    like calls, and sent whole then.
     """
 
     def __init__(self, use: ToolUse):
@@ -234,7 +355,8 @@ class CallStream:
         self.count = 0  # calls sent (begun)
         self.whole = False  # holding everything to the end (an answer that starts like a call)
         self.started = False  # any text seen that is not whitespace
-        self.streaming: str | None = None  # inside a Hermes call: the arguments sent so far
+        self.arguments: _Arguments | None = None  # inside a Hermes call: its arguments as they come
+        self.sent = 0  # of them, the characters sent
 
     def feed(self, text: str) -> tuple[str, list[dict]]:
         self.pending += text
@@ -256,39 +378,45 @@ class CallStream:
     def _hermes(self) -> tuple[str, list[dict]]:
         out, deltas = [], []
         while True:
-            if self.streaming is None:
+            if self.arguments is None:
                 start = self.pending.find(_OPEN)
                 if start < 0:
                     hold = _partial_tail(self.pending, _OPEN)
                     out.append(self.pending[:len(self.pending) - hold])
                     self.pending = self.pending[len(self.pending) - hold:]
                     break
-                head = _HEAD.match(self.pending, start + len(_OPEN))
-                if head is None or head.group(1) not in self.use.parameters:
-                    if _CLOSE in self.pending[start:] or (head is None and len(self.pending) - start > 200):
-                        end = self.pending.find(_CLOSE, start)
-                        end = len(self.pending) if end < 0 else end + len(_CLOSE)
-                        out.append(self.pending[:end])  # not a call after all: text
-                        self.pending = self.pending[end:]
-                        continue
-                    out.append(self.pending[:start])
-                    self.pending = self.pending[start:]
-                    break
                 out.append(self.pending[:start])
-                deltas.append(self._begin(head.group(1)))
-                self.pending, self.streaming = self.pending[head.end():], ""
-            end = self.pending.find(_CLOSE)
-            end_of_text = end if end >= 0 else len(self.pending) - _partial_tail(self.pending, _CLOSE)
-            body = self.pending[:end_of_text]
-            # The arguments end before the call object's last "}": held back until the call closes.
-            cut = body.rstrip()
-            cut = cut[:-1] if cut.endswith("}") else cut
-            if len(cut) > len(self.streaming):
-                deltas.append({"index": self.count - 1, "function": {"arguments": cut[len(self.streaming):]}})
-                self.streaming = cut
+                self.pending = self.pending[start:]
+                body = self.pending[len(_OPEN):].lstrip()
+                head = _HEAD.match(body)
+                if head is not None and head.group(1) in self.use.parameters and body[head.end():head.end() + 1] == "{":
+                    deltas.append(self._begin(head.group(1)))  # streamed from here as it is written
+                    self.pending, self.arguments, self.sent = body[head.end():], _Arguments(), 0
+                    continue
+                end = self.pending.find(_CLOSE)
+                if end < 0:
+                    break  # not yet known: held
+                block, self.pending = self.pending[:end + len(_CLOSE)], self.pending[end + len(_CLOSE):]
+                found = _calls_in(block[len(_OPEN):-len(_CLOSE)], self.use.format, set(self.use.parameters))
+                if not found:
+                    out.append(block)  # not a call after all: text
+                    continue
+                deltas += self._whole(found)
+                self.pending = self.pending.lstrip("\n")
+                continue
+            args = self.arguments
+            if not args.done:
+                used = args.feed(self.pending)
+                self.pending = self.pending[used:]
+                if args.ready > self.sent:
+                    deltas.append({"index": self.count - 1, "function": {"arguments": args.text[self.sent:args.ready]}})
+                    self.sent = args.ready
+            if not args.done:
+                break
+            end = self.pending.find(_CLOSE)  # the rest of the call object, up to its close: not sent
             if end < 0:
                 break
-            self.pending, self.streaming = self.pending[end + len(_CLOSE):].lstrip("\n"), None
+            self.pending, self.arguments = self.pending[end + len(_CLOSE):].lstrip("\n"), None
         text = "".join(out)
         return ("" if self.count and not text.strip() else text), deltas
 
@@ -297,16 +425,7 @@ class CallStream:
         return {"index": self.count - 1, "id": "call_" + uuid.uuid4().hex[:24], "type": "function",
                 "function": {"name": name, "arguments": ""}}
 
-    def finish(self) -> tuple[str, list[dict]]:
-        """What was held back, at the end of the answer."""
-        rest, self.pending = self.pending, ""
-        if self.streaming is not None:  # a call cut short (max_tokens): its arguments as they stand
-            sent, self.streaming = self.streaming, None
-            more = rest[len(sent):]
-            return "", [{"index": self.count - 1, "function": {"arguments": more}}] if more else []
-        if not rest:
-            return "", []
-        content, calls = parse_calls(rest, self.use)
+    def _whole(self, calls: list[ToolCall]) -> list[dict]:
         deltas = []
         for call in calls:
             first = self._begin(call.name)
@@ -314,7 +433,22 @@ class CallStream:
             deltas.append(first)
             deltas += [{"index": self.count - 1, "function": {"arguments": fragment}}
                        for fragment in argument_fragments(call.arguments)]
-        return content or "", deltas
+        return deltas
+
+    def finish(self) -> tuple[str, list[dict]]:
+        """What was held back, at the end of the answer."""
+        rest, self.pending = self.pending, ""
+        if self.arguments is not None:  # a call cut short (max_tokens): its arguments as they stand
+            args, self.arguments = self.arguments, None
+            more = args.text[self.sent:]
+            return "", [{"index": self.count - 1, "function": {"arguments": more}}] if more else []
+        if not rest:
+            return "", []
+        content, calls = parse_calls(rest, self.use)
+        return content or "", self._whole(calls)
+
+
+_BARE_CALL = re.compile(r'\s*(```[a-z]*\s*)?\{\{?\s*"name"')
 
 
 def _partial_tail(text: str, marker: str) -> int:

@@ -1,22 +1,26 @@
 """What every drafter shares: the policy's ``Choice``, the ``Draft`` it returns, the
-``Drafter`` protocol and the ``DrafterInputs`` it is built from. The drafters themselves
-live in ``drafters.py`` and ``mtp.py``, which both build on this module.
+``Drafter`` interface (the whole of it, with defaults) and the ``DrafterInputs`` it is built
+from. The drafters live beside this module, one each; ``drafters.py`` lists them.
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from ..backend import Backend
+from ..backend import Backend, CachedSequence
+from ..promptcache import PromptCache
 from ..sampling import SamplingParams, distribution, sample
 from ..vocabulary import Source
+from .ngrammemory import NgramMemory
 
 if TYPE_CHECKING:
-    from ..grammar import GrammarState
+    from ..grammar.state import GrammarState
 
 
 @dataclass(frozen=True)
@@ -52,18 +56,66 @@ class Draft:
         return len(self.tokens)
 
 
-class Drafter(Protocol):
+class Match(NamedTuple):
+    """Where a copying drafter's text matches the context's end: the copy it would make."""
+
+    end: int  # position of its last token (-1: none)
+    length: int  # matched suffix length in tokens (0: none)
+    available: int  # tokens after it that a draft could copy
+
+
+NO_MATCH = Match(-1, 0, 0)
+
+
+class Drafter(ABC):
+    """Everything the decoder and the policy ask of a drafter, as llama.cpp's
+    ``common_speculative`` declares its whole interface for every drafter. ``build`` and
+    ``propose`` are each drafter's own; the rest has defaults for the drafters that do nothing
+    there (most of them)."""
+
     source: Source
+    # The most tokens one draft can have (None: no cap of its own); chained MTP heads: one per head.
+    max_k: int | None = None
+    # The drafter's own model sequence, whose states the prompt cache keeps (None: it holds none).
+    sequence: CachedSequence | None = None
 
     @classmethod
-    def build(cls, inputs: "DrafterInputs") -> "Drafter | None": ...  # None: the inputs do not allow it
+    @abstractmethod
+    def build(cls, inputs: DrafterInputs) -> "Drafter | None":
+        """The drafter these inputs allow; None when they do not allow one (no draft model, no NextN layers)."""
 
-    def begin(self, context: Sequence[int]) -> None: ...  # a generation starts from context
-
+    @abstractmethod
     def propose(self, context: Sequence[int], k: int, choice: Choice, sampling: SamplingParams,
-                rng: np.random.Generator) -> Draft: ...  # up to k tokens following context
+                rng: np.random.Generator) -> Draft:
+        """Up to k tokens following ``context``."""
 
-    def accept(self, context: Sequence[int]) -> None: ...  # the target kept context; drop the rest
+    def begin(self, context: Sequence[int]) -> None:
+        """A generation starts from ``context``."""
+
+    def accept(self, context: Sequence[int]) -> None:
+        """The target kept ``context``: drop the rest."""
+
+    def expect(self, tokens: Sequence[int]) -> None:
+        """The next generation's predicted output (a client's Predicted Outputs; empty: none)."""
+
+    def match(self, context: Sequence[int]) -> Match:
+        """A copying drafter's match at the end of ``context`` (the policy's acceptance tables
+        are per match length); NO_MATCH for a drafter that does not copy."""
+        return NO_MATCH
+
+    def behind(self, context: Sequence[int]) -> int:
+        """Tokens of ``context`` it would read before its first draft token (its cost the policy
+        weighs); 0 for a drafter with no model of its own to catch up."""
+        return 0
+
+    def holds(self, context: Sequence[int]) -> bool:
+        """Whether its own model's context holds ``context`` (it may be smaller than the target's)."""
+        return True
+
+    def read(self, context: Sequence[int], stop: threading.Event | None = None,
+             on_chunk: Callable[[int, int], None] | None = None, chunk: int | None = None) -> None:
+        """Read ``context`` into its own model now, as part of reading the prompt (where it drafts
+        every cycle); nothing for a drafter with no model of its own."""
 
 
 @dataclass(frozen=True)
@@ -74,8 +126,8 @@ class DrafterInputs:
     draft: Backend | None = None  # a second model of the same tokenizer
     clock: Callable[[], float] = time.perf_counter
     max_ngram: int | None = None  # lookup: cap on the match length (None: as long as the text allows)
-    prompt_cache: object | None = None  # promptcache.PromptCache: a drafting model's saved states too
-    memory: object | None = None  # ngrammemory.NgramMemory: what this machine wrote and read before
+    prompt_cache: PromptCache | None = None  # a drafting model's saved states too
+    memory: NgramMemory | None = None  # what this machine wrote and read before
 
 
 def draft_one_by_one(logits: np.ndarray, k: int, next_logits: Callable[[int, int], np.ndarray], choice: Choice,
