@@ -149,7 +149,7 @@ def test_the_tiled_matmul_switch_reads_as_ggml_reads_it():
 
 
 def test_after_loading_the_engine_measures_costs_while_idle_and_gives_way_to_a_request(smollm_path, data_dirs):
-    from speculum.runner import GenerationRequest
+    from speculum.protocol import GenerationRequest
 
     events, finished = [], threading.Event()
 
@@ -181,7 +181,7 @@ def test_after_loading_the_engine_measures_costs_while_idle_and_gives_way_to_a_r
 
 
 def test_fast_cycles_share_pipe_messages_and_arrive_in_order(smollm_path, data_dirs):
-    from speculum.runner import GenerationRequest
+    from speculum.protocol import GenerationRequest
 
     events, finished = [], threading.Event()
 

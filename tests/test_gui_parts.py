@@ -579,7 +579,7 @@ def test_stats_say_when_the_policy_is_still_learning(qtbot, width):
     from PySide6.QtCore import QRect, Qt
     from PySide6.QtGui import QTextLayout, QTextOption
 
-    from speculum.runner import StatsSnapshot
+    from speculum.protocol import StatsSnapshot
 
     panel = StatsPanel()
     qtbot.addWidget(panel)

@@ -106,8 +106,8 @@ def test_the_budget_keeps_the_latest_states_and_is_never_exceeded(small_model):
 
 
 def test_switching_back_to_a_conversation_reads_only_its_new_turn(smollm_path, data_dirs):
-    from speculum.protocol import Finished
-    from speculum.runner import EngineRunner, GenerationRequest, LoadRequest
+    from speculum.protocol import Finished, GenerationRequest, LoadRequest
+    from speculum.runner import EngineRunner
 
     events = []
     runner = EngineRunner(events.append)

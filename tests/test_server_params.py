@@ -12,7 +12,7 @@ import pytest
 
 from speculum.engine.loading import LoadOptions, load_decoder
 from speculum.server.pace import Pace
-from speculum.server.service import ServedModel
+from speculum.server.service import ServedModel, ServerState
 from test_server import MESSAGES, MODEL, LiveServer, decoder, server  # noqa: F401  (fixtures)
 from speculum.protocol import Started, CycleEvent
 
@@ -129,7 +129,8 @@ def test_health_says_ready_or_why_not(server):
     health = httpx.get(s.url + "/health", timeout=30)
     assert health.status_code == 200 and health.json()["status"] == "ready"
     assert health.json()["model"] == MODEL
-    s.served.state, s.served.state_message = "worker_lost", "The RPC worker at 10.0.0.2:50052 stopped answering."
+    s.served.state = ServerState.WORKER_LOST
+    s.served.state_message = "The RPC worker at 10.0.0.2:50052 stopped answering."
     lost = httpx.get(s.url + "/health", timeout=30)
     assert lost.status_code == 503 and lost.json()["status"] == "worker_lost"
     assert "10.0.0.2" in lost.json()["message"]
@@ -194,10 +195,11 @@ def test_a_generation_that_fails_midway_ends_its_stream_with_an_error_and_done(s
 
 def test_requests_wait_for_a_model_that_is_loading(server):
     s = server()
-    s.served.state = "loading"
+    decoder = s.served.decoder
+    s.served.loading("Loading the target model: 40%.")
     with pytest.raises(openai.InternalServerError) as loading:
         s.client().chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4)
     assert loading.value.status_code == 503 and loading.value.response.headers["Retry-After"]
     assert httpx.get(s.url + "/health", timeout=30).json()["status"] == "loading"
-    s.served.state = "ready"
+    s.served.loaded(decoder)
     assert s.client().chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4).choices

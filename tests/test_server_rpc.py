@@ -167,7 +167,7 @@ def test_loading_again_after_a_lost_worker_frees_the_given_up_draft_and_saved_pr
     import asyncio
 
     from speculum.engine.loading import LoadOptions, load_decoder
-    from speculum.server.service import ServedModel
+    from speculum.server.service import ServedModel, ServerState
 
     def load():
         return load_decoder(smollm_path, smollm_path, LoadOptions(n_ctx=1024))
@@ -176,11 +176,10 @@ def test_loading_again_after_a_lost_worker_frees_the_given_up_draft_and_saved_pr
     for text in ("the lighthouse keeper's log, " * 12, "a different prompt about ships, " * 12):
         list(old.generate(old.target.tokenize(text), max_tokens=2, policy="draft"))
     assert len(old.prompt_cache) > 0
-    served = ServedModel(old, "m", mode="draft")
-    served.workers, served.reload = (), load
-    served.state = "worker_lost"
+    served = ServedModel(old, "m", mode="draft", reload=load)
+    served.state = ServerState.WORKER_LOST
     asyncio.run(served.recover())
-    assert served.state == "ready" and served.decoder is not old
+    assert served.state == ServerState.READY and served.decoder is not old
     assert old.draft._model is None and len(old.prompt_cache) == 0  # freed
     assert old.target._model is not None  # kept: freeing it would call the lost worker
     assert list(served.decoder.generate(served.decoder.target.tokenize("Hi"), max_tokens=2))

@@ -18,11 +18,9 @@ from .engine.sampling import SamplingParams
 from .engine.stats import Stats
 from .engine.vocabulary import Finish, Mode
 from .errors import SpeculumError
-# The request and result types live in protocol; older callers import them from here.
-from .protocol import (RECENT_PLAIN_S, CycleEvent, Event, Failed, Finished, GenerationRequest,  # noqa: F401
-                       GenerationResult, Loaded, LoadFailed, LoadProgress, LoadRequest, Measuring, PartPrompt,
-                       PlainBasis, PlainRateMeasured, PromptProgress, ServeFailed, ServingAt, StageChanged,
-                       StatsSnapshot, is_plain_step, replay_snapshots, snapshot_of)
+from .protocol import (CycleEvent, Event, Failed, Finished, GenerationRequest, GenerationResult, Loaded, LoadFailed,
+                       LoadProgress, LoadRequest, Measuring, PartPrompt, PlainBasis, PlainRateMeasured, PromptProgress,
+                       ServeFailed, ServingAt, StageChanged, StatsSnapshot, is_plain_step, snapshot_of)
 
 
 class PlainRate:
@@ -61,7 +59,7 @@ class EngineRunner:
         self.target_path = ""
         self.plain = PlainRate()
         self.turn = threading.Lock()  # one generation at a time: the window's, or an API client's
-        self.serving = None  # server.api.Serving while the window serves the API
+        self.serving = None  # server.serving.Serving while the window serves the API
         self.measure_after = float("-inf")  # time.monotonic() before which idle measuring waits
 
     def postpone_measuring(self, seconds: float | None) -> None:
@@ -162,23 +160,22 @@ class EngineRunner:
         """Serve the loaded pair over HTTP; API clients' cycles are reported like the window's own."""
         from pathlib import Path
 
-        from .server.api import Serving
-        from .server.service import ServedModel
+        from .server.serving import Engine, ServeOptions, serve
 
         self.stop_serving()
         if self.decoder is None:
             self.report(ServeFailed("Load a model before serving it."))
             return
-        served = ServedModel(self.decoder, Path(self.target_path).stem, mode=mode, turn=self.turn,
-                             on_event=self.report, plain_rate=lambda: self.plain.basis())
-        serving = Serving(served, host, port, api_key)
+        options = ServeOptions(Path(self.target_path).stem, mode=Mode(mode), host=host, port=port, api_key=api_key)
+        # (the plain rate is read when asked: a load or the window's SetPlainRate replaces self.plain)
+        serving = serve(options, self.decoder, Engine(self.turn, self.report, lambda: self.plain.basis()))
         try:
             serving.start()
         except SpeculumError as exc:
             self.report(ServeFailed(str(exc)))
             return
         self.serving = serving
-        self.report(ServingAt(serving.url, served.model_id))
+        self.report(ServingAt(serving.url, options.model_id))
 
     def stop_serving(self) -> None:
         if self.serving is not None:

@@ -23,10 +23,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..errors import SpeculumError
-from . import listen
 from .guard import Guard
 from .params import PromptBound, chat_request, json_body, text_request
-from .service import BadRequest, Busy, Completion, Delta, Done, ServedModel, WorkerLost
+from .service import BadRequest, Busy, Completion, Delta, Done, ServedModel, ServerState, WorkerLost
 from .tools import CallStream, parse_calls
 
 log = logging.getLogger("speculum.serve")
@@ -99,12 +98,12 @@ class Api:
         """503 while the models load or an RPC worker is lost (the routes that need them wait for
         ready); a lost worker that answers again has the models loaded afresh first."""
         await self.served.recover()
-        if self.served.state == "worker_lost":
+        if self.served.state == ServerState.WORKER_LOST:
             return error(503, self.served.state_message, kind="server_error", code="worker_lost",
                          headers={"Retry-After": "5"})
-        if self.served.state == "load_failed":
+        if self.served.state == ServerState.LOAD_FAILED:
             return error(503, self.served.state_message, kind="server_error", code="load_failed")
-        if self.served.state != "loading":
+        if self.served.state != ServerState.LOADING:
             return None
         return error(503, self.served.state_message or "The model is still loading; retry shortly.",
                      kind="server_error", code="model_loading", headers={"Retry-After": "5"})
@@ -115,12 +114,12 @@ class Api:
         """Ready, loading, worker lost or load failed: 200 only when a request would be served now."""
         served = self.served
         await served.recover()  # a lost worker back: the models load again
-        body = {"status": served.state, "model": served.model_id, "waiting": served.waiting}
+        body = {"status": served.state.value, "model": served.model_id, "waiting": served.waiting}
         if served.state_message:
             body["message"] = served.state_message
-        if served.state == "ready":
+        if served.state == ServerState.READY:
             return JSONResponse(body)
-        retry = {} if served.state == "load_failed" else {"Retry-After": "5"}  # (load_failed: the server ends)
+        retry = {} if served.state == ServerState.LOAD_FAILED else {"Retry-After": "5"}  # (load_failed: the server ends)
         return JSONResponse(body, status_code=503, headers=retry)
 
     def _card(self) -> dict:
@@ -324,13 +323,6 @@ async def _not_found(request: Request, exc) -> Response:
 
 async def _failed(request: Request, exc: Exception) -> Response:
     return error(500, f"The server failed on this request: {exc.__class__.__name__}: {exc}", kind="server_error")
-
-
-class Serving(listen.Serving):
-    """The API over ``served`` on a thread of its own (the window's engine process serves while it chats)."""
-
-    def __init__(self, served: ServedModel, host: str, port: int, api_key: str | None = None):
-        super().__init__(create_app(served, api_key=api_key, bind_host=host), host, port)
 
 
 async def _until_disconnected(request: Request, pieces):

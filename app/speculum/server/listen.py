@@ -21,6 +21,7 @@ def _bounded_protocol(base: type, header_timeout: float, max_connections: int) -
 
     class Bounded(base):
         def connection_made(self, transport) -> None:
+            self._header_deadline = None  # (armed below, unless this connection is one too many)
             super().connection_made(transport)
             if len(self.connections) > max_connections:
                 transport.close()
@@ -33,15 +34,13 @@ def _bounded_protocol(base: type, header_timeout: float, max_connections: int) -
                 self._arm_header_deadline()
 
         def connection_lost(self, exc) -> None:
-            deadline = getattr(self, "_header_deadline", None)
-            if deadline is not None:
-                deadline.cancel()
+            if self._header_deadline is not None:
+                self._header_deadline.cancel()
             super().connection_lost(exc)
 
         def _arm_header_deadline(self) -> None:
-            old = getattr(self, "_header_deadline", None)
-            if old is not None:
-                old.cancel()
+            if self._header_deadline is not None:
+                self._header_deadline.cancel()
             self._header_deadline = self.loop.call_later(header_timeout, self._headers_too_slow, self.cycle)
 
         def _headers_too_slow(self, cycle_when_armed) -> None:
@@ -86,7 +85,16 @@ class Serving:
                 raise SpeculumError(f"Could not serve on {self.url}: the port is in use or not allowed.")
             time.sleep(0.02)
 
+    def run(self) -> None:
+        """Serve on the caller's thread until told to stop (Ctrl-C on the main thread, or ``stop``)."""
+        self.server.run()
+
+    @property
+    def stopping(self) -> bool:
+        return self.server.should_exit
+
     def stop(self) -> None:
         self.server.should_exit = True
-        self.thread.join(10)
+        if self.thread.is_alive():  # (not when it runs on the caller's thread)
+            self.thread.join(10)
 

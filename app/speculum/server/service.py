@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, AsyncIterator, Callable
 
 from ..engine.sampling import SamplingParams
 from ..engine.stats import Stats
-from ..engine.vocabulary import Source
+from ..engine.vocabulary import Source, Word
 from ..errors import ContextFullError
 from ..protocol import Asker, CycleEvent, Decoded, Event, Failed, Finished, PlainBasis, Started, snapshot_of
 from .errors import BadRequest, Busy, WorkerLost  # noqa: F401 (re-exported: the API answers them)
@@ -32,6 +32,15 @@ if TYPE_CHECKING:
 
 # How an API request's cycles are labelled beside the window's own.
 STAGE = "API request"
+
+
+class ServerState(Word):
+    """What the server can do now; GET /health's ``status`` says it in these words (a contract)."""
+
+    LOADING = "loading"  # the models load (at start, or again once a lost RPC worker is back)
+    READY = "ready"
+    WORKER_LOST = "worker_lost"  # an RPC worker holding the target's layers went away
+    LOAD_FAILED = "load_failed"  # the server exits after saying why
 
 
 @dataclass
@@ -116,7 +125,8 @@ class ServedModel:
 
     def __init__(self, decoder, model_id: str, mode: str = "auto", max_waiting: int = 8,
                  turn: threading.Lock | None = None, on_event: Callable[[Event], None] | None = None,
-                 plain_rate: Callable[[], PlainBasis | float | None] = lambda: None):
+                 plain_rate: Callable[[], PlainBasis | float | None] = lambda: None,
+                 workers: tuple[str, ...] = (), reload: Callable[[], object] | None = None):
         self.decoder = decoder
         # Held while the decoder generates: the window's own answers take the same turn.
         self.turn = turn or threading.Lock()
@@ -131,12 +141,13 @@ class ServedModel:
         self.plain_rate = plain_rate  # plain decoding on this machine (a PlainBasis or tokens/s), for the speedup shown
         self._stop: threading.Event | None = None  # the running request's
         self.pace = Pace()  # reading and writing rates: the Retry-After estimate
-        # What GET /health says: ready, loading, worker_lost, or load_failed (the server then exits).
-        self.state, self.state_message = ("ready", "") if decoder is not None else ("loading", "")
+        # What GET /health says, and why in words (the server exits after load_failed).
+        self.state = ServerState.READY if decoder is not None else ServerState.LOADING
+        self.state_message = "" if decoder is not None else f"Loading {model_id}."
         self.on_prompt = None  # optional observer, on the engine thread: (prompt tokens read, of total)
         # Under --rpc: the workers, and how to load the models afresh once a lost one answers again.
-        self.workers: tuple[str, ...] = ()
-        self.reload: Callable[[], object] | None = None
+        self.workers = workers
+        self.reload = reload
         self._engine_threads: dict[int, Callable[[BaseException], None]] = {}  # thread -> fails its request
         self._parked: set[int] = set()  # threads a lost worker left inside llama.cpp, for good
         self._given_up: list = []  # their decoders: never freed while a thread is inside them
@@ -146,10 +157,14 @@ class ServedModel:
     def loaded(self, decoder) -> None:
         """The models are in (a server listening before it loads): requests are served now."""
         self.decoder = decoder
-        self.state, self.state_message = "ready", ""
+        self.state, self.state_message = ServerState.READY, ""
+
+    def loading(self, message: str) -> None:
+        """How far loading has come, in words for /health."""
+        self.state, self.state_message = ServerState.LOADING, message
 
     def load_failed(self, message: str) -> None:
-        self.state, self.state_message = "load_failed", message
+        self.state, self.state_message = ServerState.LOAD_FAILED, message
 
     @property
     def stopping(self) -> bool:
@@ -200,7 +215,7 @@ class ServedModel:
 
         message = message.replace(CANNOT_CONTINUE, "This request ends; start the worker again and the server "
                                                    "loads the model again once it answers.")
-        self.state, self.state_message = "worker_lost", message
+        self.state, self.state_message = ServerState.WORKER_LOST, message
         self._lost_message = message
         self.turn = threading.Lock()  # the parked thread holds the old one
         threads, self._engine_threads = self._engine_threads, {}
@@ -231,10 +246,10 @@ class ServedModel:
     async def recover(self) -> None:
         """After a lost worker: once every worker answers again, load the models afresh (the
         next request, or a health check). Until then the state stays worker_lost."""
-        if self.state != "worker_lost" or self.reload is None:
+        if self.state != ServerState.WORKER_LOST or self.reload is None:
             return
         async with self._recovering:
-            if self.state != "worker_lost":
+            if self.state != ServerState.WORKER_LOST:
                 return
             loop = asyncio.get_running_loop()
             done: asyncio.Future = loop.create_future()
@@ -243,11 +258,11 @@ class ServedModel:
                 if isinstance(outcome, WorkerLost):
                     pass  # lost again while loading: worker_lost says so
                 elif isinstance(outcome, BaseException):  # the worker is still away: say so, keep waiting
-                    self.state = "worker_lost"
+                    self.state = ServerState.WORKER_LOST
                     self.state_message = f"{self._lost_message} Not back yet: {outcome}"
                 else:
                     self.decoder = outcome
-                    self.state, self.state_message = "ready", ""
+                    self.state, self.state_message = ServerState.READY, ""
                 if not done.done():
                     done.set_result(None)
 
@@ -261,7 +276,7 @@ class ServedModel:
                     self._give_up(self.decoder)
                     for worker in self.workers:
                         rpc.check_worker(worker, timeout=2.0)  # SpeculumError, in words, while it is away
-                    self.state, self.state_message = "loading", "The model is loading again: its RPC worker is back."
+                    self.loading("The model is loading again: its RPC worker is back.")
                     decoder = self.reload()
                     loop.call_soon_threadsafe(settle, decoder)
                 except BaseException as exc:  # noqa: BLE001 - settled on the loop
@@ -289,7 +304,7 @@ class ServedModel:
         finally:
             self._waiting -= 1
         try:
-            if self.state == "worker_lost":  # lost while this one waited: never enter the given-up models
+            if self.state == ServerState.WORKER_LOST:  # lost while this one waited: never enter the given-up models
                 raise WorkerLost(self.state_message)
             async for piece in self._generate(completion):
                 yield piece
