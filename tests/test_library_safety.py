@@ -19,9 +19,8 @@ from speculum import paths
 from speculum.cli import main
 from speculum.errors import SpeculumError
 from speculum.models import catalog
-from speculum.models.download import (
-    STAGING, CancelToken, DownloadPaused, FileLock, FileRequest, _Stop, download,
-)
+from speculum.models.download import STAGING, CancelToken, DownloadPaused, FileRequest, download
+from speculum.models.filelock import CancelRequested, FileLock
 from speculum.models.library import Library
 from speculum.models.remote import HubRef
 from speculum.models.stamps import read_stamp, stamp_path
@@ -243,7 +242,7 @@ def test_a_download_in_another_process_is_waited_for_and_reused(hub, root, tmp_p
 def test_the_file_lock_holds_across_processes(tmp_path):
     lock_path = tmp_path / "x.gguf.part.lock"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from pathlib import Path; from speculum.models.download import "
+        [sys.executable, "-c", "import sys; from pathlib import Path; from speculum.models.filelock import "
          "FileLock; lock = FileLock(Path(sys.argv[1])); lock.acquire(); print('held', flush=True); "
          "sys.stdin.readline(); lock.release()", str(lock_path)],
         env={**os.environ, "PYTHONPATH": APP}, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -253,7 +252,7 @@ def test_the_file_lock_holds_across_processes(tmp_path):
         assert not mine.acquire(blocking=False)
         token = CancelToken()
         token.cancel()
-        with pytest.raises(_Stop):  # waiting gives way to a cancel
+        with pytest.raises(CancelRequested):  # waiting gives way to a cancel
             FileLock(lock_path, token).acquire()
         holder.stdin.write("\n")
         holder.stdin.flush()

@@ -2,7 +2,7 @@
 
 flock on Unix, msvcrt on Windows: either way the system drops the lock when its process
 dies, so a crash leaves no stale lock behind. Used by the data folder's owner
-(``instance``) and by downloads (``models.download.FileLock``).
+(``instance``) and by downloads (``models.filelock.FileLock``).
 """
 
 from __future__ import annotations

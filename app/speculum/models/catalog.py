@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .. import paths
 from ..errors import SpeculumError
-from .names import SHA256_RE, ref_problem  # noqa: F401  (SHA256_RE: kept importable from here)
+from .names import SHA256_RE, ref_problem
 
 FAMILIES = {
     # tokenizer family -> substrings one of which every repo/file name in it contains

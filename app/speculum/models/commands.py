@@ -67,6 +67,7 @@ class DownloadLine:
         self.tty = self.out.isatty()
         self._last_print = 0.0
         self._last_key: tuple = ()
+        self._step = -1  # the tenth of the total last printed (plain lines)
 
     def __call__(self, p) -> None:
         now = time.monotonic()
@@ -83,7 +84,7 @@ class DownloadLine:
         else:
             # one line per file event, and one per 10% of the total
             step = int(10 * p.fraction)
-            if key == self._last_key and step == getattr(self, "_step", -1):
+            if key == self._last_key and step == self._step:
                 return
             self._step = step
             self.out.write(f"{p.phase} [{p.file_index}/{p.file_count}] {p.file}: {100 * p.file_fraction:.0f}% "
@@ -201,7 +202,7 @@ def cmd_download(args) -> int:
 
 
 def cmd_add(args) -> int:
-    from .library import IncompatiblePair, Library
+    from .library import IncompatiblePair, Library, LibraryPair
     from .remote import HubRef, parse_source
 
     sources = [parse_source(s) for s in ([args.target] + ([args.draft] if args.draft else []))]
@@ -221,7 +222,7 @@ def cmd_add(args) -> int:
         except IncompatiblePair as exc:
             print(exc.compatibility.reason)
             return 1
-        if hasattr(added, "draft"):
+        if isinstance(added, LibraryPair):
             print(f"Added pair '{added.id}': {added.target.path} + {draft_label(added, full=True)}")
         else:
             print(f"Added model {added.name}: {added.path}")

@@ -3,9 +3,8 @@
 Bytes stream into ``<library>/.partial/<repo>/<path>.part`` beside a small JSON that
 remembers which version (ETag) they belong to, so a dropped connection is retried
 from where it stopped and a restart resumes the same file. One download at a time
-works on a file, across threads and processes (a lock file beside the ``.part``):
-catalog pairs share drafts, and a second download of one waits for the first and
-reuses its result. A complete file is hashed as it is on disk and checked against the
+works on a file, across threads and processes (``filelock``: a lock file beside the
+``.part``). A complete file is hashed as it is on disk and checked against the
 Hub's LFS sha256. Only when every file of the set is complete and verified are they
 moved (an atomic rename on the same disk) into the library; a cancel removes what this
 set staged, and nothing half-done is ever listed. Every path is checked to resolve
@@ -37,7 +36,7 @@ from huggingface_hub.utils import hf_raise_for_status, http_stream_backoff
 
 from .. import paths
 from ..errors import SpeculumError
-from ..oslock import msvcrt, try_lock, unlock
+from .filelock import CancelRequested, FileLock
 from .remote import HubRef, RemoteFile, hub_error, offline, request_headers, resolve
 from .stamps import read_stamp, stamp_path, valid_fields, write_stamp
 
@@ -233,87 +232,6 @@ def _destination(ref: HubRef, root: Path) -> Path:
     return _inside(_nested_path(ref, root) if taken else flat, root)
 
 
-# ---- one download per file at a time ------------------------------------------------------------------
-
-_thread_locks: dict[str, threading.Lock] = {}
-_thread_locks_guard = threading.Lock()
-
-
-class FileLock:
-    """One holder at a time, across threads and processes, of what ``path`` guards.
-
-    An OS lock (flock, or msvcrt on Windows) on a lock file: the system drops it when its
-    process dies, so a crash leaves no stale lock behind, only a file the next holder reuses.
-    Waiting checks the cancel token, so Cancel works while another download has the file.
-    """
-
-    POLL = 0.05
-
-    def __init__(self, path: Path, cancel: CancelToken | None = None):
-        self.path = path
-        self.cancel = cancel
-        self._fd: int | None = None
-        key = os.path.normcase(os.path.abspath(path))
-        with _thread_locks_guard:
-            self._thread_lock = _thread_locks.setdefault(key, threading.Lock())
-
-    def _wait(self) -> None:
-        if self.cancel is not None and self.cancel.requested:
-            raise _Stop()
-        time.sleep(self.POLL)
-
-    def acquire(self, blocking: bool = True) -> bool:
-        while not self._thread_lock.acquire(timeout=self.POLL):
-            if not blocking:
-                return False
-            self._wait()
-        try:
-            while True:
-                fd = None
-                try:
-                    self.path.parent.mkdir(parents=True, exist_ok=True)
-                    fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-                    if try_lock(fd):
-                        # the holder before us deletes the file as it lets go: ours must still be the one there
-                        if os.path.samestat(os.fstat(fd), os.stat(self.path)):
-                            self._fd = fd
-                            return True
-                        unlock(fd)
-                except (FileNotFoundError, PermissionError):
-                    pass  # a folder pruned, or (Windows) a lock file being deleted: try again
-                if fd is not None:
-                    os.close(fd)
-                if not blocking:
-                    self._thread_lock.release()
-                    return False
-                self._wait()
-        except BaseException:
-            self._thread_lock.release()
-            raise
-
-    def release(self) -> None:
-        fd, self._fd = self._fd, None
-        if fd is None:
-            return
-        try:
-            with contextlib.suppress(OSError):  # Windows refuses while the file is open: see below
-                os.unlink(self.path)  # while still held, so no one locks a file that is going away
-            unlock(fd)
-            os.close(fd)
-            if msvcrt is not None:
-                with contextlib.suppress(OSError):  # another process has it open: it stays, harmlessly
-                    os.unlink(self.path)
-        finally:
-            self._thread_lock.release()
-
-    def __enter__(self) -> "FileLock":
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.release()
-
-
 # ---- staging -----------------------------------------------------------------------------------------
 
 _META_FIELDS = {"etag": str, "size": int, "verified": bool, "sha256": str, "mtime_ns": int, "commit": str,
@@ -354,10 +272,6 @@ def _write_meta(staged: _Staged, **extra) -> None:
                                           "path": staged.remote.ref.path, **extra})
 
 
-class _Stop(Exception):
-    """Internal: the cancel token fired."""
-
-
 def _transfer(staged: _Staged, index: int, tracker: _Tracker, cancel: CancelToken | None) -> None:
     """Fetch the bytes this file still lacks into its .part. Call holding its lock."""
     remote = staged.remote
@@ -386,7 +300,7 @@ def _transfer(staged: _Staged, index: int, tracker: _Tracker, cancel: CancelToke
                         have = 0
                     for chunk in resp.iter_bytes():
                         if cancel and cancel.requested:
-                            raise _Stop()
+                            raise CancelRequested()
                         if have + len(chunk) > remote.size:
                             raise SpeculumError(f"The server sent more bytes of {remote.ref.filename} than "
                                                 "the Hub announced; try again later.")
@@ -420,7 +334,7 @@ def _hash_file(path: Path, remote: RemoteFile, report: Callable[[int], None],
     with open(path, "rb") as f:
         while chunk := f.read(8 * MiB):
             if cancel and cancel.requested:
-                raise _Stop()
+                raise CancelRequested()
             sha256.update(chunk)
             if git:
                 git.update(chunk)
@@ -572,7 +486,7 @@ def download(requests: Sequence[FileRequest], root: Path | None = None, *, progr
         else:
             raise SpeculumError("Another download of the same files kept cancelling them; run the download "
                                 "again.")
-    except _Stop:
+    except CancelRequested:
         if cancel is not None and cancel.keep_partial:
             raise DownloadPaused(f"Download paused at {tracker.done / 1e9:.2f} of {tracker.total / 1e9:.2f} GB; "
                                  "run it again to resume.") from None

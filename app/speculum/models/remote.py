@@ -24,7 +24,7 @@ from huggingface_hub.errors import (
 from huggingface_hub.utils import build_hf_headers, hf_raise_for_status, http_stream_backoff
 
 from ..errors import SpeculumError
-from .names import SHA256_RE, _shown, ref_problem  # noqa: F401  (ref_problem: kept importable from here)
+from .names import SHA256_RE, _shown, ref_problem
 from .compat import Compatibility, check_headers, drafts_for_itself
 from .gguf import VOCAB_KEYS, GGUFHeader, read_file_header, read_header
 
