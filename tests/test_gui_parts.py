@@ -393,28 +393,6 @@ ANSWER = ("Here is the plan.\n\nFirst, read the file:\n\n```python\nwith open(pa
           "1. Parse it.\n2. Check it.\n\nDone, with `inline code` too.")
 
 
-def test_code_blocks_wrap_inside_the_transcript_and_copy_whole(qtbot):
-    from PySide6.QtCore import QUrl
-    from PySide6.QtGui import QGuiApplication
-
-    code = "x = compute(" + ", ".join(f"argument_number_{i}" for i in range(12)) + ")\n    return x"
-    view = Transcript()
-    qtbot.addWidget(view)
-    view.resize(420, 300)
-    view.show()
-    view.show_messages([Message("user", "Look at **this**:\n\n```\ny = 2\n```"),
-                        Message("assistant", f"Here:\n\n```python\n{code}\n```\n\nDone.")])
-    qtbot.waitUntil(lambda: view.document().size().width() <= view.viewport().width() + 1, timeout=5_000)
-    assert view.horizontalScrollBar().maximum() == 0  # a long line wraps; the transcript never scrolls sideways
-    text = view.toPlainText()
-    assert "**" not in text and "```" not in text  # the user's Markdown renders like the model's
-    assert text.count("Copy") == 2
-    view.anchorClicked.emit(QUrl("copy:2"))
-    assert QGuiApplication.clipboard().text() == code
-    view.anchorClicked.emit(QUrl("copy:1"))
-    assert QGuiApplication.clipboard().text() == "y = 2"
-
-
 def test_the_input_grows_with_its_text_up_to_half_the_pane(qtbot):
     from speculum.ui.chat.chatpane import ChatPane
 

@@ -172,22 +172,50 @@ def fit(pair: CatalogPair, machine: Machine) -> Fit:
     return Fit.TIGHT if need <= RAM_TIGHT * machine.ram_bytes else Fit.TOO_BIG
 
 
+@dataclass(frozen=True)
+class Recommendation:
+    pair: CatalogPair
+    rule: str  # which rule picked it, in the words the Models dialog shows
+
+
 def recommend(pairs: Iterable[CatalogPair], machine: Machine, use: str | None = None,
               speed: PlainSpeed | None = None) -> CatalogPair | None:
+    found = recommendation(pairs, machine, use, speed)
+    return found.pair if found else None
+
+
+def recommendation(pairs: Iterable[CatalogPair], machine: Machine, use: str | None = None,
+                   speed: PlainSpeed | None = None) -> Recommendation | None:
     """The most capable pair that fits (for ``use`` when given) and, where this machine's speed
     was measured, writes at a readable speed (else the fastest that fits); else the smallest
-    that runs. Entries read from a community page (``source``: rounded sizes, never loaded by
-    us) are listed for the user to choose, not recommended: a first download should be one we ran."""
+    that runs; with the rule that chose it. Entries read from a community page (``source``:
+    rounded sizes, never loaded by us) are listed for the user to choose, not recommended: a
+    first download should be one we ran."""
     pairs = [p for p in pairs if p.source is None]
     pairs = [p for p in pairs if use is None or use in p.good_at] or pairs
     fitting = [p for p in pairs if fit(p, machine) is Fit.FITS]
+    rule = "the most capable pair that fits in memory"
     if not machine.has_gpu and fitting:
         small = [p for p in fitting if p.memory_bytes <= CPU_RECOMMEND_LIMIT]
+        if not small:
+            rule = "no GPU here: the smallest pair that fits (a CPU writes large models slowly)"
+        elif len(small) < len(fitting):
+            rule = (f"no GPU here: the most capable pair of at most {CPU_RECOMMEND_LIMIT / GB:.0f} GB "
+                    "(larger ones fit, but a CPU writes them at a few tokens per second)")
         fitting = small or [min(fitting, key=lambda p: p.memory_bytes)]
     if speed is not None and fitting:
         readable = [p for p in fitting if speed.expected(p) >= READABLE_TOKENS_PER_S]
+        if not readable:
+            rule = f"the fastest pair that fits: none is expected to write {READABLE_TOKENS_PER_S:.0f} tok/s here"
+        elif len(readable) < len(fitting):
+            rule = (f"the most capable pair that fits and is expected to write at least "
+                    f"{READABLE_TOKENS_PER_S:.0f} tok/s here (this machine's measured speed)")
         fitting = readable or [max(fitting, key=speed.expected)]
     if fitting:
-        return max(fitting, key=lambda p: (p.memory_bytes, len(p.good_at)))
+        return Recommendation(max(fitting, key=lambda p: (p.memory_bytes, len(p.good_at))), rule)
     running = [p for p in pairs if fit(p, machine) is Fit.TIGHT]
-    return min(running or pairs, key=lambda p: p.memory_bytes, default=None)
+    smallest = min(running or pairs, key=lambda p: p.memory_bytes, default=None)
+    if smallest is None:
+        return None
+    return Recommendation(smallest, "nothing fits comfortably: the smallest pair that runs" if running
+                          else "nothing fits: the smallest pair")

@@ -8,9 +8,9 @@ chat pane, the speculation pane and the status bar (``load_status``).
 
 from __future__ import annotations
 
-from PySide6.QtCore import QByteArray, QMargins, QPoint, QRect, QSize, Qt, Signal
+from PySide6.QtCore import QByteArray, Qt, Signal
 from PySide6.QtGui import QAction, QKeySequence, QShortcut
-from PySide6.QtWidgets import QFrame, QMainWindow, QScrollArea, QSplitter, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QMainWindow, QVBoxLayout, QWidget
 
 from .. import paths
 from ..conversations import Conversation, ConversationStore
@@ -21,48 +21,17 @@ from .chat.answering import Answering
 from .chat.chatpane import ChatPane
 from .chat.conversationlist import ConversationList
 from .generationform import GenerationForm
+from .library.getmodel import GetModelStep, pick_model_file
 from .library.loadstatus import LoadStatus, crash_offer
 from .look import window_words
 from .library.modelbar import ModelBar
 from .apiserving import ApiServing
+from .focusring import FocusRing
+from .panes import Panes, first_geometry
 from .setaside import saved_state_notice
 from .settings import Settings
 from .speculation.speculationpane import SpeculationPane
 from .worker import Engine, LoadRequest
-
-
-class Scrolling(QScrollArea):
-    """A side pane that scrolls up and down only when the window is shorter than the pane's
-    minimum, and otherwise fills the height (the side panes asked for 650 pixels: taller than a
-    1366x768 screen at 125% scale allows; left to QScrollArea's own sizing, a pane with wrapping
-    labels took its preferred height, and a 760-pixel window scrolled its stats)."""
-
-    def __init__(self, pane: QWidget):
-        super().__init__()
-        self.setWidget(pane)
-        self.setFrameShape(QFrame.NoFrame)
-        self.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
-        self._bar = self.verticalScrollBar().sizeHint().width()
-        self.setMinimumWidth(pane.minimumSizeHint().width() + self._bar)
-
-    def resizeEvent(self, event) -> None:
-        super().resizeEvent(event)
-        pane = self.widget()
-        need = pane.minimumSizeHint().height()
-        pane.resize(self.width() - (self._bar if need > self.height() else 0), max(self.height(), need))
-
-
-FIRST_SIZE = QSize(1440, 900)  # what the window asks for on a screen with room
-FRAME = QMargins(8, 40, 8, 8)  # what a window manager may add around the window: borders, a title bar
-
-
-def first_geometry(area: QRect) -> QRect:
-    """The window at its first start: its usual size where the screen has room, else the screen's
-    free area less a frame, centred in it (a 1366x768 screen got 1440x900, and lost Send)."""
-    room = area.marginsRemoved(FRAME)
-    rect = QRect(QPoint(0, 0), FIRST_SIZE.boundedTo(room.size()))
-    rect.moveCenter(room.center())
-    return rect
 
 
 class MainWindow(QMainWindow):
@@ -85,10 +54,12 @@ class MainWindow(QMainWindow):
         self.setWindowTitle("Speculum")
         self.setObjectName("mainWindow")
         self._build()
+        self.focus_ring = FocusRing(self)  # where the keyboard is, on every control
         self.answering = Answering(self)
         self.answering.finished.connect(self.generationFinished)
         self._connect()
         self.model_bar.apply(self.settings)
+        self.show_get_model()
         self.generation_form.apply(self.settings)
         self.open_conversation(self.conversations.load(self.settings.conversation))
         style = paths.resource("style.qss")
@@ -96,6 +67,7 @@ class MainWindow(QMainWindow):
             self.setStyleSheet(style.read_text(encoding="utf-8"))
         if not (self.settings.geometry and self.restoreGeometry(QByteArray.fromHex(self.settings.geometry.encode()))):
             self.setGeometry(first_geometry(self.screen().availableGeometry()))
+        self.panes.restore(self.settings.panes)
         if autoload and self.model_bar.target_combo.currentData():
             self.load_pair()
         notice = saved_state_notice()
@@ -115,24 +87,34 @@ class MainWindow(QMainWindow):
         lay.addWidget(self.conversations, 1)
         lay.addWidget(self.generation_form)
         self.chat = ChatPane()
+        self.get_model = GetModelStep()  # over the chat while there is no model at all
+        centre = QWidget(objectName="centre")
+        column = QVBoxLayout(centre)
+        column.setContentsMargins(0, 0, 0, 0)
+        column.addWidget(self.get_model)
+        column.addWidget(self.chat, 1)
         self.speculation_pane = SpeculationPane(self.chat.transcript)
-        split = QSplitter(Qt.Horizontal)
-        split.addWidget(Scrolling(left))
-        split.addWidget(self.chat)
-        split.addWidget(Scrolling(self.speculation_pane))
-        split.setStretchFactor(0, 0)
-        split.setStretchFactor(1, 3)
-        split.setStretchFactor(2, 2)
-        split.setSizes([250, 660, 530])
-        self.setCentralWidget(split)
+        self.panes = Panes(left, centre, self.speculation_pane, self.speculation_pane.stats)
+        self.setCentralWidget(self.panes)
         menu = self.menuBar().addMenu("&File")
         menu.setToolTipsVisible(True)
+        self.open_action = QAction("&Open model…", self, shortcut=QKeySequence.Open, triggered=self.open_model,
+                                   toolTip="Load a GGUF model file from this computer as the target")
         self.settings_action = QAction("&Settings…", self, shortcut=QKeySequence("Ctrl+,"),
                                        menuRole=QAction.PreferencesRole, triggered=self.open_settings,
                                        toolTip="The prompt cache and the n-gram memory: what is kept between prompts")
         quit_action = QAction("&Quit", self, shortcut=QKeySequence.Quit, menuRole=QAction.QuitRole,
                               triggered=self.close, toolTip="Close the window; the conversations are kept")
-        menu.addActions([self.settings_action, quit_action])
+        menu.addActions([self.open_action, self.settings_action, quit_action])
+        view = self.menuBar().addMenu("&View")
+        view.setToolTipsVisible(True)
+        self.enlarge_action = QAction("&Enlarge the live view", self, checkable=True, shortcut=QKeySequence("F11"),
+                                      toggled=self.panes.enlarge,
+                                      toolTip="The speculation view across the whole window; again to go back")
+        view.addAction(self.enlarge_action)
+        self.panes.enlarged.connect(self.enlarge_action.setChecked)
+        self.panes.enlarged.connect(self.speculation_pane.enlarge_button.setChecked)
+        self.speculation_pane.enlarge_button.toggled.connect(self.panes.enlarge)
         # Status bar: what runs where, and load progress.
         self.load_status = LoadStatus()
         self.setStatusBar(self.load_status)
@@ -158,6 +140,9 @@ class MainWindow(QMainWindow):
         bar.load_button.clicked.connect(self.load_pair)
         self.load_status.cancel_button.clicked.connect(self.cancel_load)
         bar.pairReady.connect(self._on_pair_ready)
+        bar.target_combo.currentIndexChanged.connect(self.update_controls)  # Load needs a target
+        self.get_model.modelsRequested.connect(bar.open_models_dialog)
+        self.get_model.openRequested.connect(self.open_model)
         bar.error.connect(self.show_error)
         chat.sendRequested.connect(self.send)
         chat.stopRequested.connect(self.stop)
@@ -231,6 +216,7 @@ class MainWindow(QMainWindow):
         self.update_controls()
         self.load_status.begin_load()
         self.serving.stopped()
+        self.model_bar.show_loaded(None)
         self.engine.load(request, profile, why)
 
     def cancel_load(self) -> None:
@@ -242,6 +228,7 @@ class MainWindow(QMainWindow):
         self.loaded = True
         self.load_status.end_load()
         self.load_status.show_pair(target, draft)
+        self.model_bar.show_loaded(draft is not None)  # Draft model mode needs a draft model
         self._show_backend(target)
         self.engine.set_plain_rate(self.settings.plain_tokens_per_s.get(target.path))
         self.update_controls()
@@ -252,6 +239,7 @@ class MainWindow(QMainWindow):
         self.loading = False
         self.loaded = False
         self.load_status.end_load("No model loaded")
+        self.model_bar.show_loaded(None)
         self.show_error(message)
         self.update_controls()
         self.loadFailed.emit(message)
@@ -271,6 +259,7 @@ class MainWindow(QMainWindow):
         self.loading = False
         self.loaded = False
         self.load_status.end_load("No model loaded: the engine stopped")
+        self.model_bar.show_loaded(None)
         self.load_status.show_measuring(False)
         self.serving.engine_died()
         self._show_backend(None)
@@ -293,7 +282,20 @@ class MainWindow(QMainWindow):
 
     def _on_pair_ready(self, target, draft) -> None:
         self.model_bar.refresh_models(str(target), str(draft) if draft else "")
+        self.show_get_model()
         self.load_pair()
+
+    def open_model(self) -> None:
+        """File ▸ Open model… (and the first step's Open…): a GGUF file as the target, loaded."""
+        path = pick_model_file(self)
+        if path:
+            self.model_bar.refresh_models(path, "")
+            self.show_get_model()
+            self.load_pair()
+
+    def show_get_model(self) -> None:
+        """The "get a model" step stands over the chat while the picker has no model to offer."""
+        self.get_model.setVisible(not self.model_bar.has_models())
 
     # ------------------------------------------------------------------ conversations
 
@@ -367,7 +369,8 @@ class MainWindow(QMainWindow):
 
     def update_controls(self) -> None:
         self.chat.set_busy(self.generating, self.loading)
-        self.model_bar.load_button.setEnabled(not (self.generating or self.loading))
+        self.model_bar.load_button.setEnabled(not (self.generating or self.loading)
+                                              and bool(self.model_bar.target_combo.currentData()))
         self.conversations.set_generating(self.generating)
 
     def can_generate(self) -> bool:
@@ -380,6 +383,8 @@ class MainWindow(QMainWindow):
         if not self.loaded:
             if self._crash is not None:  # its Reload is the way on: the banner stays as it was
                 self.show_error(*self._crash)
+            elif not self.model_bar.has_models():
+                self.show_error("There is no model yet: get one with one of the three ways above.")
             else:
                 self.show_error("No model is loaded. Pick a target model (and a draft) above and press Load.")
             return False
@@ -406,6 +411,7 @@ class MainWindow(QMainWindow):
             self.engine.stop()
             self.answering.keep_partial("Stopped when the window closed; the answer so far is kept.")
         self.settings.geometry = bytes(self.saveGeometry().toHex()).decode()
+        self.settings.panes = self.panes.shares()
         self.save_settings()
         self.engine.shutdown()
         super().closeEvent(event)

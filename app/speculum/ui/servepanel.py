@@ -5,9 +5,11 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Signal
 from PySide6.QtGui import QGuiApplication
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QMenu, QSpinBox, QToolButton, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QMenu, QSpinBox, QToolButton, QWidget
+
+from .chat.richtext import escaped_tooltip
 
 DEFAULT_PORT = 8080
 LOG_LINES = 8  # the requests the log keeps
@@ -19,9 +21,17 @@ def example_request(base_url: str, model_id: str) -> str:
             f"  -d '{{\"model\": \"{model_id}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'")
 
 
+def address(base_url: str) -> str:
+    """The base URL as the toolbar shows it: host and port ("127.0.0.1:8080"); the whole URL is
+    in its menu and what Copy copies."""
+    return base_url.removeprefix("http://").removeprefix("https://").removesuffix("/v1")
+
+
 class ServePanel(QWidget):
-    """Switch and port; once serving, the base URL (with the port) and a Copy button (URL and an
-    example) instead of the port."""
+    """Switch and port; once serving, the address with its request count (its menu: the base
+    URL, the model's name in the API, the last requests) and Copy (the URL and an example).
+    Narrow on purpose: at 1280 pixels the toolbar has room for the pickers and this, no more
+    (the URL, Copy and a request count side by side went into the toolbar's overflow menu)."""
 
     switched = Signal(bool, int)  # on, port
 
@@ -32,20 +42,16 @@ class ServePanel(QWidget):
                                           "(this machine only)")
         self.port = QSpinBox(objectName="servePort", minimum=1024, maximum=65535, value=DEFAULT_PORT,
                              toolTip="Port of the API on 127.0.0.1")
-        self.url = QLabel(objectName="serveUrl")
-        self.url.setTextFormat(Qt.PlainText)
-        self.url.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.url = QToolButton(objectName="serveUrl", popupMode=QToolButton.InstantPopup)
+        self.url.setMenu(QMenu(self.url))
         self.copy = QToolButton(text="Copy", objectName="serveCopy",
                                 toolTip="Copy the base URL and an example request")
         self.copy.clicked.connect(self.copy_example)
-        # How many requests were answered, and the last few on hover or click.
-        self.requests = QToolButton(objectName="serveRequests", popupMode=QToolButton.InstantPopup)
-        self.requests.setMenu(QMenu(self.requests))
         self.answered = 0
         self.log: deque[str] = deque(maxlen=LOG_LINES)
         layout = QHBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
-        for widget in (self.switch, self.port, self.url, self.copy, self.requests):
+        for widget in (self.switch, self.port, self.url, self.copy):
             layout.addWidget(widget)
         self.switch.toggled.connect(lambda on: self.switched.emit(on, self.port.value()))
         self.base_url = self.model_id = ""
@@ -60,14 +66,30 @@ class ServePanel(QWidget):
         rate = f", {tokens_per_s:.1f} tok/s" if tokens_per_s else ""
         who = f"{client}  " if client else ""
         self.log.appendleft(f"{time.strftime('%H:%M:%S')}  {who}{tokens} token{'s' * (tokens != 1)}{rate}")
-        self.requests.setText(f"{self.answered} request{'s' * (self.answered != 1)}")
-        self.requests.setToolTip("Requests answered since Serve was switched on; the last ones:\n"
-                                 + "\n".join(self.log))
-        menu = self.requests.menu()
+        self._describe()
+
+    def requests_text(self) -> str:
+        return f"{self.answered} request{'s' * (self.answered != 1)}" if self.answered else ""
+
+    def _describe(self) -> None:
+        """The address button's text, tooltip and menu, from the serving state and the log."""
+        count = self.requests_text()
+        self.url.setText(address(self.base_url) + (f" · {count}" if count else ""))
+        self.url.adjustSize()
+        self.updateGeometry()  # the toolbar lays out anew: a longer text is not cut off at its edge
+        about = [f"Base URL: {self.base_url}", f"Model name in the API: {self.model_id}"]
+        if self.log:
+            about += ["", "Requests answered since Serve was switched on; the last ones:", *self.log]
+        self.url.setToolTip(escaped_tooltip("\n".join(about)))
+        menu = self.url.menu()
         menu.clear()
-        for line in self.log:
-            menu.addAction(line).setEnabled(False)
-        self.requests.show()
+        menu.addAction("Copy the base URL and an example request", self.copy_example)
+        menu.addSeparator()
+        for line in about:
+            if line:
+                menu.addAction(line).setEnabled(False)
+            else:
+                menu.addSeparator()
 
     def show_stopped(self) -> None:
         self._show(False, "", "")
@@ -77,14 +99,13 @@ class ServePanel(QWidget):
         self.switch.blockSignals(True)  # showing the state is not the user switching
         self.switch.setChecked(serving)
         self.switch.blockSignals(False)
-        self.port.setVisible(not serving)  # the URL names it; the toolbar has no room for both
-        self.url.setText(base_url)
-        self.url.setVisible(serving)
-        self.copy.setVisible(serving)
+        self.port.setVisible(not serving)  # the address names it; the toolbar has no room for both
         if not serving:  # a new serving counts afresh
             self.answered = 0
             self.log.clear()
-        self.requests.setVisible(serving and self.answered > 0)
+        self._describe()
+        self.url.setVisible(serving)
+        self.copy.setVisible(serving)
 
     def example(self) -> str:
         return f"{self.base_url}\n\n{example_request(self.base_url, self.model_id)}\n"

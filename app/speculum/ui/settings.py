@@ -29,6 +29,7 @@ class Settings:
     conversation: str = ""  # the one open when the window closed
     plain_tokens_per_s: dict[str, float] = field(default_factory=dict)  # per target file, measured here
     geometry: str = ""  # the window's saved geometry, hex
+    panes: list[float] = field(default_factory=list)  # each of the window's three columns' share of its width
 
     def prompt_cache_budget(self) -> int | None:
         """The prompt cache's budget for a load, in MiB (None: from the memory free then)."""

@@ -5,38 +5,20 @@ from __future__ import annotations
 import html
 
 from PySide6.QtCore import QUrl, Signal
-from PySide6.QtGui import (QColor, QFontDatabase, QGuiApplication, QTextBlockFormat, QTextCharFormat, QTextCursor,
-                           QTextFormat, QTextOption)
+from PySide6.QtGui import QColor, QTextBlockFormat, QTextCharFormat, QTextCursor, QTextOption
 from PySide6.QtWidgets import QTextBrowser
 
 from ...engine.vocabulary import Finish
 from ..look import MODE_NAMES
 from ..opaque import OpaqueScrollArea
+from .codeblocks import CopyButtons, style_code
 from .richtext import RefusingResources, markdown_fragment
 
 
-CODE_BACKGROUND = QColor("#f2f4f7")
-CODE = QTextFormat.UserProperty + 1  # marks a code block's lines (what its Copy link copies)
 FINISH_NOTES = {
     Finish.STOPPED: "stopped",
     Finish.CONTEXT_FULL: "context full",
 }
-
-
-def _all_fixed_pitch(block) -> bool:
-    """A code block's first line merges into the block before it and loses the code-fence
-    property; its text is still all in the monospace font the Markdown reader gave it."""
-    it = block.begin()
-    found = False
-    while not it.atEnd():
-        frag = it.fragment()
-        if frag.text().strip():
-            fmt = frag.charFormat()
-            if not (fmt.fontFixedPitch() or "monospace" in (fmt.fontFamilies() or [])):
-                return False
-            found = True
-        it += 1
-    return found
 
 
 def settled_length(markdown: str) -> int:
@@ -80,12 +62,10 @@ class Transcript(OpaqueScrollArea, RefusingResources, QTextBrowser):
         self._status = ""
         self._settled_text = ""  # the live answer's head already rendered, ending at _settled_at
         self._settled_at = 0
-        self._copies = 0  # Copy links made: each names its own
-        self.setWordWrapMode(QTextOption.WrapAtWordBoundaryOrAnywhere)  # a long identifier wraps too
+        self.setWordWrapMode(QTextOption.WrapAtWordBoundaryOrAnywhere)  # a long identifier wraps too (not code)
+        self.copy_buttons = CopyButtons(self)
 
     def _anchor(self, url: QUrl) -> None:
-        if url.scheme() == "copy":
-            self._copy(url.toString())
         for scheme, signal in (("replay", self.replayRequested), ("continue", self.continueRequested)):
             index = replay_index(url, scheme)
             if index is not None:
@@ -118,81 +98,8 @@ class Transcript(OpaqueScrollArea, RefusingResources, QTextBrowser):
         start = cursor.position()
         self._new_block(cursor, 4)
         cursor.insertFragment(markdown_fragment(text or " "))  # no raw HTML, no images: see richtext
-        for block in reversed(self._style_code(start, cursor.position())):
-            self._copy_link(block)
+        style_code(self.document(), start, cursor.position())  # unwrapped, under a head with its Copy button
         cursor.movePosition(QTextCursor.End)
-
-    def _copy_link(self, code) -> None:
-        """A Copy link on its own line under a code block (the view cannot hold a button); under
-        it, not above: everything stays after where the piece began (see ``update_answer``)."""
-        self._copies += 1
-        cursor = QTextCursor(code)
-        cursor.movePosition(QTextCursor.EndOfBlock)
-        fmt = QTextBlockFormat()
-        fmt.setTopMargin(4)
-        cursor.insertBlock(fmt, QTextCharFormat())
-        cursor.insertHtml(f"<a href='copy:{self._copies}' style='font-size:small'>Copy</a>")
-
-    def code_of(self, link: str) -> str:
-        """The code block over the Copy link ``link`` ("copy:N"), as written."""
-        block = self.document().begin()
-        while block.isValid():
-            it = block.begin()
-            if not it.atEnd() and it.fragment().charFormat().anchorHref() == link:
-                lines, block = [], block.previous()
-                while block.isValid() and block.blockFormat().boolProperty(CODE):
-                    lines.append(block.text())
-                    block = block.previous()
-                return "\n".join(reversed(lines))
-            block = block.next()
-        return ""
-
-    def _copy(self, link: str) -> None:
-        QGuiApplication.clipboard().setText(self.code_of(link))
-
-    def _style_code(self, start: int, end: int) -> list:
-        """Code blocks and inline code in a monospaced font; blocks on a light background, their
-        long lines wrapped inside the transcript (not pushing it sideways). Returns the last block
-        of each code block."""
-        mono = QFontDatabase.systemFont(QFontDatabase.FixedFont)
-        block = self.document().findBlock(start)
-        lasts, in_code = [], False
-        while block.isValid() and block.position() <= end:
-            fmt = block.blockFormat()
-            code = (fmt.hasProperty(QTextFormat.BlockCodeFence) or fmt.hasProperty(QTextFormat.BlockCodeLanguage)
-                    or _all_fixed_pitch(block))
-            if code and not in_code:
-                lasts.append(block)
-            elif code:
-                lasts[-1] = block
-            in_code = code
-            if code:
-                fmt.setBackground(CODE_BACKGROUND)
-                fmt.setLeftMargin(6)
-                fmt.setNonBreakableLines(False)
-                fmt.setProperty(CODE, True)
-                cursor = QTextCursor(block)
-                cursor.setBlockFormat(fmt)
-                cursor.select(QTextCursor.BlockUnderCursor)
-                char = QTextCharFormat()
-                char.setFontFamilies([mono.family()])
-                char.setFontFixedPitch(True)
-                cursor.mergeCharFormat(char)
-            else:
-                it = block.begin()
-                while not it.atEnd():
-                    frag = it.fragment()
-                    if frag.charFormat().fontFixedPitch():
-                        cursor = QTextCursor(self.document())
-                        cursor.setPosition(frag.position())
-                        cursor.setPosition(frag.position() + frag.length(), QTextCursor.KeepAnchor)
-                        char = QTextCharFormat()
-                        char.setFontFamilies([mono.family()])
-                        char.setBackground(CODE_BACKGROUND)
-                        cursor.mergeCharFormat(char)
-                    it += 1
-            block = block.next()
-        return lasts
 
     # -- whole conversation --
 

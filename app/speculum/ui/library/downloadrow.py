@@ -12,9 +12,10 @@ from typing import Callable
 from PySide6.QtCore import QCoreApplication, QDeadlineTimer, QObject, Qt, QThread, Signal, Slot
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QProgressBar, QPushButton, QVBoxLayout, QWidget
 
+from ...engine.vocabulary import Word
 from ...errors import SpeculumError
 from ...models.commands import human_bytes, human_time
-from ...models.download import CancelToken, DownloadProgress
+from ...models.download import CancelToken, DownloadCancelled, DownloadPaused, DownloadProgress
 from ...models.library import LibraryPair
 from ..chat.richtext import plain_label
 
@@ -32,12 +33,28 @@ def _wait_for_finishing() -> None:
         thread.wait(deadline)
 
 
+class DownloadState(Word):
+    """Where a download stands, set from how its job ended (never read back from its message)."""
+
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"  # an error: its message says what, and Retry runs the job again
+    CANCELLED = "cancelled"  # the user's Cancel: what it staged is removed
+    PAUSED = "paused"  # the dialog closed: the partial files are kept for the next run
+
+
+ENDED = {  # what a row says when its download ended without an error of its own
+    DownloadState.CANCELLED: "Cancelled; nothing was added to the library.",
+    DownloadState.PAUSED: "Paused; the part downloaded is kept, and starting it again resumes there.",
+}
+
+
 class DownloadWorker(QObject):
     """Runs one library job (install, add from the Hub) away from the GUI thread."""
 
     progress = Signal(object)  # DownloadProgress
     finished = Signal(object)  # LibraryPair or LocalModel
-    failed = Signal(str)
+    failed = Signal(object, str)  # DownloadState (failed, cancelled or paused), the error's message
 
     def __init__(self, job: Callable[[Callable[[DownloadProgress], None], CancelToken], object]):
         super().__init__()
@@ -48,23 +65,30 @@ class DownloadWorker(QObject):
     def run(self) -> None:
         try:
             result = self.job(self.progress.emit, self.cancel)
+        except DownloadCancelled as exc:
+            self.failed.emit(DownloadState.CANCELLED, str(exc))
+        except DownloadPaused as exc:
+            self.failed.emit(DownloadState.PAUSED, str(exc))
         except SpeculumError as exc:
-            self.failed.emit(str(exc))
+            self.failed.emit(DownloadState.FAILED, str(exc))
         except Exception as exc:  # noqa: BLE001 - shown in the row, never a traceback
-            self.failed.emit(f"The download failed: {exc}")
+            self.failed.emit(DownloadState.FAILED, f"The download failed: {exc}")
         else:
             self.finished.emit(result)
 
 
 class DownloadRow(QFrame):
-    """One download: what, per-file and total bars, speed and ETA, and Cancel / Use."""
+    """One download: what, per-file and total bars, speed and ETA, and Cancel / Use; Retry
+    once it failed."""
 
     use_requested = Signal(object)
+    retry_requested = Signal()  # the dialog runs the same job again in this row
     settled = Signal()  # finished, failed or cancelled
 
-    def __init__(self, name: str, parent: QWidget | None = None):
+    def __init__(self, name: str, job: Callable | None = None, parent: QWidget | None = None):
         super().__init__(parent)
         self.name = name
+        self.job = job  # what Retry runs again
         self.setObjectName("downloadRow")
         self.setFrameShape(QFrame.StyledPanel)
         self.title = QLabel(f"<b>{html.escape(name)}</b>")  # a Hub file name, a user's pair name
@@ -81,12 +105,18 @@ class DownloadRow(QFrame):
         self.cancel_button = QPushButton("Cancel", toolTip="Stop this download; nothing is added to the library")
         self.use_button = QPushButton("Use this pair", toolTip="Load the downloaded pair in the window")
         self.use_button.hide()
+        self.retry_button = QPushButton("Retry", objectName="retryButton",
+                                        toolTip="Run this download again; what was already downloaded is kept")
+        self.retry_button.hide()
+        self.retry_button.clicked.connect(self.retry_requested)
+        self.cancel_button.clicked.connect(lambda: self.worker is not None and self.worker.cancel.cancel())
         self.result: object = None
         self.use_button.clicked.connect(lambda: self.use_requested.emit(self.result))
 
         top = QHBoxLayout()
         top.addWidget(self.title, 1)
         top.addWidget(self.use_button)
+        top.addWidget(self.retry_button)
         top.addWidget(self.cancel_button)
         layout = QVBoxLayout(self)
         layout.addLayout(top)
@@ -96,7 +126,18 @@ class DownloadRow(QFrame):
         layout.addWidget(self.stats)
         self.thread: QThread | None = None
         self.worker: DownloadWorker | None = None
-        self.state = "running"
+        self.state = DownloadState.RUNNING
+
+    def show_running(self) -> None:
+        """A new run (the first, or a Retry): bars from zero, Cancel offered again."""
+        self.state = DownloadState.RUNNING
+        self.file_label.setText("Asking the Hub…")
+        self.file_label.setStyleSheet("")
+        for bar in (self.file_bar, self.total_bar):
+            bar.setValue(0)
+        self.stats.setText("")
+        self.retry_button.hide()
+        self.cancel_button.show()
 
     def show_progress(self, p: DownloadProgress) -> None:
         verb = {"checking": "Checking", "verifying": "Verifying", "assembling": "Assembling",
@@ -109,7 +150,7 @@ class DownloadRow(QFrame):
                            f"{human_time(p.eta)} left")
 
     def show_done(self, result: object) -> None:
-        self.state = "done"
+        self.state = DownloadState.DONE
         self.result = result
         self.file_bar.setValue(SCALE)
         self.total_bar.setValue(SCALE)
@@ -119,12 +160,14 @@ class DownloadRow(QFrame):
             self.use_button.show()
         self.settled.emit()
 
-    def show_failed(self, message: str) -> None:
-        self.state = "cancelled" if "cancelled" in message.lower() else "failed"
-        self.file_label.setText(message)
+    def show_failed(self, state: DownloadState, message: str) -> None:
+        """The job ended without a result: ``state`` says how (its own exception's kind)."""
+        self.state = state
+        self.file_label.setText(ENDED.get(state, message))
         self.file_label.setWordWrap(True)
-        self.file_label.setStyleSheet("color: #b42318;" if self.state == "failed" else "")
+        self.file_label.setStyleSheet("color: #b42318;" if state is DownloadState.FAILED else "")
         self.cancel_button.hide()
+        self.retry_button.setVisible(state is DownloadState.FAILED and self.job is not None)
         self.settled.emit()
 
 

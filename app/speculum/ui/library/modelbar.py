@@ -15,7 +15,7 @@ from PySide6.QtWidgets import (QComboBox, QLabel, QPushButton, QSizePolicy, QSty
 
 from ...engine.vocabulary import Mode
 from ...models.gguf import is_assistant, nextn_layers
-from .modelchoices import local_models
+from .modelchoices import ModelChoice, local_models
 from ..chat.richtext import escaped_tooltip
 from ..servepanel import ServePanel
 from ..look import BUILT_IN, BUILT_IN_MTP, MODE_NAMES  # noqa: F401 (BUILT_IN*: the pair picker's, re-exported)
@@ -98,63 +98,85 @@ class ModelBar(QToolBar):
                                    "prediction head drafts (models with NextN layers). Off: plain decoding.")
         self.document_toggle = QAction("Document", self, checkable=True, toolTip="Show the document pane")
         self.serve_panel = ServePanel()
-        self.addWidget(QLabel(" Target "))
+        self.addWidget(QLabel("Target"))
         self.addWidget(self.target_combo)
-        self.addWidget(QLabel("  ←  draft "))
+        self.addWidget(QLabel("← draft"))
         self.addWidget(self.draft_combo)
         self.addWidget(self.load_button)
         self.addWidget(self.models_button)
         self.addSeparator()
-        self.addWidget(QLabel(" Mode "))
+        self.addWidget(QLabel("Mode"))
         self.addWidget(self.mode_combo)
         self.addSeparator()
         self.addAction(self.document_toggle)
+        self.widgetForAction(self.document_toggle).setFocusPolicy(Qt.StrongFocus)  # a Tab stop like the rest
         self.addSeparator()
         self.addWidget(self.serve_panel)
         self.models_button.clicked.connect(self.open_models_dialog)
         self.mode_combo.currentIndexChanged.connect(self._on_mode_changed)
-        self.target_combo.currentIndexChanged.connect(self._offer_built_in)
+        self.target_combo.currentIndexChanged.connect(self._on_target_changed)
         self.draft_combo.currentIndexChanged.connect(self._on_draft_changed)
         self._applying = False
+        self._choices: list[ModelChoice] = []
+        self._loaded_draft: bool | None = None
         self.models_button.setEnabled(models_dialog_class() is not None)
         if not self.models_button.isEnabled():
             self.models_button.setToolTip("The model library is not part of this build")
         else:
             self.models_button.setToolTip("Find, download and check model pairs")
 
-    def _offer_built_in(self, *_) -> None:
-        """The draft list offers Built-in (MTP) exactly when the target has NextN layers."""
-        target = self.target_combo.currentData() or ""
-        has = bool(target) and nextn_layers(target) > 0
-        index = self.draft_combo.findData(BUILT_IN)
-        if has and index < 0:
-            self.draft_combo.insertItem(1, BUILT_IN_MTP, BUILT_IN)
-            self.draft_combo.setItemData(1, "The target's own multi-token prediction head drafts: no draft model",
-                                         Qt.ToolTipRole)
-        elif not has and index >= 0:
-            if self.draft_combo.currentIndex() == index:
-                self.draft_combo.setCurrentIndex(0)
-            self.draft_combo.removeItem(index)
-        self._offer_mtp_mode()
+    def _on_target_changed(self, *_) -> None:
+        self._fill_drafts(self.draft_combo.currentData() or "")
 
-    def _offer_mtp_mode(self) -> None:
-        """Built-in (MTP) mode only for a pair that has an MTP head: the target's own NextN layers,
-        or a Gemma 4 assistant as its draft (picked otherwise, it failed only after Send)."""
+    def _fill_drafts(self, keep: str) -> None:
+        """The draft list for the chosen target: none, Built-in (MTP) exactly when the target has
+        NextN layers, then every model but the target itself (no model drafts for itself)."""
+        target = self.target_combo.currentData() or ""
+        combo = self.draft_combo
+        combo.blockSignals(True)
+        combo.clear()
+        combo.addItem(NO_DRAFT, "")
+        if target and nextn_layers(target) > 0:
+            combo.addItem(BUILT_IN_MTP, BUILT_IN)
+            combo.setItemData(1, "The target's own multi-token prediction head drafts: no draft model",
+                              Qt.ToolTipRole)
+        for choice in self._choices:
+            if choice.path != target:
+                combo.addItem(choice.label, choice.path)
+        combo.setCurrentIndex(max(0, combo.findData(keep)) if keep != target else 0)
+        combo.blockSignals(False)
+        self._offer_modes()
+
+    def show_loaded(self, draft_model: bool | None) -> None:
+        """What the engine holds: a pair with a draft model (True), without one (False), or nothing
+        loaded (None: the modes follow the picker). Draft model mode needs a draft model loaded."""
+        self._loaded_draft = draft_model
+        self._offer_modes()
+
+    def _offer_modes(self) -> None:
+        """Draft model and Built-in (MTP) modes only where the pair can draft that way; picked
+        otherwise, they failed only after Send. Each disabled one says why on hover."""
         target, draft = self.target_combo.currentData() or "", self.draft_combo.currentData() or ""
-        has = bool(target) and (nextn_layers(target) > 0 or (draft not in ("", BUILT_IN) and is_assistant(draft)))
-        index = self.mode_combo.findData(Mode.MTP)
-        self.mode_combo.model().item(index).setEnabled(has)
-        self.mode_combo.setItemData(index, None if has else
-                                    "This target has no multi-token prediction (NextN) layers of its own, and its "
-                                    "draft is no MTP assistant: pick Draft model, Prompt lookup or Auto.",
-                                    Qt.ToolTipRole)
-        if not has and self.mode_combo.currentData() == Mode.MTP:
+        draft_file = draft not in ("", BUILT_IN)
+        # MTP: the target's own NextN layers, or a Gemma 4 assistant as its draft.
+        mtp = bool(target) and (nextn_layers(target) > 0 or (draft_file and is_assistant(draft)))
+        drafting = (draft_file and not is_assistant(draft)) if self._loaded_draft is None else self._loaded_draft
+        self._offer_mode(Mode.MTP, mtp, "This target has no multi-token prediction (NextN) layers of its own, "
+                                        "and its draft is no MTP assistant: pick Draft model, Prompt lookup or Auto.")
+        self._offer_mode(Mode.DRAFT, drafting, "No draft model is loaded: pick one in the draft list and press "
+                                               "Load, or use Prompt lookup or Auto.")
+
+    def _offer_mode(self, mode: Mode, offered: bool, why_not: str) -> None:
+        index = self.mode_combo.findData(mode)
+        self.mode_combo.model().item(index).setEnabled(offered)
+        self.mode_combo.setItemData(index, None if offered else why_not, Qt.ToolTipRole)
+        if not offered and self.mode_combo.currentData() == mode:
             self.mode_combo.setCurrentIndex(self.mode_combo.findData(Mode.AUTO))
 
     def _on_draft_changed(self, *_) -> None:
         """Built-in (MTP) and a Gemma 4 assistant both draft as an MTP head: MTP mode."""
         draft = self.draft_combo.currentData() or ""
-        self._offer_mtp_mode()
+        self._offer_modes()
         if (draft == BUILT_IN or (draft and is_assistant(draft))) and not self._applying:
             self.mode_combo.setCurrentIndex(max(0, self.mode_combo.findData(Mode.MTP)))
 
@@ -181,30 +203,36 @@ class ModelBar(QToolBar):
         """Fill the pair picker from the library, keeping (or setting) the chosen pair."""
         target = target or (self.target_combo.currentData() or "")
         draft = draft if draft is not None else (self.draft_combo.currentData() or "")
-        choices = local_models()
+        self._choices = local_models()
         # A Gemma 4 assistant drafts on its target's KV cache: a draft, never a target.
-        targets = [c for c in choices if not is_assistant(c.path)]
-        for combo, listed, with_none in ((self.target_combo, targets, False), (self.draft_combo, choices, True)):
-            combo.blockSignals(True)
-            combo.clear()
-            if with_none:
-                combo.addItem(NO_DRAFT, "")
-            for choice in listed:
-                combo.addItem(choice.label, choice.path)
-            combo.blockSignals(False)
+        targets = [c for c in self._choices if not is_assistant(c.path)]
+        combo = self.target_combo
+        combo.blockSignals(True)
+        combo.clear()
+        for choice in targets:
+            combo.addItem(choice.label, choice.path)
+        combo.blockSignals(False)
         if not target and targets:
             target = targets[0].path
-            if len(choices) > 1 and "demo target" in choices[0].label:
-                draft = draft or choices[1].path
+            if len(self._choices) > 1 and "demo target" in self._choices[0].label:
+                draft = draft or self._choices[1].path
         self.select_pair(target, draft or None)
+
+    def has_models(self) -> bool:
+        """Whether the picker has any model to offer (else the window shows how to get one)."""
+        return self.target_combo.count() > 0
 
     def select_pair(self, target: str, draft: str | None = None) -> None:
         if target:
             self._select(self.target_combo, str(target))
-        self._offer_built_in()
+        self._fill_drafts(str(draft) if draft else "")
         if draft == BUILT_IN and self.draft_combo.findData(BUILT_IN) < 0:
             draft = None  # the target has no NextN layers (any more)
-        self._select(self.draft_combo, str(draft) if draft else "")
+        if draft != self.target_combo.currentData():
+            self.draft_combo.blockSignals(True)
+            self._select(self.draft_combo, str(draft) if draft else "")
+            self.draft_combo.blockSignals(False)
+        self._on_draft_changed()
 
     @staticmethod
     def _select(combo: QComboBox, path: str) -> None:

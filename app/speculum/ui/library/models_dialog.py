@@ -29,7 +29,7 @@ from ...models.commands import human_bytes
 from ...models.download import staged_bytes
 from ...models.hardware import Fit, Machine, PlainSpeed
 from ...models.library import IncompatiblePair, Library, LibraryPair, LocalModel, bundled_available
-from .downloadrow import DownloadRow, DownloadWorker, leave_running, running_downloads
+from .downloadrow import DownloadRow, DownloadState, DownloadWorker, leave_running, running_downloads
 from .hubpair import HubPairDialog
 from ..look import BUILT_IN, BUILT_IN_MTP
 from ..chat.richtext import ask, escaped_tooltip, plain_label, warn
@@ -115,14 +115,19 @@ class ModelsDialog(QDialog):
         layout.addLayout(buttons)
         return page
 
-    def recommended(self) -> CatalogPair | None:
+    def recommendation(self) -> hardware.Recommendation | None:
         use = self.use_filter.currentText()
-        return hardware.recommend(self.pairs, self.machine, None if use == "anything" else use, self.speed)
+        return hardware.recommendation(self.pairs, self.machine, None if use == "anything" else use, self.speed)
+
+    def recommended(self) -> CatalogPair | None:
+        found = self.recommendation()
+        return found.pair if found else None
 
     def _fill_catalog(self) -> None:
-        best = self.recommended()
+        found = self.recommendation()
+        best = found.pair if found else None
         installed = {p.catalog_id for p in self.library.pairs()}
-        running = {r.name for r in self.rows if r.state == "running"}
+        running = {r.name for r in self.rows if r.state is DownloadState.RUNNING}
         bundled_ok = self.offline_demo
         table = self.catalog_table
         selected = self._selected_catalog_pair()
@@ -138,7 +143,7 @@ class ModelsDialog(QDialog):
                 status = "installs offline"
             else:
                 status = ""
-            speed = f"~{self.speed.expected(pair):.0f} tok/s" if self.speed else "—"
+            speed = expected_speed(self.speed.expected(pair)) if self.speed else "—"
             cells = [star, pair.name, ", ".join(pair.good_at), human_bytes(pair.download_size),
                      f"{pair.memory_gb:.1f} GB", f"{fit.mark} {fit.value}", status, speed]
             for col, text in enumerate(cells):
@@ -152,7 +157,7 @@ class ModelsDialog(QDialog):
                     font = QFont(item.font())
                     font.setBold(True)
                     item.setFont(font)
-                    item.setToolTip("Recommended for this machine: the most capable pair that fits.")
+                    item.setToolTip(escaped_tooltip(f"Recommended for this machine: {found.rule}."))
                 if col == 4 and pair.memory_note:
                     item.setToolTip(escaped_tooltip(pair.memory_note))  # how an estimate was made
                 if col == 7:
@@ -182,7 +187,7 @@ class ModelsDialog(QDialog):
     def _catalog_selection(self) -> None:
         pair = self._selected_catalog_pair()
         installed = self.library.installed(pair) if pair else None
-        busy = pair is not None and any(r.name == pair.name and r.state == "running" for r in self.rows)
+        busy = pair is not None and any(r.name == pair.name and r.state is DownloadState.RUNNING for r in self.rows)
         self.download_button.setEnabled(pair is not None and installed is None and not busy)
         self.use_catalog_button.setEnabled(installed is not None)
         if pair is None:
@@ -388,12 +393,22 @@ class ModelsDialog(QDialog):
             pair, progress=progress, cancel=cancel, disk_usage=self.disk_usage))
 
     def start(self, title: str, job) -> DownloadRow:
-        row = DownloadRow(title)
+        row = DownloadRow(title, job)
         self.rows.append(row)
         self.downloads_box.insertWidget(self.downloads_box.count() - 1, row)
         self.no_downloads.hide()
+        row.settled.connect(self.refresh)
+        row.use_requested.connect(self.use)
+        row.retry_requested.connect(lambda: self._run(row))
+        self._run(row)
+        return row
+
+    def _run(self, row: DownloadRow) -> None:
+        """Run the row's job on a thread of its own (again, for Retry: the files already
+        verified are kept, a partial one resumes)."""
+        row.show_running()
         thread = QThread(self)
-        worker = DownloadWorker(job)
+        worker = DownloadWorker(row.job)
         worker.moveToThread(thread)
         row.thread, row.worker = thread, worker
         thread.started.connect(worker.run)
@@ -401,15 +416,11 @@ class ModelsDialog(QDialog):
         worker.progress.connect(row.show_progress)
         worker.finished.connect(row.show_done)
         worker.failed.connect(row.show_failed)
-        row.settled.connect(self.refresh)
         worker.finished.connect(thread.quit)
         worker.failed.connect(thread.quit)
-        row.cancel_button.clicked.connect(worker.cancel.cancel)
-        row.use_requested.connect(self.use)
         thread.start()
         self.tabs.setCurrentIndex(2)
         self._fill_catalog()
-        return row
 
     # ---- common ----------------------------------------------------------------------------
 
@@ -418,8 +429,9 @@ class ModelsDialog(QDialog):
         self.accept()
 
     def refresh(self) -> None:
-        best = self.recommended()
-        pick = f" Recommended: <b>{html.escape(best.name)}</b> ({best.memory_gb:.1f} GB)." if best else ""
+        found = self.recommendation()
+        pick = (f" Recommended: <b>{html.escape(found.pair.name)}</b> ({found.pair.memory_gb:.1f} GB), "
+                f"{html.escape(found.rule)}." if found else "")
         self.machine_label.setText(f"This machine: {html.escape(self.machine.describe())}.{pick}")
         self._fill_catalog()
         self._fill_library()
@@ -430,6 +442,11 @@ class ModelsDialog(QDialog):
     def done(self, result: int) -> None:
         leave_running(self.rows)  # unfinished downloads stay as partial files, resumed next time
         super().done(result)
+
+
+def expected_speed(tokens_per_s: float) -> str:
+    """An estimate of tok/s as the catalog shows it: a 70B on a laptop is "< 1", never "~0"."""
+    return "< 1 tok/s" if tokens_per_s < 1 else f"~{tokens_per_s:.0f} tok/s"
 
 
 def _table(columns: list[str]) -> QTableWidget:

@@ -3,7 +3,7 @@ window's own answers and for an API client's requests alike."""
 
 from __future__ import annotations
 
-from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QToolButton, QVBoxLayout, QWidget
 
 from ...protocol import Finished, Started
 from .replaycontroller import ReplayController
@@ -21,7 +21,13 @@ class SpeculationPane(QWidget):
         lay = QVBoxLayout(self)
         title = QLabel("Speculation, cycle by cycle")
         title.setObjectName("paneTitle")
-        lay.addWidget(title)
+        # The live view across the whole window (the window connects it; F11 too).
+        self.enlarge_button = QToolButton(text="Enlarge", checkable=True, objectName="enlargeButton",
+                                          toolTip="Show the live view across the whole window (F11); again to go back")
+        heading = QHBoxLayout()
+        heading.addWidget(title, 1)
+        heading.addWidget(self.enlarge_button)
+        lay.addLayout(heading)
         lay.addWidget(self.speculation.legend)
         lay.addWidget(self.speculation, 1)
         lay.addWidget(self.replay.bar)

@@ -199,6 +199,7 @@ class Legend(QTextEdit):
         super().__init__(parent)
         self.setObjectName("legend")
         self.setReadOnly(True)
+        self.setFocusPolicy(Qt.NoFocus)  # a key, not a control: no Tab stop
         self.setFrameShape(QTextEdit.NoFrame)
         self.setVerticalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)

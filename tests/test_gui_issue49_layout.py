@@ -1,0 +1,386 @@
+"""Issue 49, the window a new user keeps: the toolbar serving at 1280 pixels after a crash, the
+modes a loaded pair allows, code shown as an editor shows it, the panes' sizes and the live view
+enlarged, the Models dialog's recommendation and Retry, the first start without a model, and a
+visible focus on every Tab stop. The real window and engine (SmolLM2) where decoding is involved."""
+
+from __future__ import annotations
+
+import shutil
+
+import httpx
+import pytest
+from PySide6.QtCore import QPoint, QRect, Qt
+from PySide6.QtGui import QColor, QGuiApplication
+from PySide6.QtWidgets import QApplication, QLabel, QToolButton, QVBoxLayout, QWidget
+
+from live_window import GENERATE_MS, LOAD_MS, send
+from speculum.conversations import Message
+from speculum.engine.vocabulary import Mode
+from speculum.ui.chat.codeblocks import CODE, CODE_HEAD
+from speculum.ui.chat.transcript import Transcript
+from speculum.ui.focusring import RING
+
+LONG_LINE = "    result = compute(" + ", ".join(f"argument_number_{i}" for i in range(14)) + ")"
+CODE_TEXT = f"def f(x):\n{LONG_LINE}\n    return result"
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# ---- 7: code blocks --------------------------------------------------------------------------
+
+
+def _code_view(qtbot, answer: str) -> Transcript:
+    view = Transcript()
+    qtbot.addWidget(view)
+    view.resize(520, 360)
+    view.show()
+    view.show_messages([Message("user", "Show me"), Message("assistant", answer)])
+    qtbot.waitUntil(lambda: any(b.isVisible() for b in view.copy_buttons.buttons), timeout=5_000)
+    return view
+
+
+def _blocks(view, prop):
+    block, found = view.document().begin(), []
+    while block.isValid():
+        if block.blockFormat().boolProperty(prop):
+            found.append(block)
+        block = block.next()
+    return found
+
+
+def test_code_keeps_its_lines_scrolls_sideways_and_has_a_copy_button_that_says_copied(qtbot):
+    view = _code_view(qtbot, f"Here:\n\n```python\n{CODE_TEXT}\n```\n\nA long prose line " + "word " * 60)
+    lines = _blocks(view, CODE)
+    assert [b.text() for b in lines] == CODE_TEXT.split("\n")
+    long_block = lines[1]
+    assert long_block.layout().lineCount() == 1  # not wrapped back to column 0
+    assert view.horizontalScrollBar().maximum() > 0  # the transcript scrolls sideways to show it
+    prose = view.document().lastBlock()
+    assert prose.layout().lineCount() > 1  # prose still wraps at the view's width
+    # A head line over the block names its language; the Copy button sits at its right end.
+    (head,) = _blocks(view, CODE_HEAD)
+    assert head.text() == "python" and head.next() == lines[0]
+    (button,) = [b for b in view.copy_buttons.buttons if b.isVisible()]
+    rect = view.document().documentLayout().blockBoundingRect(head).translated(0, -view.verticalScrollBar().value())
+    first_line = view.document().documentLayout().blockBoundingRect(lines[0]).translated(
+        0, -view.verticalScrollBar().value())
+    assert view.viewport().width() - button.geometry().right() < 12  # at the right edge
+    assert rect.top() - 2 <= button.geometry().top() and button.geometry().bottom() <= first_line.top() + 2
+    QGuiApplication.clipboard().clear()
+    qtbot.mouseClick(button, Qt.LeftButton)
+    assert QGuiApplication.clipboard().text() == CODE_TEXT  # the code exactly, indentation and all
+    assert button.text() == "Copied"
+    qtbot.waitUntil(lambda: button.text() == "Copy", timeout=5_000)
+    # Scrolled sideways, the button stays at the view's right edge, in sight.
+    view.horizontalScrollBar().setValue(view.horizontalScrollBar().maximum())
+    qtbot.waitUntil(lambda: view.viewport().width() - button.geometry().right() < 12, timeout=2_000)
+
+
+def test_code_blocks_stay_text_each_copies_its_own_and_hostile_markup_stays_escaped(qtbot):
+    hostile = '<img src="/dev/zero"><b>bold?</b>'
+    answer = (f"First:\n\n```\ny = 2\n```\n\nThen {hostile}\n\n```<img src=x>\n{hostile}\n```\n\n"
+              "![pic](/dev/zero)")
+    view = _code_view(qtbot, answer)
+    heads = _blocks(view, CODE_HEAD)
+    assert [h.text() for h in heads] == ["code", "<img"]  # the info string's first word, shown as written
+    text = view.toPlainText()
+    assert "<b>bold?</b>" in text and "![pic](/dev/zero)" in text  # markup shown as the characters it is
+    block = view.document().begin()
+    while block.isValid():
+        it = block.begin()
+        while not it.atEnd():
+            assert not it.fragment().charFormat().isImageFormat()
+            it += 1
+        block = block.next()
+    qtbot.waitUntil(lambda: sum(b.isVisible() for b in view.copy_buttons.buttons) == 2, timeout=5_000)
+    copied = []
+    for button in [b for b in view.copy_buttons.buttons if b.isVisible()]:
+        button.click()
+        copied.append(QGuiApplication.clipboard().text())
+    assert sorted(copied) == sorted(["y = 2", hostile])
+
+
+def test_a_live_answer_rendered_in_pieces_gets_one_head_per_code_block(qtbot):
+    view = Transcript()
+    qtbot.addWidget(view)
+    view.show()
+    text = f"Intro.\n\n```python\n{CODE_TEXT}\n```\n\nAfter.\n\n```\nz = 3\n```\n\nEnd."
+    view.begin_answer()
+    for end in range(1, len(text) + 1, 7):
+        view.update_answer(text[:end])
+    view.update_answer(text)
+    assert [h.text() for h in _blocks(view, CODE_HEAD)] == ["python", "code"]
+    assert [b.text() for b in _blocks(view, CODE)] == CODE_TEXT.split("\n") + ["z = 3"]
+
+
+# ---- 8: panes, the live view enlarged, no scroll bar for a pixel --------------------------------
+
+
+def test_a_pane_a_pixel_short_does_not_scroll(qtbot):
+    from speculum.ui.panes import Scrolling
+
+    pane = QWidget()
+    layout = QVBoxLayout(pane)
+    for i in range(8):
+        layout.addWidget(QLabel(f"line {i}"))
+    area = Scrolling(pane)
+    qtbot.addWidget(area)
+    area.resize(300, pane.minimumSizeHint().height() - 1)
+    area.show()
+    qtbot.waitExposed(area)
+    assert not area.verticalScrollBar().isVisible() and pane.height() == area.height()
+    area.resize(300, pane.minimumSizeHint().height() // 2)  # truly short: it scrolls
+    qtbot.waitUntil(lambda: area.verticalScrollBar().isVisible(), timeout=2_000)
+
+
+def test_pane_sizes_are_kept_and_the_live_view_opens_large(qtbot, open_window):
+    w = open_window()
+    w.resize(1366, 768)
+    qtbot.waitUntil(lambda: w.panes.sizes()[2] > 0, timeout=5_000)
+    sizes = w.panes.sizes()
+    w.panes.setSizes([sizes[0], sizes[1] - 200, sizes[2] + 200])
+    wanted = w.panes.sizes()
+    view = w.speculation_pane.speculation
+    small = view.height()
+    # Enlarged: the speculation pane takes the window, its stats make way for the view.
+    w.speculation_pane.enlarge_button.click()
+    qtbot.waitUntil(lambda: view.height() > 2.5 * small, timeout=5_000)
+    assert not w.panes.columns[0].isVisible() and not w.chat.isVisible()
+    assert view.width() > 0.8 * w.width() and w.enlarge_action.isChecked()
+    w.enlarge_action.trigger()  # F11 again: back as it was
+    qtbot.waitUntil(lambda: w.chat.isVisible() and w.panes.sizes() == wanted, timeout=5_000)
+    assert not w.speculation_pane.enlarge_button.isChecked()
+    w.close()
+    from speculum.ui.mainwindow import MainWindow
+    from speculum.ui.settings import Settings
+
+    again = MainWindow(settings=Settings.load(), autoload=False)
+    qtbot.addWidget(again)
+    again.resize(1366, 768)
+    again.show()
+    qtbot.waitUntil(lambda: all(abs(a - b) <= 2 for a, b in zip(again.panes.sizes(), wanted)), timeout=5_000)
+    again.close()
+
+
+# ---- 9: the Models dialog ----------------------------------------------------------------------
+
+
+def test_the_recommendation_names_its_rule_and_slow_pairs_read_below_one(qtbot, tmp_path, smollm_path):
+    from speculum.models import catalog
+    from speculum.models.hardware import Machine
+    from speculum.models.library import Library
+    from speculum.ui.library.models_dialog import ModelsDialog
+
+    pairs = catalog.load()
+    cpu = Machine(int(64e9))  # no GPU: pairs above 8 GB fit in RAM, but a CPU writes them slowly
+    d = ModelsDialog(library=Library(tmp_path / "models", pairs=pairs), machine=cpu, pairs=pairs,
+                     plain_rates={str(smollm_path): 5.0})
+    qtbot.addWidget(d)
+    best = d.recommended()
+    row = next(r for r in range(d.catalog_table.rowCount()) if d.catalog_table.item(r, 0).text() == "★")
+    tip = d.catalog_table.item(row, 1).toolTip()
+    rule = d.recommendation().rule
+    assert rule in tip and rule in d.machine_label.text() and best.name in d.machine_label.text()
+    assert "the most capable pair that fits" not in tip or "GPU" in tip or "tok/s" in tip
+    fitting_larger = [p for p in pairs if p.source is None and p.memory_bytes > best.memory_bytes
+                      and d.catalog_table.item(next(r for r in range(d.catalog_table.rowCount())
+                                                    if d.catalog_table.item(r, 1).text() == p.name), 5)
+                      .text().startswith("✓")]
+    if fitting_larger:  # the tooltip says why a larger pair that fits was passed over
+        assert "GPU" in rule or "tok/s" in rule
+    speeds = [d.catalog_table.item(r, 7).text() for r in range(d.catalog_table.rowCount())]
+    assert "< 1 tok/s" in speeds and "~0 tok/s" not in speeds
+
+
+def test_a_failed_download_offers_retry_and_retry_finishes_it(qtbot, tmp_path, hub):
+    import json
+    from pathlib import Path
+
+    from hubserver import make_gguf
+    from speculum.models import catalog
+    from speculum.models.hardware import Machine
+    from speculum.models.library import Library
+    from speculum.ui.library.downloadrow import DownloadState
+    from speculum.ui.library.models_dialog import ModelsDialog
+
+    target, draft = make_gguf(2 << 20, 1, "target"), make_gguf(1 << 20, 2, "draft")
+    hub.add_bytes("test-org/Target-GGUF", "target-Q4_K_M.gguf", target)
+    raw = json.loads(Path(catalog.paths.resource("catalog.json")).read_text())
+    raw["pairs"].append({
+        "id": "test-pair", "name": "Test pair", "family": "qwen2", "good_at": ["code"], "memory_gb": 1.0,
+        "target": {"name": "T", "repo": "test-org/Target-GGUF", "quantization": "Q4_K_M", "params_b": 1,
+                   "files": [{"path": "target-Q4_K_M.gguf", "size": len(target), "sha256": None}]},
+        "draft": {"name": "D", "repo": "test-org/Draft-GGUF", "quantization": "Q4_K_M", "params_b": 0.5,
+                  "files": [{"path": "draft-Q4_K_M.gguf", "size": len(draft), "sha256": None}]}})
+    (tmp_path / "catalog.json").write_text(json.dumps(raw))
+    pairs = catalog.load(tmp_path / "catalog.json")
+    d = ModelsDialog(library=Library(tmp_path / "models", pairs=pairs), machine=Machine(int(16e9)), pairs=pairs,
+                     plain_rates={})
+    qtbot.addWidget(d)
+    d.show()
+    row = d.download_pair(next(p for p in pairs if p.id == "test-pair"))  # its draft is not on the Hub yet
+    qtbot.waitUntil(lambda: row.state is DownloadState.FAILED, timeout=10_000)
+    assert row.retry_button.isVisible() and not row.cancel_button.isVisible()
+    hub.add_bytes("test-org/Draft-GGUF", "draft-Q4_K_M.gguf", draft)
+    row.retry_button.click()
+    qtbot.waitUntil(lambda: row.state is DownloadState.DONE, timeout=20_000)
+    assert not row.retry_button.isVisible() and row.use_button.isVisible()
+    assert [p.catalog_id for p in d.library.pairs()] == ["test-pair"]
+    d.done(0)
+
+
+def test_download_states_come_from_the_downloads_outcome_not_its_words(qtbot):
+    from speculum.models.download import DownloadCancelled, DownloadPaused
+    from speculum.ui.library.downloadrow import DownloadRow, DownloadState, DownloadWorker
+
+    def job(error):
+        def run(progress, cancel):
+            raise error
+        return run
+
+    outcomes = []
+    for error in (DownloadCancelled("whatever words"), DownloadPaused("cancelled, says the text"),
+                  RuntimeError("the job was cancelled by the disk")):
+        worker = DownloadWorker(job(error))
+        worker.failed.connect(lambda state, message: outcomes.append(state))
+        worker.run()
+    assert outcomes == [DownloadState.CANCELLED, DownloadState.PAUSED, DownloadState.FAILED]
+    row = DownloadRow("x", job(None))
+    qtbot.addWidget(row)
+    row.show_failed(DownloadState.FAILED, "The download was cancelled by the server")  # words do not decide
+    assert row.state is DownloadState.FAILED and row.retry_button.isVisibleTo(row)
+
+
+# ---- 10: the first start without a model -------------------------------------------------------
+
+
+def test_an_empty_models_folder_opens_on_how_to_get_a_model(qtbot, open_window, tmp_path, monkeypatch, smollm_path):
+    from speculum.ui import mainwindow
+    from speculum.ui.library.getmodel import DEMO_COMMAND
+
+    monkeypatch.setenv("SPECULUM_MODELS_DIR", str(tmp_path / "empty"))
+    w = open_window()
+    step = w.get_model
+    assert step.isVisible() and step.command.text() == DEMO_COMMAND
+    assert "install-demo" in DEMO_COMMAND and step.models_button.isVisible() and step.open_button.isVisible()
+    assert not w.model_bar.load_button.isEnabled()  # nothing to load
+    step.copy_button.click()
+    assert QGuiApplication.clipboard().text() == DEMO_COMMAND and step.copy_button.text() == "Copied"
+    w.send("Hello")
+    assert "no model yet" in w.chat.banner.text()
+    # Open… takes a GGUF from anywhere and loads it: the step goes.
+    monkeypatch.setattr(mainwindow, "pick_model_file", lambda parent: str(smollm_path))
+    with qtbot.waitSignal(w.modelsLoaded, timeout=LOAD_MS):
+        step.open_button.click()
+    assert not step.isVisible() and w.model_bar.target_combo.currentData() == str(smollm_path)
+
+
+# ---- 4: the toolbar serving at 1280 pixels, after a crash and Reload -----------------------------
+
+
+def _in_sight(widget, bar) -> bool:
+    at = widget.mapTo(bar, QPoint(0, 0))
+    return widget.isVisible() and at.x() >= 0 and at.x() + widget.width() <= bar.width()
+
+
+def test_the_toolbar_shows_serving_at_1280_pixels_after_a_crash_and_reload(qtbot, open_window, smollm_path,
+                                                                          monkeypatch):
+    from speculum.engine_process import CRASH_SWITCH
+
+    monkeypatch.setenv(CRASH_SWITCH, "mid_generation")
+    w = open_window(smollm_path, mode="off", max_tokens=32)
+    w.resize(1280, 720)
+    bar, panel = w.model_bar, w.model_bar.serve_panel
+    qtbot.waitUntil(lambda: bar.width() == 1280, timeout=5_000)
+    widths = [bar.target_combo.width(), bar.draft_combo.width()]
+    port = _free_port()
+    panel.port.setValue(port)
+    with qtbot.waitSignal(w.engine.worker.serving, timeout=LOAD_MS):
+        panel.switch.click()
+    with qtbot.waitSignal(w.engineDied, timeout=GENERATE_MS):
+        w.send("Count from one to twenty in words.")
+    monkeypatch.delenv(CRASH_SWITCH)
+    with qtbot.waitSignal(w.engine.worker.serving, timeout=LOAD_MS):
+        w.chat.banner.trigger("Reload")
+    for _ in range(2):  # requests answered: their count joins the address
+        reply = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=GENERATE_MS / 1000, json={
+            "model": panel.model_id, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
+        assert reply.status_code == 200
+    qtbot.waitUntil(lambda: panel.answered == 2, timeout=GENERATE_MS)
+    qtbot.waitUntil(lambda: all(_in_sight(x, bar) for x in (panel.switch, panel.url, panel.copy)), timeout=5_000)
+    assert not bar.findChild(QToolButton, "qt_toolbar_ext_button").isVisible()  # nothing in the "»" menu
+    assert panel.switch.isChecked() and panel.url.text() == f"127.0.0.1:{port} · 2 requests"
+    assert panel.url.width() >= panel.url.sizeHint().width()  # its text whole, not cut off
+    assert f"http://127.0.0.1:{port}/v1" in panel.url.toolTip() and panel.model_id in panel.url.toolTip()
+    for combo, before in zip((bar.target_combo, bar.draft_combo), widths):  # the names keep their room
+        assert combo.width() >= 0.85 * before, (combo.width(), before)
+
+
+# ---- 5: Draft model mode needs a draft model ----------------------------------------------------
+
+
+def test_draft_model_mode_is_offered_only_with_a_draft_model_loaded(qtbot, open_window, smollm_path, tmp_path):
+    w = open_window(smollm_path, None, mode="draft", max_tokens=8)
+    bar = w.model_bar
+    index = bar.mode_combo.findData(Mode.DRAFT)
+    assert not bar.mode_combo.model().item(index).isEnabled()
+    assert "No draft model is loaded" in bar.mode_combo.itemData(index, Qt.ToolTipRole)
+    assert bar.mode_combo.currentData() == Mode.AUTO  # the saved "draft" could not stand
+    assert bar.draft_combo.findData(str(smollm_path)) < 0  # a model is never offered as its own draft
+    twin = tmp_path / "SmolLM2-135M-twin.gguf"
+    try:
+        twin.symlink_to(smollm_path)
+    except OSError:
+        shutil.copy(smollm_path, twin)
+    w.set_pair(str(smollm_path), str(twin), load=False)
+    assert not bar.mode_combo.model().item(index).isEnabled()  # picked, not loaded: Send would still fail
+    with qtbot.waitSignal(w.modelsLoaded, timeout=LOAD_MS):
+        w.load_pair()
+    assert bar.mode_combo.model().item(index).isEnabled() and bar.mode_combo.itemData(index, Qt.ToolTipRole) is None
+    bar.mode_combo.setCurrentIndex(index)
+    answer = send(qtbot, w, "Say hello.")
+    assert answer.role == "assistant" and answer.mode == Mode.DRAFT and answer.content.strip()
+
+
+# ---- 11: the keyboard ---------------------------------------------------------------------------
+
+
+def test_tab_walks_the_window_in_layout_order_with_a_visible_focus_on_every_stop(qtbot, open_window, smollm_path):
+    w = open_window(smollm_path, mode="lookup", max_tokens=8)
+    send(qtbot, w, "Say hello.")  # an answer: the replay controls are stops too
+    w.activateWindow()
+    w.chat.input.setFocus()
+    qtbot.waitUntil(lambda: QApplication.focusWidget() is w.chat.input, timeout=5_000)
+    regions = {"toolbar": w.model_bar, "sidebar": w.panes.columns[0], "centre": w.panes.columns[1],
+               "speculation": w.panes.columns[2], "status bar": w.load_status}
+    seen = []
+    for _ in range(80):
+        qtbot.keyClick(QApplication.focusWidget(), Qt.Key_Tab)
+        focus = QApplication.focusWidget()
+        if focus is w.chat.input:
+            break
+        seen.append(focus)
+        ring = w.focus_ring
+        assert ring.isVisible() and ring.geometry().contains(QRect(focus.mapTo(w, QPoint(0, 0)), focus.size())), focus
+        image = w.grab().toImage()
+        edge = QColor(image.pixel(ring.geometry().left() + 1, ring.geometry().center().y()))
+        assert edge.blue() > 170 and edge.red() < 120, (focus, edge.name())  # the ring is drawn, in sight
+    regions_seen = []
+    for focus in seen:
+        region = next((name for name, area in regions.items() if area.isAncestorOf(focus)), focus)
+        if not regions_seen or regions_seen[-1] != region:
+            regions_seen.append(region)
+    # Left to right, top to bottom (the status bar's Postpone while this machine is measured, at the bottom).
+    assert [r for r in regions_seen if r != "status bar"] == ["centre", "speculation", "toolbar", "sidebar", "centre"]
+    if "status bar" in regions_seen:
+        assert regions_seen.index("status bar") == 2
+    replay = w.speculation_pane.replay.bar
+    assert replay.play in seen and w.model_bar.serve_panel.switch in seen
+    assert w.model_bar.widgetForAction(w.model_bar.document_toggle) in seen
+    assert RING.name() == "#2f6fdf"
