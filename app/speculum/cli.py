@@ -354,38 +354,12 @@ def _load_served(args, served, server, failed) -> None:
         served.workers = rpc.parse_endpoints(args.rpc)
         served.reload = lambda: _load(args)
         rpc.on_worker_lost(served.worker_lost)
-    _measure_for_serving(args, decoder, served, server)
-    served.loaded(decoder)
+    served.loaded(decoder)  # answered at once: auto mode measures this machine's costs in idle moments
     print(f"Serving {served.model_id} ({args.mode} mode) at http://{args.host}:{args.port}/v1",
           file=sys.stderr, flush=True)
+    from .server.idle import IdleMeasuring
 
-
-def _measure_for_serving(args, decoder, served, server) -> None:
-    """Auto mode's costs on this machine, measured before the first request where they never were
-    (once per machine and model pair: kept in the data folder). The window measures while the user
-    types; a server has no such pause once clients come, and on guessed costs a fresh policy tried
-    the draft model on its first answers (code writing at 0.85x plain) and trusted long copies of
-    its own earlier answers late."""
-    import time
-
-    mode = Mode(args.mode)
-    if not decoder.policy_for(mode).needs_calibration:
-        return
-    served.state_message = "Measuring this machine's costs for auto mode (once for these models)."
-    print(f"speculum: {served.state_message}", file=sys.stderr, flush=True)
-    start = time.monotonic()
-    try:
-        measured = decoder.calibrate(lambda: server.should_exit, mode)
-    except SpeculumError as exc:  # (an RPC worker lost meanwhile: the first request says so, as ever)
-        print(f"speculum: not measured ({exc}); auto mode learns from the requests instead", file=sys.stderr,
-              flush=True)
-        return
-    took = f"{time.monotonic() - start:.1f} s"
-    if measured:
-        print(f"speculum: measured in {took}", file=sys.stderr, flush=True)
-    elif not server.should_exit:
-        print(f"speculum: partly measured in {took}; auto mode times the rest from the requests", file=sys.stderr,
-              flush=True)
+    IdleMeasuring(served, Mode(args.mode), lambda: server.should_exit).start()
 
 
 def cmd_rpc_worker(args) -> int:

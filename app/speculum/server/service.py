@@ -175,6 +175,11 @@ class ServedModel:
     def waiting(self) -> int:
         return self._waiting
 
+    @property
+    def asked(self) -> bool:
+        """Whether a request runs or waits: idle work (measuring this machine) gives way at once."""
+        return self._waiting > 0 or self._turn.locked()
+
     # -- prompts --
 
     def chat_prompt(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
