@@ -357,6 +357,7 @@ class CallStream:
         self.started = False  # any text seen that is not whitespace
         self.arguments: _Arguments | None = None  # inside a Hermes call: its arguments as they come
         self.sent = 0  # of them, the characters sent
+        self.code = False  # inside a fenced block that is no call
 
     def feed(self, text: str) -> tuple[str, list[dict]]:
         self.pending += text
@@ -364,7 +365,7 @@ class CallStream:
         if not self.started and self.pending.strip():
             self.started = True
             head = self.pending.lstrip()
-            markers = {LLAMA3: ("{", "<|python_tag|>"), MISTRAL: ("[TOOL_CALLS]",), HERMES: ("{", "```")}[fmt]
+            markers = {LLAMA3: ("{", "<|python_tag|>"), MISTRAL: ("[TOOL_CALLS]",), HERMES: ("{",)}[fmt]
             self.whole = any(head.startswith(m) or m.startswith(head) for m in markers)
         if self.whole and fmt is HERMES and not _BARE_CALL.match(self.pending) and len(self.pending.strip()) > 40:
             self.whole = False  # a code block or JSON that is no call: streamed as text after all
@@ -378,10 +379,42 @@ class CallStream:
     def _hermes(self) -> tuple[str, list[dict]]:
         out, deltas = [], []
         while True:
+            if self.code:  # inside a fenced block that is no call: text, up to its closing fence
+                end = self.pending.find(_FENCE_MARK)
+                if end < 0:
+                    hold = _partial_tail(self.pending, _FENCE_MARK)
+                    out.append(self.pending[:len(self.pending) - hold])
+                    self.pending = self.pending[len(self.pending) - hold:]
+                    break
+                out.append(self.pending[:end + len(_FENCE_MARK)])
+                self.pending, self.code = self.pending[end + len(_FENCE_MARK):], False
+                continue
             if self.arguments is None:
-                start = self.pending.find(_OPEN)
+                start, fence = self.pending.find(_OPEN), self.pending.find(_FENCE_MARK)
+                if fence >= 0 and (start < 0 or fence < start):
+                    out.append(self.pending[:fence])
+                    self.pending = self.pending[fence:]
+                    shape = _fenced_shape(self.pending)
+                    if shape is None:
+                        break  # may still be a fenced call: held
+                    if shape is False:  # code or text: streamed as it comes
+                        header = _FENCE_HEADER.match(self.pending).end()
+                        out.append(self.pending[:header])
+                        self.pending, self.code = self.pending[header:], True
+                        continue
+                    end = self.pending.find(_FENCE_MARK, len(_FENCE_MARK))
+                    if end < 0:
+                        break
+                    block = self.pending[:end + len(_FENCE_MARK)]
+                    self.pending = self.pending[len(block):]
+                    found = _calls_in(block, self.use.format, set(self.use.parameters))
+                    if found:
+                        deltas += self._whole(found)
+                    else:
+                        out.append(block)
+                    continue
                 if start < 0:
-                    hold = _partial_tail(self.pending, _OPEN)
+                    hold = max(_partial_tail(self.pending, _OPEN), _partial_tail(self.pending, _FENCE_MARK))
                     out.append(self.pending[:len(self.pending) - hold])
                     self.pending = self.pending[len(self.pending) - hold:]
                     break
@@ -448,7 +481,24 @@ class CallStream:
         return content or "", self._whole(calls)
 
 
-_BARE_CALL = re.compile(r'\s*(```[a-z]*\s*)?\{\{?\s*"name"')
+_BARE_CALL = re.compile(r'\s*\{\{?\s*"name"')
+_FENCE_MARK = "```"
+_FENCE_HEADER = re.compile(r"```[a-zA-Z]*[ \t]*(\n|$)")
+_CALL_OPENINGS = ('{"name"', '{{"name"', '[{"name"')
+
+
+def _fenced_shape(text: str) -> bool | None:
+    """For text opening a fenced block: True when the block begins like a call (held to its
+    close and read), False when it plainly does not (streamed), None while it cannot be told."""
+    header = _FENCE_HEADER.match(text)
+    if header is None:
+        return False if re.fullmatch(r"```[a-zA-Z]*[ \t]*", text) is None else None
+    if not header.group(1):
+        return None
+    body = text[header.end():].lstrip()
+    if any(body.startswith(o) for o in _CALL_OPENINGS):
+        return True
+    return None if any(o.startswith(body) for o in _CALL_OPENINGS) else False
 
 
 def _partial_tail(text: str, marker: str) -> int:

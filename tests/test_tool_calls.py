@@ -1,0 +1,107 @@
+"""Reading tool calls back (pure logic: the parser and the stream splitter, no model): a call's
+arguments are the JSON the model wrote, the same bytes whole and streamed however the text is
+cut; calls written in another shape (doubled braces, fenced blocks, several bare ones) are read
+as calls; and the grammar of the offered tools builds with each schema's ``$ref``s resolved in it."""
+
+import json
+
+import pytest
+
+from speculum.engine.grammar.lazy import LazyGrammar
+from speculum.engine.grammar.state import Grammar
+from speculum.server import tools
+from speculum.server.errors import BadRequest
+
+PARAMS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+
+
+def _use(fmt=tools.HERMES):
+    return tools.ToolUse(tools=[], format=fmt, choice="auto", parameters={"get_weather": PARAMS})
+
+
+def _streamed(text, size, fmt=tools.HERMES):
+    stream, sent, deltas = tools.CallStream(_use(fmt)), [], []
+    for i in range(0, len(text), size):
+        piece, found = stream.feed(text[i:i + size])
+        sent.append(piece)
+        deltas += found
+    piece, found = stream.finish()
+    calls: dict[int, list[str]] = {}
+    for d in deltas + found:
+        calls.setdefault(d["index"], []).append(d["function"]["arguments"])
+    return "".join(sent) + piece, ["".join(parts) for _, parts in sorted(calls.items())]
+
+
+CALL = '{"name": "get_weather", "arguments": {"city": "Oslo", "note": "a } in \\"text\\""}}'
+SHAPES = [  # answer, content, the arguments of its calls
+    (f"<tool_call>\n{CALL}\n</tool_call>", None, ['{"city": "Oslo", "note": "a } in \\"text\\""}']),
+    ('<tool_call>\n{"name": "get_weather", "arguments":{"city":"Lima"}}\n</tool_call>', None, ['{"city":"Lima"}']),
+    ('<tool_call>\n{{"name": "get_weather", "arguments": {"city": "Rome"}}}\n</tool_call>', None,
+     ['{"city": "Rome"}']),
+    ('{{"name": "get_weather", "arguments": {"city": "Rome"}}}', None, ['{"city": "Rome"}']),
+    ('Sure.\n```json\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n```', "Sure.", ['{"city": "Oslo"}']),
+    ('```json\n[{"name": "get_weather", "arguments": {"city": "Oslo"}}, '
+     '{"name": "get_weather", "arguments": {"city": "Rome"}}]\n```', None, ['{"city": "Oslo"}', '{"city": "Rome"}']),
+    ('{"name": "get_weather", "arguments": {"city": "Oslo"}}\n{"name": "get_weather", "arguments": {"city": "Rome"}}',
+     None, ['{"city": "Oslo"}', '{"city": "Rome"}']),
+    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n<tool_call>\n'
+     '{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>', None,
+     ['{"city": "Oslo"}', '{"city": "Rome"}']),
+    ('<tool_call>\n{"arguments": {"city": "Oslo"}, "name": "get_weather"}\n</tool_call>', None, ['{"city": "Oslo"}']),
+]
+
+
+@pytest.mark.parametrize("text, content, arguments", SHAPES, ids=range(len(SHAPES)))
+def test_calls_in_every_shape_are_read_and_streamed_byte_for_byte(text, content, arguments):
+    found_content, calls = tools.parse_calls(text, _use())
+    assert found_content == content and [c.arguments for c in calls] == arguments
+    for size in (1, 2, 3, 7, 1000):
+        sent, streamed = _streamed(text, size)
+        assert streamed == arguments, size
+        assert sent.strip() == (content or ""), size
+
+
+def test_arguments_begin_where_the_model_wrote_them_whatever_the_chunks():
+    # The space after "arguments": arriving alone in a chunk of its own was sent as the arguments' start.
+    pieces = ['<tool_call>\n{"name": "get_weather", "arguments":', " ", '{"city": "Paris"}', "}\n</tool_call>"]
+    stream, args = tools.CallStream(_use()), []
+    for piece in pieces:
+        args += [d["function"]["arguments"] for d in stream.feed(piece)[1]]
+    assert "".join(args) == '{"city": "Paris"}' == tools.parse_calls("".join(pieces), _use())[1][0].arguments
+
+
+def test_code_fences_that_are_no_calls_stream_as_text():
+    text = "Here:\n```python\nprint('{\"name\": 1}')\n```\nand ```json\n{\"a\": 1}\n``` done."
+    assert tools.parse_calls(text, _use()) == (text, [])
+    for size in (1, 5, 1000):
+        assert _streamed(text, size) == (text, [])
+
+
+NESTED = {"type": "object", "properties": {"items": {"type": "array", "items": {"$ref": "#/$defs/Item"}}},
+          "required": ["items"], "$defs": {"Item": {"type": "object", "properties": {"n": {"type": "integer"}},
+                                                    "required": ["n"]}}}
+OTHER = {"type": "object", "properties": {"item": {"$ref": "#/$defs/Item"}},
+         "$defs": {"Item": {"type": "string"}}}  # the same name, another schema
+
+
+def _request(choice):
+    return {"tools": [{"type": "function", "function": {"name": "order", "parameters": NESTED}},
+                      {"type": "function", "function": {"name": "label", "parameters": OTHER}}],
+            "tool_choice": choice}
+
+
+@pytest.mark.parametrize("choice", ["auto", "required", {"type": "function", "function": {"name": "order"}}])
+def test_each_tools_refs_resolve_in_its_own_schema(choice):
+    use = tools.tool_use(_request(choice), "{% if tools %}<tool_call>{% endif %}")
+    grammar = use.grammar()
+    assert isinstance(grammar, LazyGrammar if choice == "auto" else Grammar)
+    gbnf = grammar.grammar.gbnf if isinstance(grammar, LazyGrammar) else grammar.gbnf
+    assert "t0-Item" in gbnf  # order's Item (an object), not label's (a string)
+
+
+def test_a_tool_schema_that_cannot_be_enforced_is_a_400_naming_keyword_and_place():
+    body = {"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"v": {"type": "integer", "multipleOf": 5}}}}}]}
+    with pytest.raises(BadRequest) as refused:
+        tools.tool_use(body, "{% if tools %}<tool_call>{% endif %}").grammar()
+    assert "'multipleOf' at tools[0].function.parameters.properties.v" in str(refused.value)
