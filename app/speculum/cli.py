@@ -133,6 +133,7 @@ def _mode(name: str) -> Mode:
 
 def cmd_generate(args) -> int:
     from .documents import read_document
+    from .engine.chat import chat_tokens
     from .engine.prompts import build_messages
     from .engine.sampling import SamplingParams
     from .engine.stats import Stats
@@ -146,7 +147,7 @@ def cmd_generate(args) -> int:
     reading = PromptProgress(sys.stderr)
 
     def generate(messages):
-        prompt = decoder.target.tokenize(decoder.target.apply_chat_template(messages))
+        prompt = chat_tokens(decoder.target, messages)
         return decoder.generate(prompt, max_tokens=args.max_tokens, sampling=sampling, policy=Mode(args.mode),
                                 k=_fixed_k(args), on_prompt=reading, origin="cli")
 

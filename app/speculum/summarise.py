@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from typing import Callable, Iterable, Iterator, Sequence
 
+from .engine.chat import chat_tokens
 from .engine.prompts import build_messages, document_message
 from .engine.vocabulary import Finish
 from .errors import SpeculumError
@@ -146,7 +147,7 @@ class DocumentSummary:
         return self._count_messages(messages) + self.max_tokens <= self.target.n_ctx
 
     def _count_messages(self, messages: list[dict]) -> int:
-        return len(self.target.tokenize(self.target.apply_chat_template(messages)))
+        return len(chat_tokens(self.target, messages))
 
     def _answer(self, messages: list[dict], stage: str) -> Iterator[tuple[str, object, object]]:
         """Yield the cycles of one answer; its text lands in ``self._last_text``."""
