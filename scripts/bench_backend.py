@@ -16,7 +16,9 @@ import time
 
 from llama_cpp import Llama
 
-from speculum.engine.llama.model import LlamaModel, default_threads
+from speculum.engine.llama.model import LlamaModel
+from speculum.engine.llama.native import default_threads
+from speculum.engine.settings import LoadOptions
 from speculum.engine.decoder import Decoder
 
 PROMPT = "Write a Python function that checks whether a number is prime, with a docstring."
@@ -55,7 +57,7 @@ def main() -> None:
 
     llm = Llama(args.target, n_ctx=2048, n_threads=args.threads, n_threads_batch=args.threads,
                 n_gpu_layers=-1, verbose=False)
-    model = LlamaModel(args.target, n_ctx=2048, n_threads=args.threads)
+    model = LlamaModel(args.target, LoadOptions(n_ctx=2048, n_threads=args.threads))
     decoder = Decoder(model)
     prompt = model.tokenize(model.apply_chat_template([{"role": "user", "content": PROMPT}]))
     ours, theirs = [], []

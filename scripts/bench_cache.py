@@ -19,7 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
 
-from speculum.engine.loading import LoadOptions, load_decoder  # noqa: E402
+from speculum.engine.loading import load_decoder  # noqa: E402
+from speculum.engine.settings import LoadOptions  # noqa: E402
 
 
 def document(topic: str, n_lines: int) -> str:

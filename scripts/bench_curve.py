@@ -28,7 +28,7 @@ CHUNK = 128
 
 
 def measure(target: str, threads: int | None, repeat: int, cached: int, flash_attn: bool | None) -> dict:
-    from speculum.engine.llama.model import default_threads
+    from speculum.engine.llama.native import default_threads
     from speculum.engine.llama.tuning import time_passes
 
     return time_passes(target, threads or default_threads(), sizes=(*SIZES, CHUNK), cached=cached, repeat=repeat,

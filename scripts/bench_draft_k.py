@@ -33,7 +33,8 @@ def main() -> int:
     args = parser.parse_args()
     sys.path.insert(0, str(REPO / "app"))
     from speculum.bench import load_prompts, run_one
-    from speculum.engine.loading import LoadOptions, load_decoder
+    from speculum.engine.loading import load_decoder
+    from speculum.engine.settings import LoadOptions
     from speculum.engine.vocabulary import Mode
 
     from demo_pair import demo_pair

@@ -116,7 +116,8 @@ def main() -> int:
 
     from speculum import paths
     from speculum.engine.prompts import build_messages
-    from speculum.engine.loading import LoadOptions, load_decoder
+    from speculum.engine.loading import load_decoder
+    from speculum.engine.settings import LoadOptions
     from speculum.ui.mainwindow import MainWindow
     from speculum.ui.settings import Settings
 

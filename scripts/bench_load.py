@@ -49,7 +49,8 @@ def measure(args) -> dict:
     """In the fresh process: load once, then alternate quiet and busy runs per mode."""
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "app"))
     from speculum.engine.llama import cpu_settings
-    from speculum.engine.loading import LoadOptions, load_decoder
+    from speculum.engine.loading import load_decoder
+    from speculum.engine.settings import LoadOptions
     from speculum.engine.prompts import build_messages
 
     decoder = load_decoder(args.model, args.draft, LoadOptions(n_ctx=2048))

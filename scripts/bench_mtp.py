@@ -24,11 +24,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import mtpgguf  # noqa: E402
 
 from speculum.engine.llama.model import LlamaModel  # noqa: E402
+from speculum.engine.settings import LoadOptions  # noqa: E402
 from speculum.models import bundled  # noqa: E402
 
 
 def measure(path: Path, threads: int, steps: int) -> tuple[float, float]:
-    with LlamaModel(path, n_ctx=1024, n_threads=threads) as model:
+    with LlamaModel(path, LoadOptions(n_ctx=1024, n_threads=threads)) as model:
         rows = []
         model.listen_to_decodes(lambda tokens, pos, hidden: rows.append(np.array(hidden[-1:])))
         head = model.open_mtp_head()

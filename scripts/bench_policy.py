@@ -35,7 +35,8 @@ def main() -> int:
     import numpy as np
 
     from speculum.bench import curve_from_passes, load_prompts, oracle_speedup, priced_speedup, run_one, timed_pass
-    from speculum.engine.loading import LoadOptions, load_decoder
+    from speculum.engine.loading import load_decoder
+    from speculum.engine.settings import LoadOptions
     from speculum.engine.vocabulary import Mode
 
     from demo_pair import demo_pair

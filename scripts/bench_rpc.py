@@ -47,7 +47,8 @@ import speculum
 from speculum.engine.rpc import client as rpc
 from speculum.engine.backend import load_average, one_minute_load
 from speculum.engine.decoder import Decoder
-from speculum.engine.loading import LoadOptions, load_decoder
+from speculum.engine.loading import load_decoder
+from speculum.engine.settings import LoadOptions
 from speculum.engine.rpc.address import WorkerAddress, parse_worker
 
 CODE_PROMPT = "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring."

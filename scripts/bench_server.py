@@ -99,7 +99,8 @@ def main() -> int:
 
     from speculum.bench import curve_from_passes, oracle_speedup, timed_pass, verify_curve
     from speculum.engine.prompts import build_messages
-    from speculum.engine.loading import LoadOptions, load_decoder
+    from speculum.engine.loading import load_decoder
+    from speculum.engine.settings import LoadOptions
     from speculum.server.api import create_app
     from speculum.protocol import CycleEvent
     from speculum.server.service import ServedModel

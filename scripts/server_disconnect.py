@@ -47,7 +47,8 @@ def main() -> int:
     parser.add_argument("--leave-after", type=float, default=0.5, help="seconds before the client leaves")
     args = parser.parse_args()
 
-    from speculum.engine.loading import LoadOptions, load_decoder
+    from speculum.engine.loading import load_decoder
+    from speculum.engine.settings import LoadOptions
     from speculum.server.api import Serving
     from speculum.server.service import ServedModel
 

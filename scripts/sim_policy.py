@@ -52,7 +52,8 @@ def record(target: str, path: Path) -> dict[str, tuple[list[int], list[int]]]:
     if path.is_file():
         return {name: (p, o) for name, (p, o) in json.loads(path.read_text()).items()}
     from speculum.bench import load_prompts
-    from speculum.engine.loading import LoadOptions, load_decoder
+    from speculum.engine.loading import load_decoder
+    from speculum.engine.settings import LoadOptions
     from speculum.engine.vocabulary import Mode
 
     decoder = load_decoder(target, None, LoadOptions(n_ctx=4096))
@@ -71,7 +72,7 @@ def replay(answers, curve: dict[int, float], seed: int, mode, spelling=None) -> 
     """One fresh policy through the answers in order; each answer's speedup over plain decoding."""
     from speculum.engine.policy.auto import AutoPolicy
     from speculum.engine.drafting.draft import Draft
-    from speculum.engine.drafting.drafters import PromptLookup
+    from speculum.engine.drafting.lookup import PromptLookup
     from speculum.engine.vocabulary import Source
 
     now = [0.0]
@@ -104,7 +105,7 @@ def replay(answers, curve: dict[int, float], seed: int, mode, spelling=None) -> 
 def ceiling(prompt: list[int], answer: list[int], curve: dict[int, float], spelling=None) -> float:
     """A causal policy told this answer's own acceptance per (match-length bucket, position)."""
     from speculum.bench import copy_fates
-    from speculum.engine.policy.auto import bucket_of, expected_tokens
+    from speculum.engine.policy.acceptance import bucket_of, expected_tokens
 
     seen = copy_fates(prompt, answer, spelling=spelling)  # per position: (match length, tokens of lookup's proposal right)
     hits, tries = collections.Counter(), collections.Counter()
@@ -143,10 +144,11 @@ def main() -> int:
     target, _ = demo_pair(args.target, None)
     path = Path(args.answers or Path(tempfile.gettempdir()) / f"speculum-sim-{Path(target).stem}.json")
     answers = record(target, path)
-    from speculum.engine.drafting.drafters import Spelling
+    from speculum.engine.drafting.copycursor import Spelling
     from speculum.engine.llama.model import LlamaModel
+    from speculum.engine.settings import LoadOptions
 
-    spelling = Spelling.of(LlamaModel(target, n_ctx=64))  # its vocabulary: lookup respells renamed words
+    spelling = Spelling.of(LlamaModel(target, LoadOptions(n_ctx=64)))  # its vocabulary: lookup respells renamed words
     a, _, b = args.seeds.partition("-")
     seeds = list(range(int(a), int(b) + 1)) if b else [int(s) for s in args.seeds.split(",")]
     curves = {"given": {int(n): float(c) for n, c in (x.split(":") for x in args.curve.split(","))}

@@ -11,7 +11,8 @@ import httpx
 import openai
 import pytest
 
-from speculum.engine.loading import LoadOptions, load_decoder
+from speculum.engine.loading import load_decoder
+from speculum.engine.settings import LoadOptions
 from speculum.server.service import ServedModel
 from test_server import LiveServer
 

@@ -5,8 +5,12 @@ from typing import Sequence
 import math
 import numpy as np
 
-from speculum.engine.policy.auto import AutoPolicy, CostModel, expected_tokens
+from speculum.engine.policy.auto import AutoPolicy
+from speculum.engine.policy.costs import CostModel
+from speculum.engine.policy.acceptance import expected_tokens
 from speculum.engine.decoder import Decoder
+from speculum.engine.policy import acceptance
+from speculum.engine.vocabulary import Device
 from synthetic import FakeClock, SyntheticModel, noisy_copy
 
 # Seconds per pass with n tokens in the batch.
@@ -532,10 +536,10 @@ def test_a_long_copy_is_sure_only_once_its_match_length_has_been_seen():
     # stays within the loss budget (a restated function signature, copied 14 tokens long and
     # wrong, cost a first answer 5%). One copy seen from such a match, the next may be long.
     from speculum.engine.drafting.draft import Draft
-    from speculum.engine.drafting.drafters import PromptLookup
+    from speculum.engine.drafting.lookup import PromptLookup
     from speculum.engine.vocabulary import Source
 
-    policy = AutoPolicy({Source.LOOKUP: PromptLookup()}, "auto", "CPU")
+    policy = AutoPolicy({Source.LOOKUP: PromptLookup()}, "auto", Device.CPU)
     policy.calibrated(CostModel({n: 0.030 * (1 + 0.35 * (n - 1)) for n in range(1, 17)}))
     phrase = list(range(10, 40))
     context = [1, 2] + phrase + [3, 4] + phrase[:12]  # the last 12 tokens were seen: 18 follow them
@@ -552,7 +556,7 @@ def test_a_recalled_context_copies_long_at_once_and_a_shared_ending_only_probes(
     # greedy answer is written again, so its copy is sure on a fresh policy's prior; a resent
     # document after another question shares only its end, and its first copy stays a probe.
     from speculum.engine.policy import auto
-    from speculum.engine.drafting.drafters import MemoryLookup
+    from speculum.engine.drafting.lookup import MemoryLookup
     from speculum.engine.drafting.ngrammemory import NgramMemory
     from speculum.engine.vocabulary import Source
 
@@ -562,7 +566,7 @@ def test_a_recalled_context_copies_long_at_once_and_a_shared_ending_only_probes(
     memory.remember(earlier, "api")
 
     def longest(context) -> int:
-        policy = AutoPolicy({Source.MEMORY: MemoryLookup(memory)}, "auto", "CPU")
+        policy = AutoPolicy({Source.MEMORY: MemoryLookup(memory)}, "auto", Device.CPU)
         policy.calibrated(CostModel({n: 0.030 * (1 + 0.35 * (n - 1)) for n in range(1, 17)}))
         return max(policy.choose(context).k for _ in range(20))
 
@@ -576,7 +580,7 @@ def test_a_recalled_text_is_copied_past_fifteen_tokens_where_long_passes_pay_and
     # A pass of 64 tokens costs 10.3 single steps on Qwen2.5 1.5B (2 cores), 16 cost 3.3: where
     # every copied token is right (the same prompt again), long passes write more per step.
     from speculum.engine.policy import auto
-    from speculum.engine.drafting.drafters import MemoryLookup
+    from speculum.engine.drafting.lookup import MemoryLookup
     from speculum.engine.drafting.ngrammemory import NgramMemory
     from speculum.engine.vocabulary import Source
 
@@ -584,7 +588,7 @@ def test_a_recalled_text_is_copied_past_fifteen_tokens_where_long_passes_pay_and
     earlier = rng.integers(0, 1000, 500).tolist()
     memory = NgramMemory(1000)
     memory.remember(earlier, "api")
-    policy = AutoPolicy({Source.MEMORY: MemoryLookup(memory)}, "auto", "CPU")
+    policy = AutoPolicy({Source.MEMORY: MemoryLookup(memory)}, "auto", Device.CPU)
     policy.calibrated(CostModel({n: 0.030 * (1 + 0.145 * (n - 1)) for n in (1, 2, 3, 4, 5, 6, 8, 16, 32, 64)}))
     for table in policy._match_rates[Source.MEMORY]:  # copies from the memory have all been right
         for rate in table:
@@ -600,10 +604,10 @@ def test_short_copies_are_sure_again_once_this_answer_has_shown_them_right():
     # answer's own short copies were right; the next answer starts budgeted again.
     from speculum.engine.policy import auto
     from speculum.engine.drafting.draft import Draft
-    from speculum.engine.drafting.drafters import PromptLookup
+    from speculum.engine.drafting.lookup import PromptLookup
     from speculum.engine.vocabulary import Source
 
-    policy = AutoPolicy({Source.LOOKUP: PromptLookup()}, "auto", "CPU")
+    policy = AutoPolicy({Source.LOOKUP: PromptLookup()}, "auto", Device.CPU)
     policy.calibrated(CostModel({n: 0.030 * (1 + 0.35 * (n - 1)) for n in range(1, 17)}))
     for rate in policy.lookup_rates[2]:
         rate.accepted, rate.rejected = 5.0, 0.0  # an earlier document: 3-token matches always right
@@ -647,12 +651,11 @@ def test_the_curve_in_one_sweep_is_verify_size_by_size():
 def test_tables_not_drafted_from_age_by_the_cycles_they_sat_idle_and_the_one_drafted_from_does_not():
     # Idle aging is applied when a table is next read, not to every table every cycle: what
     # it reads must be what aging each cycle would have left (IDLE_DECAY per idle cycle).
-    from speculum.engine.policy import auto
     from speculum.engine.drafting.draft import Draft
-    from speculum.engine.drafting.drafters import PromptLookup
+    from speculum.engine.drafting.lookup import PromptLookup
     from speculum.engine.vocabulary import Source
 
-    policy = AutoPolicy({Source.LOOKUP: PromptLookup()}, "auto", "CPU")
+    policy = AutoPolicy({Source.LOOKUP: PromptLookup()}, "auto", Device.CPU)
     for rate in policy.model_rates:
         rate.accepted, rate.rejected = 4.0, 2.0
     for rate in policy.lookup_rates[3]:
@@ -663,13 +666,13 @@ def test_tables_not_drafted_from_age_by_the_cycles_they_sat_idle_and_the_one_dra
     policy.observe(copy, 2, 0.0, 0.05)  # drafted from bucket 3: it learns, it does not idle
     for _ in range(2):
         policy.observe(Draft(), 0, 0.0, 0.03)
-    idle = auto.IDLE_DECAY ** 8
+    idle = acceptance.IDLE_DECAY ** 8
     assert all(math.isclose(r.accepted, 4.0 * idle) and math.isclose(r.rejected, 2.0 * idle)
                for r in policy.model_rates)
     assert all(r.accepted == 0.0 for r in policy.lookup_rates[2])  # nothing to age
     first = policy.lookup_rates[3][0]
-    assert math.isclose(first.accepted, (3.0 * auto.IDLE_DECAY ** 5 * auto.DECAY + 1) * auto.IDLE_DECAY ** 2)
-    assert math.isclose(first.rejected, 1.0 * auto.IDLE_DECAY ** 5 * auto.DECAY * auto.IDLE_DECAY ** 2)
+    assert math.isclose(first.accepted, (3.0 * acceptance.IDLE_DECAY ** 5 * acceptance.DECAY + 1) * acceptance.IDLE_DECAY ** 2)
+    assert math.isclose(first.rejected, 1.0 * acceptance.IDLE_DECAY ** 5 * acceptance.DECAY * acceptance.IDLE_DECAY ** 2)
     # read twice, aged once
     assert math.isclose(policy.model_rates[0].accepted, 4.0 * idle)
 
@@ -678,10 +681,10 @@ def test_a_plain_step_reports_the_speed_of_plain_decoding_even_when_its_pass_was
     # The report follows the pass it chose, which is timed first: a fresh machine's first plain
     # step, weighed against a default cost and shown against the measured one, read 0.86x plain.
     from speculum.engine.drafting.draft import Draft
-    from speculum.engine.drafting.drafters import PromptLookup
+    from speculum.engine.drafting.lookup import PromptLookup
     from speculum.engine.vocabulary import Source
 
-    policy = AutoPolicy({Source.LOOKUP: PromptLookup()}, "auto", "CPU")
+    policy = AutoPolicy({Source.LOOKUP: PromptLookup()}, "auto", Device.CPU)
     for seconds in (0.043, 0.031, 0.052):
         choice = policy.choose([1, 2, 3, 4])  # nothing to copy: a plain step
         assert choice.k == 0
@@ -695,11 +698,11 @@ def test_copies_from_one_or_two_tokens_of_context_are_not_explored_but_from_thre
     # A newline or a bracket in common says little of what follows it: such copies spent the
     # loss budget that copies of longer matches could use. Until this answer's short copies
     # have been right, only a match of three tokens or more is tried on the draws.
-    from speculum.engine.drafting.drafters import PromptLookup
+    from speculum.engine.drafting.lookup import PromptLookup
     from speculum.engine.vocabulary import Source
 
     def drafted(context, slope=0.35, tries=60):
-        policy = AutoPolicy({Source.LOOKUP: PromptLookup()}, "auto", "CPU")
+        policy = AutoPolicy({Source.LOOKUP: PromptLookup()}, "auto", Device.CPU)
         policy.calibrated(CostModel({n: 0.030 * (1 + slope * (n - 1)) for n in range(1, 17)}))
         return sum(policy.choose(context).k > 0 for _ in range(tries))
 

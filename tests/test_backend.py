@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from speculum.engine.llama.model import LlamaModel
+from speculum.engine.settings import LoadOptions
 from speculum.errors import SpeculumError
 from speculum.models.gguf import check_gguf_file
 from ggufgen import write_gguf
@@ -81,7 +82,7 @@ def test_logits_rows_are_a_zero_copy_view_of_named_rows(smollm):
 
 @pytest.mark.qwen
 def test_batch_rows_match_single_steps_qwen(qwen_target_path):
-    with LlamaModel(qwen_target_path, n_ctx=512) as model:
+    with LlamaModel(qwen_target_path, LoadOptions(n_ctx=512)) as model:
         tokens = model.tokenize(model.apply_chat_template(
             [{"role": "user", "content": "Write a function that reverses a linked list in C, with comments."}]))
         for start in (10, len(tokens) - 8):
@@ -139,7 +140,7 @@ def bad_files(tmp_path, smollm_path):
 def test_bad_gguf_gives_clear_messages(tmp_path, smollm_path):
     for case, (path, message) in bad_files(tmp_path, smollm_path).items():
         with pytest.raises(SpeculumError) as err:
-            LlamaModel(path, n_ctx=256)
+            LlamaModel(path, LoadOptions(n_ctx=256))
         assert message in str(err.value), case
         assert "\n" not in str(err.value)
     # The header checks alone (before llama.cpp) catch all but the foreign architecture.

@@ -88,7 +88,7 @@ def test_bench_json_contract(smollm_path, tmp_path):
     # plain decoding priced is plain decoding, less what choosing each step took (a fraction of a ms)
     assert all(0.9 < r["priced_speedup"] <= 1.0 for r in results if r["mode"] == "off")
     # the target verifies: without flash attention on the CPU (cpu_settings.attention)
-    from speculum.engine.llama.model import gpu_backend
+    from speculum.engine.llama.native import gpu_backend
     assert json.loads(proc.stdout)["flash_attn"] == ("off" if gpu_backend() is None else "auto")
     ttft = json.loads(proc.stdout)["ttft"]  # the first token's wait, fresh policy vs taught
     assert all(ttft[key] > 0 for key in ("fresh_s", "calibrated_s", "plain_s", "plain_after_s",
@@ -101,7 +101,7 @@ def test_bench_table(smollm_path, tmp_path):
     proc = speculum("bench", "--target", smollm_path, "--prompts", suite, "--modes", "off,lookup")
     assert proc.returncode == 0, proc.stderr
     assert "vs off" in proc.stdout and "hello" in proc.stdout and "lookup" in proc.stdout
-    from speculum.engine.llama.model import gpu_backend
+    from speculum.engine.llama.native import gpu_backend
     assert f"flash attention: {'off' if gpu_backend() is None else 'auto'}" in proc.stdout
 
 
@@ -138,7 +138,7 @@ def test_doctor_reports_versions_backend_and_folders(tmp_path):
     # ggml's tiled path where it makes verification passes cheaper: CPUs with AVX-512
     pays = cpu_settings.tiled_matmul_pays(cpu_settings.cpu_flags())
     assert proc.stdout.split("Tiled matmul")[1].split()[0] == ("on" if pays else "off")
-    from speculum.engine.llama.model import gpu_backend
+    from speculum.engine.llama.native import gpu_backend
     attention = proc.stdout.split("Flash attention")[1].splitlines()[0]
     assert ("off for the target" in attention) is (gpu_backend() is None)
 

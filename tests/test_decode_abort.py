@@ -11,7 +11,8 @@ import pytest
 from speculum.engine.backend import DecodeAborted
 from speculum.engine.decoder import PROMPT_CHUNK
 from speculum.engine.llama.model import LlamaModel
-from speculum.engine.loading import LoadOptions, load_decoder
+from speculum.engine.loading import load_decoder
+from speculum.engine.settings import LoadOptions
 
 
 def long_prompt(decoder, lines=80):

@@ -1,16 +1,19 @@
-"""The drafter registry: a new drafter is one class and one entry, used with no decoder change."""
+"""The drafter registry: a new drafter is one class (a ``Drafter``) and one entry, used with no decoder change."""
 
 import numpy as np
 
 from speculum.engine.drafting import drafters
 from speculum.engine.decoder import Decoder
-from speculum.engine.drafting.drafters import Choice, Draft
+from speculum.engine.drafting.copycursor import Spelling, renamed_word
+from speculum.engine.drafting.draft import Choice, Draft, Drafter, NO_MATCH
+from speculum.engine.drafting.lookup import PromptLookup, SuffixIndex
+from speculum.engine.drafting.modeldrafter import ModelDrafter
 from speculum.engine.policy.fixed import FixedPolicy
 from speculum.engine.vocabulary import Source
 from synthetic import SyntheticModel
 
 
-class OracleDrafter:
+class OracleDrafter(Drafter):
     """Drafts the target's own greedy continuation: a drafter the engine has never seen."""
 
     source = "oracle"
@@ -83,7 +86,7 @@ def test_suffix_index_finds_the_longest_earlier_match_incrementally():
     rng = np.random.default_rng(3)
     for vocab in (2, 3, 7, 50):
         tokens = [int(t) for t in rng.integers(0, vocab, size=120)]
-        index = drafters.SuffixIndex()
+        index = SuffixIndex()
         for i, tok in enumerate(tokens):
             index.extend([tok])  # one token at a time, as a generation grows
             m = index.match
@@ -95,7 +98,7 @@ def test_suffix_index_finds_the_longest_earlier_match_incrementally():
 
 def test_lookup_copies_a_long_passage_and_reports_its_full_match_length():
     passage = list(range(100, 160))
-    lookup = drafters.PromptLookup()
+    lookup = PromptLookup()
     context = [1, 2] + passage + [3, 4] + passage[:25]
     lookup.begin(context)
     m = lookup.match(context)
@@ -108,7 +111,7 @@ def test_lookup_copies_a_long_passage_and_reports_its_full_match_length():
 
 
 def test_lookup_starts_over_when_the_context_is_not_an_extension():
-    lookup = drafters.PromptLookup()
+    lookup = PromptLookup()
     lookup.begin([5, 6, 7, 8, 5, 6, 7])
     assert lookup.match([5, 6, 7, 8, 5, 6, 7]).length == 3
     # A new conversation (or an edited one): nothing of the old text may be matched.
@@ -118,14 +121,14 @@ def test_lookup_starts_over_when_the_context_is_not_an_extension():
     assert (m.length, m.end) == (1, 0)
     # A context truncated behind the index's back is caught by match() itself.
     assert lookup.match([9, 10, 9, 10]).length == 2 and lookup.tokens == [9, 10, 9, 10]
-    assert lookup.match([1, 2, 3]) == drafters.NO_MATCH
+    assert lookup.match([1, 2, 3]) == NO_MATCH
 
 
 def test_the_draft_model_counts_a_new_prompt_as_unread_after_a_longer_one():
     # Its cache holds an earlier, longer prompt sharing only a template prefix with the new one:
     # the new prompt is all to read (a guess from the end once said 8 tokens, and auto mode
     # tried the draft model on a long document as if it were nearly free).
-    drafter = drafters.ModelDrafter(SyntheticModel(n_vocab=64, seed=3))
+    drafter = ModelDrafter(SyntheticModel(n_vocab=64, seed=3))
     earlier = [1, 2, 3] + [5] * 60
     drafter.sequence.feed(earlier)
     new = [1, 2, 3] + [7] * 40
@@ -158,7 +161,7 @@ def answered(lookup, upto):
 
 
 def test_lookup_learns_a_rename_and_copies_its_next_occurrence_with_the_new_name():
-    lookup = drafters.PromptLookup()
+    lookup = PromptLookup()
     answered(lookup, 12)
     assert lookup.substitutions == {}  # one token followed after the change: not sure yet
     answered(lookup, 14)
@@ -173,7 +176,7 @@ def test_lookup_learns_a_rename_and_copies_its_next_occurrence_with_the_new_name
 
 
 def test_lookup_without_a_repeated_edit_copies_as_the_longest_match_says():
-    lookup = drafters.PromptLookup()
+    lookup = PromptLookup()
     lookup.begin(PROMPT)
     context = PROMPT + CODE[:20]  # no edit: the longest match is the copy
     m = lookup.match(context)
@@ -202,8 +205,8 @@ def test_a_renamed_word_is_renamed_in_every_token_that_spells_it(smollm):
     spelt = [smollm.token_bytes(t) for t in prompt]
     assert b" area" in spelt and b"area" in spelt
     at = answer.index(tokens("print")[0]) + 2  # just after "print(": the renamed word comes next
-    for spelling, right in ((None, False), (drafters.Spelling.of(smollm), True)):
-        lookup = drafters.PromptLookup(spelling=spelling)
+    for spelling, right in ((None, False), (Spelling.of(smollm), True)):
+        lookup = PromptLookup(spelling=spelling)
         lookup.begin(prompt)
         context = list(prompt)
         for t in answer[:at]:
@@ -211,17 +214,17 @@ def test_a_renamed_word_is_renamed_in_every_token_that_spells_it(smollm):
             context.append(t)
         lookup.match(context)
         assert (lookup.copy(6) == answer[at:at + 6]) == right, smollm.detokenize(lookup.copy(6))
-    fates = copy_fates(prompt, answer, spelling=drafters.Spelling.of(smollm))
+    fates = copy_fates(prompt, answer, spelling=Spelling.of(smollm))
     assert fates[at][1] >= 6  # the oracle counts it right too
     assert copy_fates(prompt, answer)[at][1] == 0
 
 
 def test_a_rename_is_forgotten_where_the_answer_keeps_the_old_word(smollm):
-    spelling = drafters.Spelling.of(smollm)
+    spelling = Spelling.of(smollm)
     prompt = smollm.tokenize("Rename it:\n```python\ndef area(w, h):\n    return w * h\n\nprint(area(2, 3))\n"
                              "print(area(4, 5))\n")
     answer = smollm.tokenize("```python\ndef surface(w, h):\n    return w * h\n\nprint(area(2, 3))\nprint(")
-    lookup = drafters.PromptLookup(spelling=spelling)
+    lookup = PromptLookup(spelling=spelling)
     lookup.begin(prompt)
     context = list(prompt)
     for t in answer:
@@ -232,14 +235,14 @@ def test_a_rename_is_forgotten_where_the_answer_keeps_the_old_word(smollm):
 
 
 def test_only_one_word_for_another_is_a_rename():
-    assert drafters.renamed_word(" area", " surface") == ("area", "surface")
-    assert drafters.renamed_word("(area", "(surface") == ("area", "surface")
-    assert drafters.renamed_word(" area", "surface") is None  # framed otherwise
-    assert drafters.renamed_word(" area", " total area") is None and drafters.renamed_word(" a", " a") is None
+    assert renamed_word(" area", " surface") == ("area", "surface")
+    assert renamed_word("(area", "(surface") == ("area", "surface")
+    assert renamed_word(" area", "surface") is None  # framed otherwise
+    assert renamed_word(" area", " total area") is None and renamed_word(" a", " a") is None
 
 
 def test_lookup_forgets_a_change_the_answer_does_not_repeat():
-    lookup = drafters.PromptLookup()
+    lookup = PromptLookup()
     lookup.begin(PROMPT)
     context = list(PROMPT)
     answer = renamed(14) + CODE[14:45]  # changed once, then the old name kept at its second place

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from speculum.engine.llama.model import LlamaModel
-from speculum.engine.loading import LoadOptions, load_decoder
+from speculum.engine.loading import load_decoder
+from speculum.engine.settings import LoadOptions
 from speculum.errors import SpeculumError
 from test_backend import QWEN_MAX_NOISE
 
@@ -53,7 +54,7 @@ def test_qwen_greedy_speculation_equals_plain_up_to_ties(qwen_pair, user):
         i = first_difference(plain, spec)
         if i is not None:
             # Allowed only at a numerical tie of the reference (design notes, "Numerics").
-            with LlamaModel(qwen_pair.target.path, n_ctx=1024) as ref:
+            with LlamaModel(qwen_pair.target.path, LoadOptions(n_ctx=1024)) as ref:
                 gap = top2_gap(ref, prompt + plain[:i])
             assert gap < QWEN_MAX_NOISE, (mode, i, gap)
 
@@ -114,7 +115,7 @@ def test_stop_from_another_thread_within_one_pass(smollm_path):
 def test_the_target_verifies_without_flash_attention_on_the_cpu(smollm_path):
     # The CPU's flash attention walks the whole cache once per row of a verification pass
     # (cpu_settings): off for the target there; the draft model, one row at a time, keeps it.
-    from speculum.engine.llama.model import gpu_backend
+    from speculum.engine.llama.native import gpu_backend
 
     decoder = load_decoder(smollm_path, smollm_path, LoadOptions(n_ctx=256))
     assert decoder.target.flash_attn is (False if gpu_backend() is None else None)
@@ -132,12 +133,12 @@ def test_without_flash_attention_a_long_context_reads_in_smaller_micro_batches(q
     # Its attention scores, n_ctx x micro-batch x heads, are reserved with the context: at 32k
     # tokens a 512-token micro-batch would hold 0.8 GB of them (cpu_settings.attention).
     from speculum.engine.llama import cpu_settings
-    from speculum.engine.llama import model as llama
+    from speculum.engine.llama import native
 
-    with LlamaModel(qwen_target_path, n_ctx=32768, verifies=True) as model:
-        if llama.gpu_backend() is None:
+    with LlamaModel(qwen_target_path, LoadOptions(n_ctx=32768), verifies=True) as model:
+        if native.gpu_backend() is None:
             assert model.flash_attn is False and model.n_ubatch == 128  # 32768 x 128 x 12 heads x 4 bytes
-            buffer = next(line for line in llama._log_lines if "compute buffer size" in line)
+            buffer = next(line for line in native._log_lines if "compute buffer size" in line)
             assert float(buffer.split("=")[1].split()[0]) < 400  # MiB (1,000 and more at 512)
         prompt = model.tokenize("def f(x):\n    return x * 2\n" * 40)
         assert model.prefill(prompt).shape == (model.n_vocab,)  # a prompt of several micro-batches
@@ -209,7 +210,7 @@ def test_prompt_progress_is_reported_chunk_by_chunk_and_stop_cancels_it(smollm_p
 
     events = []
     runner = EngineRunner(events.append)
-    assert runner.load(LoadRequest(smollm_path, n_ctx=2048), LoadOptions(n_ctx=2048))
+    assert runner.load(LoadRequest(smollm_path, options=LoadOptions(n_ctx=2048)))
     document = " ".join(f"Line {i}: the lighthouse keeper logged the weather." for i in range(60))
     request = GenerationRequest("c1", [{"role": "user", "content": document + "\nSummarise."}], max_tokens=4)
     runner.generate(request)
@@ -271,6 +272,6 @@ def test_cancel_pressed_as_the_load_ends_still_cancels_it(smollm_path, monkeypat
         return decoder
 
     monkeypatch.setattr(runner_module, "load_decoder", load_then_cancel)
-    assert not runner.load(LoadRequest(smollm_path, n_ctx=512), LoadOptions(n_ctx=512))
+    assert not runner.load(LoadRequest(smollm_path, options=LoadOptions(n_ctx=512)))
     assert events[-1] == LoadFailed("Loading was cancelled.")
     assert runner.decoder is None and not any(isinstance(e, Loaded) for e in events)

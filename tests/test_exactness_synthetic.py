@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from speculum.engine.decoder import Decoder
-from speculum.engine.drafting.drafters import Draft
+from speculum.engine.drafting.draft import Draft, Drafter
 from speculum.engine.sampling import SamplingParams, distribution
 from speculum.engine.verify import verify
 from speculum.engine.vocabulary import Source
@@ -42,11 +42,12 @@ def test_greedy_random_drafts_of_every_quality_equal_plain():
         rng = np.random.default_rng(int(quality * 10))
         dec = Decoder(target)
 
-        class RandomDrafter:
-            source = "model"
+        class RandomDrafter(Drafter):
+            source = Source.MODEL
 
-            def begin(self, context):
-                pass
+            @classmethod
+            def build(cls, inputs):
+                return None  # (put in place by hand below)
 
             def propose(self, context, k, choice, sampling, rng_):
                 ctx = list(context)
@@ -56,10 +57,7 @@ def test_greedy_random_drafts_of_every_quality_equal_plain():
                     tok = best if rng.random() < quality else int(rng.integers(target.n_vocab))
                     out.append(tok)
                     ctx.append(tok)
-                return Draft(out, "model")
-
-            def accept(self, context):
-                pass
+                return Draft(out, Source.MODEL)
 
         dec.drafters[Source.MODEL] = RandomDrafter()  # replaces the registered model drafter
         spec, cycles = run(dec, [4, 5], max_tokens=60, policy="draft", k=4)

@@ -82,14 +82,32 @@ def test_no_module_of_the_package_imports_itself_round_a_circle():
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
 
 
-def test_the_gate_is_imported_by_every_module_that_loads_llama_cpp():
-    """Only native imports llama_cpp itself: it sets the CPU settings before it does."""
-    importers = [name for name, file in _modules().items()
-                 if any(isinstance(node, (ast.Import, ast.ImportFrom))
-                        and any((alias.name if isinstance(node, ast.Import) else node.module or "") == "llama_cpp"
-                                for alias in node.names)
-                        for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"))))]
+LLAMA_ROOM = "speculum.engine.llama."
+
+
+def _importers_of(library: str) -> list[str]:
+    """The package's modules that import ``library`` (or a module of it) anywhere in them."""
+    def names(node) -> list[str]:
+        if isinstance(node, ast.Import):
+            return [alias.name for alias in node.names]
+        return [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+
+    return [name for name, file in _modules().items()
+            if any(n == library or n.startswith(library + ".")
+                   for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"))) for n in names(node))]
+
+
+def test_only_the_llama_room_loads_llama_cpp_and_there_only_through_its_gate():
+    """llama.cpp is the engine/llama room's business, and inside it native is the gate: it sets
+    the CPU settings before it imports llama_cpp. Anything else that needs llama.cpp asks the room."""
+    importers = _importers_of("llama_cpp")
+    assert [name for name in importers if not name.startswith(LLAMA_ROOM)] == []
     assert importers == ["speculum.engine.llama.native"]
+
+
+def test_the_import_finder_sees_plain_and_dotted_imports():
+    assert "speculum.engine.llama.native" in _importers_of("llama_cpp")
+    assert "speculum.ui.app" in _importers_of("PySide6")  # "from PySide6.QtWidgets import ..."
 
 
 def test_every_module_imports_alone_in_a_fresh_interpreter():

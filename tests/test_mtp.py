@@ -10,7 +10,8 @@ from speculum.engine.llama import llama_ext
 from speculum.engine.decoder import Decoder
 from speculum.engine.llama.model import LlamaModel
 from speculum.engine.sampling import SamplingParams, distribution
-from speculum.engine.vocabulary import Source
+from speculum.engine.settings import LoadOptions
+from speculum.engine.vocabulary import Device, Source
 from speculum.models.gguf import check_gguf_file
 from test_cli import speculum
 from test_exactness_synthetic import chi_square_p
@@ -50,7 +51,7 @@ def gemma4_models(tmp_path_factory, smollm_path):
 
 
 def gemma4_target(pair, n_ctx=512):
-    model = LlamaModel(pair[0], n_ctx=n_ctx, n_threads=1)
+    model = LlamaModel(pair[0], LoadOptions(n_ctx=n_ctx, n_threads=1))
     model.attach_assistant(pair[1])
     return model
 
@@ -60,7 +61,7 @@ def noisy(mtp_models, gemma4_models, request):
     if request.param == "gemma4":  # the target, drafted for by its assistant
         model = gemma4_target(gemma4_models["noisy"])
     else:
-        model = LlamaModel(mtp_models[ARCHS[request.param] + "noisy"], n_ctx=512, n_threads=1)
+        model = LlamaModel(mtp_models[ARCHS[request.param] + "noisy"], LoadOptions(n_ctx=512, n_threads=1))
     yield Decoder(model)
     model.close()
 
@@ -75,7 +76,7 @@ def generate(decoder, prompt, **kw):
 
 
 def top2_gap(path, tokens):
-    with LlamaModel(path, n_ctx=512, n_threads=1) as ref:
+    with LlamaModel(path, LoadOptions(n_ctx=512, n_threads=1)) as ref:
         row = np.sort(ref.prefill(tokens).astype(np.float64))
     return row[-1] - row[-2]
 
@@ -92,18 +93,18 @@ def test_header_reports_nextn_layers(mtp_models, smollm_path):
 
 
 def test_loads_with_its_mtp_head(mtp_models):
-    with LlamaModel(mtp_models["aligned"], n_ctx=256, n_threads=1, verifies=True) as model:
+    with LlamaModel(mtp_models["aligned"], LoadOptions(n_ctx=256, n_threads=1), verifies=True) as model:
         assert model.flash_attn is None  # a target with MTP heads keeps llama.cpp's attention (cpu_settings)
         assert model.facts.architecture == "glm4moe"
         assert model.n_nextn == 1 and model.facts.nextn_layers == 1  # the window names the head from facts
         assert Source.MTP in Decoder(model).drafters
-    with LlamaModel(mtp_models["qwen35-aligned"], n_ctx=256, n_threads=1) as model:
+    with LlamaModel(mtp_models["qwen35-aligned"], LoadOptions(n_ctx=256, n_threads=1)) as model:
         assert model.facts.architecture == "qwen35" and model.n_nextn == 1
-    with LlamaModel(mtp_models["step35-aligned"], n_ctx=256, n_threads=1) as model:
+    with LlamaModel(mtp_models["step35-aligned"], LoadOptions(n_ctx=256, n_threads=1)) as model:
         assert model.facts.architecture == "step35" and model.n_nextn == model.facts.nextn_layers == 3
         drafter = Decoder(model).drafters[Source.MTP]
         assert drafter.head.chained and drafter.n_heads == 3
-    with LlamaModel(mtp_models["plain"], n_ctx=256, n_threads=1) as model:
+    with LlamaModel(mtp_models["plain"], LoadOptions(n_ctx=256, n_threads=1)) as model:
         assert model.n_nextn == 0
         assert Source.MTP not in Decoder(model).drafters
 
@@ -155,7 +156,7 @@ def test_head_is_fed_as_llama_cpp_feeds_it(mtp_models, max_pending, switch, arch
     equals a fresh head fed every pair (token at p, the target's hidden state at p - 1) in
     one batch."""
     path = mtp_models[ARCHS[arch] + "noisy"]
-    with LlamaModel(path, n_ctx=512, n_threads=1) as model:
+    with LlamaModel(path, LoadOptions(n_ctx=512, n_threads=1)) as model:
         decoder = Decoder(model)
         drafter = decoder.drafters[Source.MTP]
         if max_pending is not None:
@@ -168,9 +169,9 @@ def test_head_is_fed_as_llama_cpp_feeds_it(mtp_models, max_pending, switch, arch
             more, _ = generate(decoder, prompt, max_tokens=10, policy="lookup", k=3)
         context = prompt + out + more
         sampling = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, seed=0)
-        from speculum.engine.drafting.drafters import Choice
+        from speculum.engine.drafting.draft import Choice
         q = drafter.propose(context, 1, Choice(Source.MTP, 1), sampling, np.random.default_rng(0)).q[0]
-    with LlamaModel(path, n_ctx=512, n_threads=1) as ref:
+    with LlamaModel(path, LoadOptions(n_ctx=512, n_threads=1)) as ref:
         hidden = shifted_target_hidden(ref, context)
         head = ref.open_mtp_head()
         logits, _ = head.decode(context, hidden, 0, logits=True)
@@ -186,17 +187,17 @@ def test_chained_heads_are_fed_as_llama_cpp_feeds_them(mtp_models):
     the context is left on the first head."""
     path = mtp_models["step35-noisy"]
     sampling = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, seed=0)
-    with LlamaModel(path, n_ctx=512, n_threads=1) as model:
+    with LlamaModel(path, LoadOptions(n_ctx=512, n_threads=1)) as model:
         decoder = Decoder(model)
         drafter = decoder.drafters[Source.MTP]
         prompt = prompt_of(model)
         out, _ = generate(decoder, prompt, max_tokens=10, policy="mtp", k=3)
         more, _ = generate(decoder, prompt + out, max_tokens=6, policy="lookup", k=3)
         context = prompt + out + more
-        from speculum.engine.drafting.drafters import Choice
+        from speculum.engine.drafting.draft import Choice
         draft = drafter.propose(context, 5, Choice(Source.MTP, 5), sampling, np.random.default_rng(0))
         assert len(draft.tokens) == 3 and drafter.head.layer == 0
-    with LlamaModel(path, n_ctx=512, n_threads=1) as ref:
+    with LlamaModel(path, LoadOptions(n_ctx=512, n_threads=1)) as ref:
         target_hidden = shifted_target_hidden(ref, context)
         head = ref.open_mtp_head()
         tokens, hidden = list(context), target_hidden
@@ -216,7 +217,7 @@ def test_chained_heads_are_fed_as_llama_cpp_feeds_them(mtp_models):
 def test_recurrent_target_rolls_back_drafts_and_starts_over_beyond_its_snapshots(mtp_models):
     """Qwen3.5's Gated DeltaNet state is rolled back through llama.cpp's snapshots: drafts
     never exceed them, and a cut further back than they reach decodes the context again."""
-    with LlamaModel(mtp_models["qwen35-noisy"], n_ctx=512, n_threads=1) as model:
+    with LlamaModel(mtp_models["qwen35-noisy"], LoadOptions(n_ctx=512, n_threads=1)) as model:
         assert model.max_rollback == 16
         model.decode([1, 2, 3, 4])
         assert model.trim(2) == 2  # within the latest pass: its snapshots hold the state
@@ -231,7 +232,7 @@ def test_recurrent_target_rolls_back_drafts_and_starts_over_beyond_its_snapshots
         plain, _ = generate(decoder, other, max_tokens=32, policy="off")
         spec, cycles = generate(decoder, other, max_tokens=32, policy="mtp", k=24)
         assert max(len(c.drafted) for c in cycles) == 16
-    with LlamaModel(mtp_models["qwen35-noisy"], n_ctx=512, n_threads=1) as fresh:
+    with LlamaModel(mtp_models["qwen35-noisy"], LoadOptions(n_ctx=512, n_threads=1)) as fresh:
         reference, _ = generate(Decoder(fresh), other, max_tokens=32, policy="off")
     assert plain == reference
     i = next((i for i, (a, b) in enumerate(zip(plain, spec)) if a != b), None)
@@ -257,7 +258,7 @@ def check_aligned_head(model, positions: int, min_drafted: int):
 def test_aligned_head_is_accepted_and_cycles_record_it(mtp_models, arch):
     """The head built to predict what the main head will: nearly every draft is kept (chained
     heads: each of them, at its own position)."""
-    with LlamaModel(mtp_models[ARCHS[arch] + "aligned"], n_ctx=512, n_threads=1) as model:
+    with LlamaModel(mtp_models[ARCHS[arch] + "aligned"], LoadOptions(n_ctx=512, n_threads=1)) as model:
         assert model.facts.architecture == arch
         positions = 4 if NEXTN_LAYERS[arch] == 1 else NEXTN_LAYERS[arch]
         decoder, prompt, cycles = check_aligned_head(model, positions, min_drafted=30 if positions == 4 else 25)
@@ -284,7 +285,7 @@ def test_sampled_distribution_matches_target(noisy):
     steps, k = (5, 3) if chained else (4, 2)
     # The exact distribution of the continuations, from the target alone (top-4 each step).
     probs = {(): 1.0}
-    with LlamaModel(noisy.target.path, n_ctx=512, n_threads=1) as ref:
+    with LlamaModel(noisy.target.path, LoadOptions(n_ctx=512, n_threads=1)) as ref:
         for _ in range(steps):
             nxt = {}
             for seq, pr in probs.items():
@@ -358,7 +359,7 @@ def test_auto_mode_measures_and_learns_the_mtp_head(mtp_models, data_dirs):
     drafts time it."""
     from speculum.engine.policy.auto import AutoPolicy
 
-    with LlamaModel(mtp_models["aligned"], n_ctx=512, n_threads=1) as model:
+    with LlamaModel(mtp_models["aligned"], LoadOptions(n_ctx=512, n_threads=1)) as model:
         decoder = Decoder(model)
         prompt = prompt_of(model)
         plain, _ = generate(decoder, prompt, max_tokens=40, policy="off")
@@ -377,7 +378,7 @@ def test_auto_mode_measures_and_learns_the_mtp_head(mtp_models, data_dirs):
         assert policy.mtp_rates[0].accepted > 1 and policy.mtp_rates[0].rejected < 0.5
         assert mtp[-1].policy.model_acceptance[0] > 0.8  # the report shows the MTP head's while it drafts
         policy.save()
-        again = AutoPolicy(decoder.drafters, "auto", "CPU", policy.store)
+        again = AutoPolicy(decoder.drafters, "auto", Device.CPU, policy.store)
         assert again.costs.mtp_step_s == policy.costs.mtp_step_s
         assert again.mtp_rates[0].prior > 0.8
 
@@ -386,7 +387,7 @@ def test_adaptive_k_asks_chained_heads_for_no_more_than_they_have(mtp_models):
     """Step-3.5's three heads draft three tokens at most: told the head is nearly free (as on
     a deep model) and seeing every draft kept, the MTP policy asks for no more than three
     (before the cap it asked for 8, its longest MTP draft)."""
-    with LlamaModel(mtp_models["step35-aligned"], n_ctx=512, n_threads=1) as model:
+    with LlamaModel(mtp_models["step35-aligned"], LoadOptions(n_ctx=512, n_threads=1)) as model:
         decoder = Decoder(model)
         prompt = prompt_of(model)
         generate(decoder, prompt, max_tokens=24, policy="mtp")
@@ -402,12 +403,20 @@ def test_auto_puts_a_confident_lookup_first_with_the_mtp_head_behind():
     first and the MTP head drafts when lookup has nothing."""
     from speculum.engine.policy.auto import AutoPolicy
     from speculum.engine.policy.costs import CostModel
-    from speculum.engine.drafting.drafters import PromptLookup
+    from speculum.engine.drafting.draft import Draft, Drafter
+    from speculum.engine.drafting.lookup import PromptLookup
 
-    class Head:  # only its source matters to the policy
+    class Head(Drafter):  # only its source (and no cap on its drafts) matter to the policy
         source = Source.MTP
 
-    policy = AutoPolicy({Source.LOOKUP: PromptLookup(), Source.MTP: Head()}, "auto", "CUDA")
+        @classmethod
+        def build(cls, inputs):
+            return cls()
+
+        def propose(self, context, k, choice, sampling, rng):
+            return Draft(source=self.source)
+
+    policy = AutoPolicy({Source.LOOKUP: PromptLookup(), Source.MTP: Head()}, "auto", Device.CUDA)
     policy.calibrated(CostModel({n: 0.010 + 0.0002 * n for n in range(1, 17)}, gpu=True,
                                 mtp_first_s=0.001, mtp_step_s=0.001))
     for rate in policy.mtp_rates:
@@ -488,7 +497,7 @@ def test_a_llama_cpp_without_mtp_says_so_for_a_model_with_nextn_layers(mtp_model
 
     reason = "this llama.cpp does not export llama_get_embeddings_nextn, which MTP drafting needs."
     monkeypatch.setattr(llama_ext, "support", lambda: llama_ext.Support(False, reason))
-    with LlamaModel(mtp_models["aligned"], n_ctx=256, n_threads=1) as model:
+    with LlamaModel(mtp_models["aligned"], LoadOptions(n_ctx=256, n_threads=1)) as model:
         assert model.n_nextn == 0
         decoder = Decoder(model)
         assert Source.MTP not in decoder.drafters
@@ -500,7 +509,7 @@ def test_a_llama_cpp_without_mtp_says_so_for_a_model_with_nextn_layers(mtp_model
 def test_gemma4_assistant_drafts_on_its_targets_cache(gemma4_models, mtp_models):
     """A Gemma 4 assistant is a file of its own, loaded as the draft: it becomes the target's
     MTP head, with no cache of its own and no chained heads; it refuses other targets."""
-    from speculum.engine.loading import LoadOptions, load_decoder
+    from speculum.engine.loading import load_decoder
     from speculum.errors import SpeculumError
 
     target, assistant = gemma4_models["aligned"]
@@ -513,24 +522,24 @@ def test_gemma4_assistant_drafts_on_its_targets_cache(gemma4_models, mtp_models)
         assert decoder.drafters[Source.MTP].max_k is None
     finally:
         decoder.target.close()
-    with LlamaModel(target, n_ctx=256, n_threads=1) as gemma:
+    with LlamaModel(target, LoadOptions(n_ctx=256, n_threads=1)) as gemma:
         # Making the assistant's context empties the target's cache (llama.cpp resizes the
         # cells they share): the model starts over rather than believe it still holds them.
         gemma.prefill([1, 2, 3, 4])
         gemma.attach_assistant(assistant)
         assert gemma.n_past == 0 and llama_ext_pos_max(gemma) == -1
         assert gemma.open_mtp_head() is gemma.open_mtp_head()  # one context: another would empty it again
-    with LlamaModel(mtp_models["aligned"], n_ctx=256, n_threads=1) as glm:
+    with LlamaModel(mtp_models["aligned"], LoadOptions(n_ctx=256, n_threads=1)) as glm:
         with pytest.raises(SpeculumError, match="drafts for Gemma 4 targets"):
             glm.attach_assistant(assistant)
-    with LlamaModel(target, n_ctx=256, n_threads=1) as gemma:
+    with LlamaModel(target, LoadOptions(n_ctx=256, n_threads=1)) as gemma:
         with pytest.raises(SpeculumError, match="is not a Gemma 4 assistant"):
             gemma.attach_assistant(target)
 
 
 def llama_ext_pos_max(model) -> int:
     """The last position llama.cpp itself holds in the model's cache (-1: empty)."""
-    from speculum.engine.llama.model import lc
+    from speculum.engine.llama.native import lc
     return lc.llama_memory_seq_pos_max(model._mem, 0)
 
 
@@ -548,7 +557,7 @@ def test_gemma4_assistant_is_fed_as_llama_cpp_feeds_it(gemma4_models):
     target's one row earlier at the first step, the target's last one after it)."""
     pair = gemma4_models["noisy"]
     sampling = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, seed=0)
-    from speculum.engine.drafting.drafters import Choice
+    from speculum.engine.drafting.draft import Choice
     with gemma4_target(pair) as model:
         decoder = Decoder(model)
         prompt = prompt_of(model)

@@ -13,7 +13,8 @@ from speculum import paths
 from speculum.conversations import Conversation, ConversationStore
 from speculum.engine.drafting import ngrammemory
 from speculum.engine.drafting.draft import Choice
-from speculum.engine.loading import LoadOptions, load_decoder
+from speculum.engine.loading import load_decoder
+from speculum.engine.settings import LoadOptions
 from speculum.engine.drafting.ngrammemory import HEADER, MAGIC, NgramMemory
 from speculum.engine.sampling import SamplingParams
 from speculum.engine.vocabulary import Source
@@ -161,7 +162,7 @@ def test_a_damaged_file_starts_it_empty(tmp_path, kind):
 def test_a_damaged_file_does_not_stop_the_engine(smollm_path, data_dirs):
     from speculum.engine.llama.model import LlamaModel
 
-    with LlamaModel(smollm_path, n_ctx=512) as model:
+    with LlamaModel(smollm_path, LoadOptions(n_ctx=512)) as model:
         path = NgramMemory.for_model(model).path
     path.parent.mkdir(parents=True)
     path.write_bytes(MAGIC + b"\xff" * 64)

@@ -3,7 +3,8 @@
 import numpy as np
 
 from speculum.engine.decoder import Decoder
-from speculum.engine.drafting.drafters import Choice, PredictionDrafter
+from speculum.engine.drafting.draft import Choice
+from speculum.engine.drafting.prediction import PredictionDrafter
 from speculum.engine.sampling import SamplingParams
 from speculum.engine.vocabulary import Source
 from synthetic import FakeClock, SyntheticModel

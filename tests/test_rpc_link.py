@@ -9,7 +9,7 @@ import socket
 import struct
 import threading
 
-from speculum.engine.rpc import link as rpclink
+from speculum.engine.rpc import clientlink, shuttle, wire
 
 
 def request(command: int, body: bytes) -> bytes:
@@ -27,15 +27,15 @@ def test_message_ends_and_frames_are_found_whatever_the_pieces():
     stream = b"".join(messages)
     ends = {sum(map(len, messages[:i + 1])) for i in range(len(messages))}
     for _ in range(50):
-        parser, seen = rpclink._Messages(9), 0
+        parser, seen = wire.Messages(9), 0
         for piece in pieces(stream, rng):
             seen += len(piece)
             assert parser.feed(piece) == (seen in ends)
 
-    frames = [rpclink._FRAME.pack(rpclink._DATA, len(m)) + m for m in messages]
-    framed = rpclink._BEAT_FRAME + frames[0] + rpclink._BEAT_FRAME + b"".join(frames[1:])
+    frames = [wire.FRAME.pack(wire.DATA, len(m)) + m for m in messages]
+    framed = wire.BEAT_FRAME + frames[0] + wire.BEAT_FRAME + b"".join(frames[1:])
     for _ in range(50):
-        unframer, out, count = rpclink._Unframer(), [], 0
+        unframer, out, count = wire.Unframer(), [], 0
         for piece in pieces(framed, rng):
             data, frames_begun = unframer.feed(piece)
             count += frames_begun
@@ -57,7 +57,7 @@ def test_a_tokens_inputs_go_on_whole_and_its_graph_waits_for_the_request_for_its
     ends = {sum(map(len, token[:i + 1])): i for i in range(len(token))}
     stream = b"".join(token)
     for _ in range(50):
-        gathered, seen = rpclink._Gathered(), 0
+        gathered, seen = wire.Gathered(), 0
         for piece in pieces(stream, rng):
             seen += len(piece)
             assert gathered.feed(piece) == (ends.get(seen) in released_after), (seen, ends.get(seen))
@@ -66,9 +66,9 @@ def test_a_tokens_inputs_go_on_whole_and_its_graph_waits_for_the_request_for_its
 def test_a_message_that_never_completes_still_goes_on():
     ggml, relay_in = socket.socketpair()
     relay_out, worker = socket.socketpair()
-    way = rpclink._Way(relay_in, relay_out, whole=rpclink._Messages(9).feed)
+    way = shuttle.Way(relay_in, relay_out, whole=wire.Messages(9).feed)
     stop = threading.Event()
-    threading.Thread(target=rpclink._shuttle, args=([way], 0.05, lambda: not stop.is_set()), daemon=True).start()
+    threading.Thread(target=shuttle.shuttle, args=([way], 0.05, lambda: not stop.is_set()), daemon=True).start()
     try:
         ggml.sendall(request(6, b"")[:5])  # a header cut short: no message end ever comes
         worker.settimeout(5)  # (held 0.05 s, then passed on)
@@ -87,7 +87,7 @@ def test_a_worker_that_stops_halfway_through_an_answer_ends_the_connection_withi
 
     listener = socket.create_server(("127.0.0.1", 0))
     timeout_s = 1
-    link = rpclink.ClientLink(parse_worker(f"127.0.0.1:{listener.getsockname()[1]}"), read_timeout=timeout_s,
+    link = clientlink.ClientLink(parse_worker(f"127.0.0.1:{listener.getsockname()[1]}"), read_timeout=timeout_s,
                               connect_timeout=5)
     host, port = link.local_endpoint.rsplit(":", 1)
     ggml = socket.create_connection((host, int(port)))
@@ -119,7 +119,7 @@ def test_an_answers_length_is_known_from_its_get_tensor_request_whatever_the_pie
     get_tensor = request(8, bytes(range(40)) + struct.pack("<QQ", 0, asked))
     stream = request(6, bytes(300)) + request(10, b"") + get_tensor + request(14, bytes(24)) + request(4, bytes(8))
     for _ in range(50):
-        answers = rpclink._Answers()
+        answers = wire.Answers()
         for piece in pieces(stream, rng):
             answers.asked(piece)
         assert answers.expected == [8 + asked, 0]  # the hello's length is not named: its header says it
@@ -141,15 +141,15 @@ def test_the_worker_front_end_wakes_once_for_an_answer_sent_in_two_pieces():
     ggml_side = socket.create_connection(listener.getsockname())
     src, _ = listener.accept()
     sink_a, sink_b = socket.socketpair()
-    answers = rpclink._Answers()
+    answers = wire.Answers()
     answers.asked(request(8, bytes(40) + struct.pack("<QQ", 0, 2312)))
-    way = rpclink._Way(src, sink_a, whole=answers.feed, missing=answers.missing)
+    way = shuttle.Way(src, sink_a, whole=answers.feed, missing=answers.missing)
     reads = []
     original = way.read
     way.read = lambda: (reads.append(time.monotonic()), original())[1]
     way.wake_at(answers.missing())
     stop = threading.Event()
-    threading.Thread(target=rpclink._shuttle, args=([way], 0.5, lambda: not stop.is_set()), daemon=True).start()
+    threading.Thread(target=shuttle.shuttle, args=([way], 0.5, lambda: not stop.is_set()), daemon=True).start()
     try:
         ggml_side.sendall(struct.pack("<Q", 2312))
         time.sleep(0.1)  # the body lags, as after the worker's pass

@@ -13,7 +13,7 @@ from speculum.selftest import IDENTICAL, MISMATCH, TIE, compare
 
 
 def test_self_test_on_smollm_is_exact_and_exercises_lookup(smollm_path):
-    from speculum.engine.llama.model import gpu_backend
+    from speculum.engine.llama.native import gpu_backend
 
     result = selftest.run_self_test(smollm_path)
 
@@ -99,7 +99,8 @@ def test_a_speculative_run_that_changes_the_output_fails(monkeypatch, smollm_pat
 def test_replay_reproduces_the_plain_runs_logits_bit_for_bit(smollm_path, monkeypatch):
     # Bit for bit, not just the argmax: a replay along other batch shapes than the plain
     # run's can flip a near tie on another CPU (CI's did, at token 0) and fail a good build.
-    from speculum.engine.loading import LoadOptions, load_decoder
+    from speculum.engine.loading import load_decoder
+    from speculum.engine.settings import LoadOptions
 
     decoder = load_decoder(smollm_path, None, LoadOptions(n_ctx=selftest.N_CTX))
     try:

@@ -16,7 +16,8 @@ import uvicorn
 
 from speculum import cli
 from speculum.engine.policy.auto import MAX_K
-from speculum.engine.loading import LoadOptions, load_decoder
+from speculum.engine.loading import load_decoder
+from speculum.engine.settings import LoadOptions
 from speculum.server import listen
 from speculum.server.api import create_app
 from speculum.protocol import Asker, CycleEvent, Decoded, Failed, Finished, Started

@@ -17,7 +17,8 @@ from . import paths
 from .documents import read_document
 from .engine.policy.costs import CURVE_BATCH
 from .engine.decoder import Decoder
-from .engine.drafting.drafters import PromptLookup, Spelling
+from .engine.drafting.copycursor import Spelling
+from .engine.drafting.lookup import PromptLookup
 from .engine.prompts import build_messages
 from .engine.sampling import SamplingParams
 from .engine.stats import Stats

@@ -10,7 +10,7 @@ import sys
 import threading
 
 from . import __version__, paths
-from .engine.vocabulary import Mode
+from .engine.vocabulary import Device, Mode
 from .errors import SpeculumError
 
 # Each command imports what it runs, inside it: the engine and bench modules cost ~0.23 s
@@ -67,7 +67,8 @@ def _load(args, progress=None):
     """The pair, loaded in this process with the engine profile this machine remembers
     (``progress(stage, fraction)`` returning False cancels)."""
     from .engine.llama import profiles
-    from .engine.loading import LoadOptions, load_decoder
+    from .engine.loading import load_decoder
+    from .engine.settings import LoadOptions
 
     profile, why = profiles.remembered()
     if profile is not profiles.STANDARD:
@@ -116,9 +117,9 @@ def _attention(decoder) -> list[dict]:
             continue
         entry = {"model": role, "devices": model.facts.backend,
                  "flash_attn": {True: "on", False: "off"}.get(model.flash_attn, "llama.cpp's choice")}
-        if role == "target" and model.facts.backend.startswith("RPC "):
+        if model.facts.device == Device.RPC:  # (only a target's layers go to workers)
             entry["workers"] = rpc.workers_in_use()
-            if getattr(model, "output_here", False):
+            if model.output_here:
                 entry["output_layer"] = "this machine"  # hidden states cross the network, not logits
         report.append(entry)
     return report
@@ -133,7 +134,6 @@ def _mode(name: str) -> Mode:
 
 def cmd_generate(args) -> int:
     from .documents import read_document
-    from .engine.chat import chat_tokens
     from .engine.prompts import build_messages
     from .engine.sampling import SamplingParams
     from .engine.stats import Stats
@@ -147,7 +147,7 @@ def cmd_generate(args) -> int:
     reading = PromptProgress(sys.stderr)
 
     def generate(messages):
-        prompt = chat_tokens(decoder.target, messages)
+        prompt = decoder.target.tokenize(decoder.target.apply_chat_template(messages))
         return decoder.generate(prompt, max_tokens=args.max_tokens, sampling=sampling, policy=Mode(args.mode),
                                 k=_fixed_k(args), on_prompt=reading, origin="cli")
 

@@ -19,10 +19,10 @@ import os
 import signal
 import threading
 import time
+from dataclasses import replace
 from typing import Callable
 
 from .engine.llama import profiles
-from .engine.loading import LoadOptions
 from .protocol import (Batch, Command, CycleEvent, Event, Generate, Load, LoadProgress, PostponeMeasuring,
                        ProfileChosen, Quit, Ready, Serve, SetPlainRate, StopServing, WorkerLost)
 
@@ -85,7 +85,7 @@ def describe_exit(code: int | None) -> str:
             sig = signal.Signals(-code)
         except ValueError:
             return f"signal {-code}"
-        words = signal.strsignal(sig) if hasattr(signal, "strsignal") else ""
+        words = signal.strsignal(sig) if hasattr(signal, "strsignal") else ""  # platform: not everywhere
         return f"signal {sig.name}" + (f" ({words})" if words else "")
     if (code & 0xFFFFFFFF) in _WINDOWS_CRASHES:
         return f"{_WINDOWS_CRASHES[code & 0xFFFFFFFF]} (exit code 0x{code & 0xFFFFFFFF:08X})"
@@ -161,11 +161,7 @@ class _EngineLoop:
             profile, why = profiles.remembered()
         self.report(ProfileChosen(profile.name, why))
         request = command.request
-        options = profile.apply(LoadOptions(n_ctx=request.n_ctx, target_gpu_layers=request.target_gpu_layers,
-                                            draft_gpu_layers=request.draft_gpu_layers, rpc=request.rpc,
-                                            prompt_cache_mib=request.prompt_cache_mib,
-                                            ngram_memory=request.ngram_memory))
-        self.fresh = self.runner.load(request, options)
+        self.fresh = self.runner.load(replace(request, options=profile.apply(request.options)))
 
     def run(self) -> None:
         while True:

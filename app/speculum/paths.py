@@ -39,7 +39,7 @@ def config_dir() -> Path:
 def resources_dir() -> Path:
     """The `resources/` folder: in a source checkout, an installed share dir, or a bundle."""
     candidates = []
-    bundle = getattr(sys, "_MEIPASS", None)
+    bundle = getattr(sys, "_MEIPASS", None)  # platform: set inside a PyInstaller bundle
     if bundle:
         candidates.append(Path(bundle) / "resources")
     candidates.append(Path(__file__).resolve().parents[2] / "resources")

@@ -14,8 +14,10 @@ from enum import Enum
 
 from .engine.policy.auto import MAX_K as SHOWN_POSITIONS
 from .engine.backend import ModelFacts
+from .engine.cycle import Cycle, PolicyReport
+from .engine.settings import LoadOptions
 from .engine.stats import Stats
-from .engine.vocabulary import Mode, Source
+from .engine.vocabulary import Finish, Mode, Role, Source
 
 
 class Asker(str, Enum):
@@ -30,12 +32,7 @@ class Asker(str, Enum):
 class LoadRequest:
     target: str
     draft: str | None = None
-    n_ctx: int = 4096
-    target_gpu_layers: int | None = None  # None: all on the GPU when there is one
-    draft_gpu_layers: int | None = None
-    rpc: tuple[str, ...] = ()  # RPC workers (HOST:PORT) that take the target's layers; the draft stays local
-    prompt_cache_mib: int | None = None  # saved states of recent prompts (None: from free memory; 0: none)
-    ngram_memory: bool = True  # draft from what this machine wrote and read before
+    options: LoadOptions = LoadOptions()  # how to load them, passed whole down to each model
 
 
 @dataclass
@@ -88,7 +85,7 @@ class StatsSnapshot:
     speedup_basis: str = ""  # what it was measured against, in words (the row's tooltip)
     plain_known: float | None = None  # the plain rate known when the answer began (kept for replay)
     plain_age_s: float | None = None  # how long before it was measured here; None: an earlier run
-    policy: dict = field(default_factory=dict)
+    policy: PolicyReport | None = None  # the last cycle's policy report
     prompt_tokens: int = 0  # decoded this time (the rest came from the KV cache)
     prompt_total: int = 0
     prompt_reused: int = 0  # prompt tokens found in the KV cache of the conversation so far
@@ -174,7 +171,7 @@ def snapshot_of(stats: Stats, cycle, plain: PlainBasis | float | None, prompt_to
         speedup_basis=basis,
         plain_known=plain.rate,
         plain_age_s=plain.age_s,
-        policy=policy.to_json() if policy is not None else {},
+        policy=policy,
         prompt_tokens=stats.prompt_tokens,
         prompt_total=prompt_total,
         prompt_reused=reused_of(stats.prompt_tokens, prompt_total, stats.prompt_cached),
@@ -209,11 +206,11 @@ def replay_snapshots(cycles: list, plain: PlainBasis | float | None = None, prom
 class GenerationResult:
     conversation_id: str
     text: str
-    cycles: list  # Cycle objects of the final answer (all stages for a long document)
+    cycles: list[Cycle]  # of the final answer (all stages for a long document)
     snapshot: StatsSnapshot
-    finish: str | None
+    finish: Finish | None
     note: str
-    mode: str
+    mode: Mode
     part_summaries: list[str] = field(default_factory=list)
 
 
@@ -258,7 +255,7 @@ class Serve(Command):
     host: str
     port: int
     api_key: str | None
-    mode: str
+    mode: Mode
 
     def failure(self, message: str) -> "Event":
         return ServeFailed(message)
@@ -294,7 +291,7 @@ class ProfileChosen(Event):
 
 @dataclass
 class LoadProgress(Event):
-    stage: str  # "target" / "draft"
+    stage: Role  # which model of the pair is loading
     fraction: float
 
 
@@ -330,7 +327,7 @@ class StageChanged(Event):
 
 @dataclass
 class CycleEvent(Event):
-    cycle: object  # speculum.engine.cycle.Cycle
+    cycle: Cycle
     snapshot: StatsSnapshot
     stage: str = ""  # "Part 2 of 5", "Combining" for a long document, "API request"; "" otherwise
     asker: Asker = Asker.WINDOW

@@ -1,7 +1,7 @@
 """`speculum rpc-worker`: lend this machine's device to another machine's target model.
 
 By default llama.cpp's RPC server listens on 127.0.0.1 only, on a port of its own, and the
-address the user chose is served by the secure link's TLS front end (engine/rpc/link.py),
+address the user chose is served by the secure link's TLS front end (engine/rpc/frontend.py),
 which lets a client's bytes reach llama.cpp only after its token checks out. The worker
 prints the pairing string the client passes as `--rpc`. With ``--insecure`` llama.cpp's
 server listens on the chosen address itself, as llama.cpp's own `rpc-server` does.
@@ -131,7 +131,9 @@ def run(host: str, port: int, threads: int | None, cache_dir: str | None, insecu
         new_pairing: bool = False) -> int:
     from . import paths
     from .engine.llama import model as llama
-    from .engine.rpc import client as rpc, link as rpclink
+    from .engine.rpc import client as rpc
+    from .engine.rpc.frontend import FrontEnd
+    from .engine.rpc.identity import worker_identity
 
     rpc.libraries()  # RpcUnavailable, in words, before anything else
     address = _bind_address(host, insecure)
@@ -144,7 +146,7 @@ def run(host: str, port: int, threads: int | None, cache_dir: str | None, insecu
     endpoint = _endpoint(host, port)
     identity = made = None
     if not insecure:
-        identity, made = rpclink.worker_identity(paths.data_dir() / "rpc-worker", renew=new_pairing)
+        identity, made = worker_identity(paths.data_dir() / "rpc-worker", renew=new_pairing)
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -160,7 +162,7 @@ def run(host: str, port: int, threads: int | None, cache_dir: str | None, insecu
     server.start()
     _wait_listening("127.0.0.1" if address.is_unspecified else ggml_host, ggml_port, server)
     if identity is not None:
-        rpclink.FrontEnd(host, port, ggml_port, identity, {"kind": kind, "name": device_name},
+        FrontEnd(host, port, ggml_port, identity, {"kind": kind, "name": device_name},
                          lambda line: _say(f"link: {line}")).start()
     link = ("plain link (--insecure: no authentication, no encryption)" if insecure else
             "secure link (TLS with a pinned certificate, paired clients only)")

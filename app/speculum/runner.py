@@ -13,11 +13,10 @@ import time
 from typing import Callable
 
 from . import summarise
-from .engine.chat import chat_tokens
-from .engine.loading import LoadOptions, load_decoder
+from .engine.loading import load_decoder
 from .engine.sampling import SamplingParams
 from .engine.stats import Stats
-from .engine.vocabulary import Finish, Mode
+from .engine.vocabulary import Device, Finish, Mode, Role
 from .errors import SpeculumError
 from .protocol import (CycleEvent, Event, Failed, Finished, GenerationRequest, GenerationResult, Loaded, LoadFailed,
                        LoadProgress, LoadRequest, Measuring, PartPrompt, PlainBasis, PlainRateMeasured, PromptProgress,
@@ -75,12 +74,13 @@ class EngineRunner:
 
     # -- loading --
 
-    def load(self, request: LoadRequest, options: LoadOptions) -> bool:
+    def load(self, request: LoadRequest) -> bool:
+        """Load ``request``'s pair with its options as they are (the engine profile already applied)."""
         self.close_models()
 
         shown = {"stage": "", "fraction": -1.0}
 
-        def progress(stage: str, fraction: float) -> bool:
+        def progress(stage: Role, fraction: float) -> bool:
             # llama.cpp calls this per tensor (hundreds of times): the window needs a step of 1%.
             if stage != shown["stage"] or fraction - shown["fraction"] >= 0.01 or fraction >= 1.0:
                 shown.update(stage=stage, fraction=fraction)
@@ -88,7 +88,7 @@ class EngineRunner:
             return not self.cancel_load.is_set()
 
         try:
-            self.decoder = load_decoder(request.target, request.draft, options, progress)
+            self.decoder = load_decoder(request.target, request.draft, request.options, progress)
         except SpeculumError as exc:
             self.report(LoadFailed("Loading was cancelled." if self.cancel_load.is_set() else str(exc)))
             return False
@@ -157,7 +157,7 @@ class EngineRunner:
 
     # -- serving the API --
 
-    def serve(self, host: str, port: int, api_key: str | None, mode: str) -> None:
+    def serve(self, host: str, port: int, api_key: str | None, mode: Mode) -> None:
         """Serve the loaded pair over HTTP; API clients' cycles are reported like the window's own."""
         from pathlib import Path
 
@@ -194,7 +194,7 @@ class EngineRunner:
     def _generation(self, request: GenerationRequest, messages: list[dict]):
         target = self.decoder.target
         # Continuing an answer: its tokens follow the prompt as written, so the KV cache holds them all.
-        prompt = chat_tokens(target, messages) + list(request.continues)  # the user's text stays text
+        prompt = target.tokenize(target.apply_chat_template(messages)) + list(request.continues)
         sampling = SamplingParams(temperature=request.temperature, top_p=request.top_p)
         return self.decoder.generate(prompt, max_tokens=self._limit(request), sampling=sampling,
                                      policy=request.mode, k=request.k,
@@ -229,7 +229,7 @@ class EngineRunner:
         from .engine.llama import cpu_settings, tuning
 
         target = self.decoder.target if self.decoder is not None else None
-        if (target is None or target.facts.backend != "CPU" or self.serving is not None  # API clients come first
+        if (target is None or target.facts.device != Device.CPU or self.serving is not None  # API clients come first
                 or self.measuring_waits() or cpu_settings.apply().get("tiled_source") == cpu_settings.FROM_USER):
             return
         tuning.measure_and_remember(target.path, target.n_threads, interrupted)

@@ -30,7 +30,7 @@ from typing import Callable, Sequence, TextIO
 import speculum
 
 from . import __version__
-from .engine.vocabulary import Mode
+from .engine.vocabulary import Device, Mode
 from .errors import SpeculumError
 from .models.gguf import check_gguf_file
 
@@ -82,6 +82,7 @@ class SelfTestResult:
     speculative: Run
     verdict: Verdict
     notes: list[str] = field(default_factory=list)
+    device: Device = Device.CPU  # where the layers run (``backend`` is its label)
 
     @property
     def passed(self) -> bool:
@@ -172,7 +173,8 @@ def _replay_plain(target, prompt: list[int], plain: list[int]) -> Callable[[int]
 def run_self_test(model_path: str | Path) -> SelfTestResult:
     """Load, generate twice, compare. Raises SpeculumError for a missing or bad model."""
     from .engine.llama.model import gpu_backend
-    from .engine.loading import LoadOptions, load_decoder
+    from .engine.loading import load_decoder
+    from .engine.settings import LoadOptions
 
     modules = speculum_modules()
     path = Path(model_path).expanduser()
@@ -191,7 +193,7 @@ def run_self_test(model_path: str | Path) -> SelfTestResult:
         return SelfTestResult(
             model=path.name, backend=facts.backend, gpu_layers=facts.n_gpu_layers,
             build_gpu=gpu_backend(), modules=modules, plain=plain, speculative=speculative,
-            verdict=verdict, notes=notes,
+            verdict=verdict, notes=notes, device=facts.device,
         )
     finally:
         target.close()
@@ -206,7 +208,7 @@ def _rate(run: Run) -> str:
 
 def report(result: SelfTestResult, out: TextIO) -> None:
     layers = "all layers" if result.gpu_layers >= 10**6 else f"{result.gpu_layers} layers"
-    where = "CPU" if result.backend == "CPU" else f"{result.backend} ({layers} on the GPU)"
+    where = "CPU" if result.device == Device.CPU else f"{result.backend} ({layers} on the GPU)"
     print(f"model      {result.model}", file=out)
     print(f"build      llama.cpp with {result.build_gpu or 'CPU only'}", file=out)
     print(f"backend    {where}", file=out)
@@ -230,7 +232,7 @@ def self_test(model_path: str | Path, out: TextIO | None = None) -> int:
     """The CLI's --self-test: 0 on success, 1 on failure; SpeculumError (exit 2) for a bad model."""
     out = out or sys.stdout
     check_gguf_file(Path(model_path).expanduser())  # a missing or foreign file: one line, exit 2
-    where = "bundle" if getattr(sys, "frozen", False) else "installed"
+    where = "bundle" if getattr(sys, "frozen", False) else "installed"  # platform: a bundled app
     print(f"Speculum {__version__} self-test ({where}; Python {platform.python_version()}, "
           f"{platform.system()} {platform.machine()})", file=out)
     try:

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import os
 
-_BATCH = getattr(os, "SCHED_BATCH", None)
-_NORMAL = getattr(os, "SCHED_OTHER", None)
+_BATCH = getattr(os, "SCHED_BATCH", None)  # platform: Linux scheduling classes
+_NORMAL = getattr(os, "SCHED_OTHER", None)  # platform:
 
 
 def supported() -> bool:
-    return _BATCH is not None and hasattr(os, "sched_setscheduler") and os.path.isdir("/proc/self/task")
+    return _BATCH is not None and hasattr(os, "sched_setscheduler") and os.path.isdir("/proc/self/task")  # platform:
 
 
 def _threads() -> list[int]:

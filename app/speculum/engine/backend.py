@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .promptcache import MIN_GAIN, MIN_SAVED, PromptCache
+from .vocabulary import Device, Role
 
 
 def usable_cores() -> int:
@@ -54,11 +55,12 @@ class ModelFacts:
     vocab_size: int
     context_length: int  # the model's training context
     n_ctx: int  # this context's size
-    backend: str  # CPU, Metal, CUDA, ...
+    backend: str  # where it runs, as shown: CPU, Metal, CUDA, "RPC host:port + CUDA" (made from ``device``)
     n_gpu_layers: int
     n_threads: int = 0  # CPU threads decoding
     nextn_layers: int = 0  # multi-token prediction layers loaded: the model drafts for itself
     assistant: str = ""  # the name of the Gemma 4 assistant drafting on this model's KV cache
+    device: Device = Device.CPU  # where it runs: what code routes on (never the label above)
 
 
 class DecodeAborted(Exception):
@@ -117,6 +119,8 @@ class Backend(TokenPieces):
     mtp_unavailable: str = ""  # why MTP mode cannot run although the file has NextN layers
     assistant_path: Path | None = None  # a Gemma 4 assistant attached to draft on its cache
     saves_state: bool = False  # whether save_state / load_state work (llama.cpp's sequence state)
+    flash_attn: bool | None = None  # flash attention in effect (None: llama.cpp's choice)
+    output_here: bool = False  # the output layer on this machine, the other layers on RPC workers
     llama_vocab = None  # llama.cpp's vocabulary handle, for a grammar (None: no llama.cpp vocabulary)
 
     def decode(self, tokens: Sequence[int], rows: Sequence[int] | None = None) -> np.ndarray:
@@ -176,7 +180,7 @@ class CachedSequence:
     earlier sequences this one held (``resume``).
     """
 
-    def __init__(self, model: Backend, cache: "PromptCache | None" = None, owner: str = "target"):
+    def __init__(self, model: Backend, cache: PromptCache | None = None, owner: Role = Role.TARGET):
         self.model = model
         self.tokens: list[int] = []
         if model.n_past:  # what another sequence left (a new Decoder on loaded models): not this one's

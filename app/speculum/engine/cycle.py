@@ -32,7 +32,8 @@ class PolicyReport:
     learning: bool | None = None  # still on default costs for part of what it may choose
 
     def to_json(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+        values = vars(self)  # (its fields' values: a frozen dataclass keeps them in its __dict__)
+        return {f.name: values[f.name] for f in fields(self) if values[f.name] is not None}
 
     @classmethod
     def from_json(cls, d: dict) -> "PolicyReport":
@@ -107,7 +108,8 @@ class Cycle:
     def to_json(self) -> dict:
         # Field by field, lists copied: asdict deep-copies every number, and the window stores
         # every cycle of every answer.
-        d = {f.name: (list(v) if isinstance(v := getattr(self, f.name), list) else v) for f in fields(self)}
+        values = vars(self)
+        d = {f.name: (list(v) if isinstance(v := values[f.name], list) else v) for f in fields(self)}
         d["policy"] = self.policy.to_json() if self.policy is not None else {}
         d["rejected"] = self.rejected
         for name in _ONLY_WHEN_ASKED:  # a record without them reads and saves as before they existed

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import SpeculumError
@@ -12,28 +11,16 @@ from ..models.gguf import VOCAB_KEYS, check_gguf_file
 from .decoder import Decoder
 from .drafting.ngrammemory import NgramMemory
 from .promptcache import MIB, PromptCache
-
-
-@dataclass
-class LoadOptions:
-    n_ctx: int = 4096
-    n_threads: int | None = None
-    target_gpu_layers: int | None = None  # None: all layers on the GPU when there is one
-    draft_gpu_layers: int | None = None
-    flash_attn: bool | None = None  # None: Speculum's choice (cpu_settings.attention)
-    extra_buffer_types: bool = True  # off in the safe engine profile
-    rpc: tuple[str, ...] = ()  # RPC workers (HOST:PORT) for the target's layers; the draft stays local
-    tensor_split: tuple[float, ...] | None = None  # the target's proportions per device: workers, then local GPUs
-    prompt_cache_mib: int | None = None  # saved states of recent prompts (None: from free memory; 0: none)
-    ngram_memory: bool = True  # draft from what this machine wrote and read before (ngrammemory)
+from .settings import LoadOptions
+from .vocabulary import Role
 
 
 def load_decoder(target: str | os.PathLike, draft: str | os.PathLike | None = None,
                  options: LoadOptions | None = None,
-                 progress: Callable[[str, float], bool] | None = None) -> Decoder:
+                 progress: Callable[[Role, float], bool] | None = None) -> Decoder:
     """Check both files, check the pair shares a vocabulary, then load them.
 
-    ``progress(stage, fraction)`` returning False cancels the load.
+    ``progress(role, fraction)`` returning False cancels the load.
     """
     from .llama.model import LlamaModel
 
@@ -47,17 +34,14 @@ def load_decoder(target: str | os.PathLike, draft: str | os.PathLike | None = No
         if not verdict:
             raise SpeculumError(verdict.reason)
 
-    def stage(name: str):
-        return (lambda f: progress(name, f)) if progress else None
+    def stage(role: Role):
+        return (lambda f: progress(role, f)) if progress else None
 
     # A Gemma 4 assistant reads the target's cache as llama.cpp lays it out by default: the
     # target is then left to llama.cpp's flash-attention choice.
     assistant = draft_header is not None and bool(draft_header.assistant_for)
-    t = LlamaModel(target, header=target_header, n_ctx=options.n_ctx, n_gpu_layers=options.target_gpu_layers,
-                   n_threads=options.n_threads, flash_attn=options.flash_attn, verifies=not assistant,
-                   progress=stage("target"),
-                   extra_buffer_types=options.extra_buffer_types, rpc=options.rpc,
-                   tensor_split=options.tensor_split)
+    t = LlamaModel(target, options, role=Role.TARGET, header=target_header, verifies=not assistant,
+                   progress=stage(Role.TARGET))
     d = None
     if assistant:
         # A Gemma 4 assistant is no draft model: it runs on the target's KV cache, as its MTP head.
@@ -68,9 +52,7 @@ def load_decoder(target: str | os.PathLike, draft: str | os.PathLike | None = No
             raise
     elif draft is not None:
         try:
-            d = LlamaModel(draft, header=draft_header, n_ctx=options.n_ctx, n_gpu_layers=options.draft_gpu_layers,
-                           n_threads=options.n_threads, flash_attn=options.flash_attn, progress=stage("draft"),
-                              extra_buffer_types=options.extra_buffer_types)
+            d = LlamaModel(draft, options, role=Role.DRAFT, header=draft_header, progress=stage(Role.DRAFT))
         except BaseException:
             t.close()
             raise

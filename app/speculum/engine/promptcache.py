@@ -22,6 +22,8 @@ from typing import Sequence
 
 import numpy as np
 
+from .vocabulary import Role
+
 MIB = 1 << 20
 # Tokens a sequence must lose before it is worth saving, and tokens a saved state must add to
 # the live prefix before it is worth putting back: below these, reading them again costs less
@@ -64,7 +66,7 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
 
 @dataclass(eq=False)
 class SavedState:
-    owner: str
+    owner: Role
     tokens: np.ndarray  # int32: the tokens the state holds, in order
     state: object  # what the model's ``save_state`` returned (a ctypes byte array)
     size: int  # bytes, the row's included
@@ -83,10 +85,10 @@ class PromptCache:
     def __len__(self) -> int:
         return len(self._states)
 
-    def states(self, owner: str | None = None) -> list[SavedState]:
+    def states(self, owner: Role | None = None) -> list[SavedState]:
         return [s for s in self._states.values() if owner is None or s.owner == owner]
 
-    def save(self, owner: str, tokens: Sequence[int], model, row: tuple[int, np.ndarray] | None = None) -> bool:
+    def save(self, owner: Role, tokens: Sequence[int], model, row: tuple[int, np.ndarray] | None = None) -> bool:
         """Keep ``model``'s live state, which holds ``tokens``, and ``row`` with it; False when it
         is not kept (already held by a longer saved state, larger than the budget, or the model
         could not save it)."""
@@ -112,7 +114,7 @@ class PromptCache:
         self.version += 1
         return True
 
-    def best(self, owner: str, context: Sequence[int], exact: bool = False) -> tuple[SavedState | None, int]:
+    def best(self, owner: Role, context: Sequence[int], exact: bool = False) -> tuple[SavedState | None, int]:
         """The saved state sharing the longest prefix with ``context``, and that length. With
         ``exact`` (a recurrent state, which cannot be cut back) only states that are whole
         prefixes of ``context`` count."""

@@ -1,4 +1,5 @@
-"""The engine's words, one place each: how to speculate, who drafted, why a generation ended.
+"""The engine's words, one place each: how to speculate, who drafted, why a generation ended,
+which model of a pair, where a model runs.
 
 ``str`` enums (Python 3.10 has no ``StrEnum``): each member equals its old plain string,
 so JSON output, stored conversations and string comparisons are unchanged.
@@ -45,3 +46,30 @@ class Finish(Word):
     MAX_TOKENS = "max_tokens"
     STOPPED = "stopped"
     CONTEXT_FULL = "context_full"
+
+
+class Role(Word):
+    """Which of a pair a model is: the one whose distribution the answer follows, or its drafter."""
+
+    TARGET = "target"
+    DRAFT = "draft"
+
+
+class Device(Word):
+    """Where a model's layers run. ``ModelFacts.backend`` is the label shown for it, made from it
+    (``backend_label``); code routes on this, never on the label."""
+
+    CPU = "CPU"
+    CUDA = "CUDA"
+    METAL = "Metal"
+    VULKAN = "Vulkan"
+    ROCM = "ROCm"  # (llama.cpp's HIP build names its device so)
+    SYCL = "SYCL"
+    OPENCL = "OpenCL"
+    GPU = "GPU"  # a GPU backend not named above: the label keeps ggml's own name
+    RPC = "RPC"  # RPC workers take the layers (local GPUs, where there are, after them)
+
+    @classmethod
+    def of_gpu(cls, name: str) -> "Device":
+        """The member for a GPU backend as ggml names it ('CUDA', 'Metal', ...); GPU for another."""
+        return next((d for d in cls if d.value.lower() == name.lower() and d not in (cls.CPU, cls.RPC)), cls.GPU)

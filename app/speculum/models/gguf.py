@@ -318,7 +318,7 @@ def _file_reader(path: Path) -> Callable[[int, int], bytes]:
     """``read_at`` over a local file: os.pread where the OS has it (Unix), else seek and read
     under a lock (Windows), so two threads sharing the reader never mix their positions."""
     f = open(path, "rb", buffering=0)
-    pread = getattr(os, "pread", None)
+    pread = getattr(os, "pread", None)  # platform: not on Windows
     lock = threading.Lock()
 
     def read_at(offset: int, size: int) -> bytes:

@@ -18,10 +18,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, AsyncIterator, Callable
 
-from ..engine.chat import chat_tokens
 from ..engine.sampling import SamplingParams
 from ..engine.stats import Stats
-from ..engine.vocabulary import Source, Word
+from ..engine.vocabulary import Finish, Mode, Source, Word
 from ..errors import ContextFullError
 from ..protocol import Asker, CycleEvent, Decoded, Event, Failed, Finished, PlainBasis, Started, snapshot_of
 from .errors import BadRequest, Busy, WorkerLost  # noqa: F401 (re-exported: the API answers them)
@@ -124,7 +123,7 @@ def usage(prompt_tokens: int, completion_tokens: int, stats: Stats) -> dict:
 class ServedModel:
     """The loaded decoder, served to HTTP clients one request at a time."""
 
-    def __init__(self, decoder, model_id: str, mode: str = "auto", max_waiting: int = 8,
+    def __init__(self, decoder, model_id: str, mode: Mode = Mode.AUTO, max_waiting: int = 8,
                  turn: threading.Lock | None = None, on_event: Callable[[Event], None] | None = None,
                  plain_rate: Callable[[], PlainBasis | float | None] = lambda: None,
                  workers: tuple[str, ...] = (), reload: Callable[[], object] | None = None):
@@ -184,8 +183,9 @@ class ServedModel:
     # -- prompts --
 
     def chat_prompt(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
-        # A client's text is text: only the template's own scaffolding makes special tokens.
-        return chat_tokens(self.decoder.target, messages, tools)
+        target = self.decoder.target
+        return target.tokenize(target.apply_chat_template(messages, tools=tools) if tools else
+                               target.apply_chat_template(messages))
 
     def predicted_tokens(self, prediction: str | None) -> list[int]:
         """The prediction as the model would write it: plain text, no BOS, specials not parsed."""
@@ -194,11 +194,9 @@ class ServedModel:
         target = self.decoder.target  # no answer is longer than the context: neither need its draft be
         return target.tokenize(prediction, add_special=False, parse_special=False)[: target.n_ctx]
 
-    def text_prompt(self, text: str, parse_special: bool = False) -> list[int]:
-        """A completions prompt: its text as text, special tokens' names read only when asked."""
+    def text_prompt(self, text: str) -> list[int]:
         target = self.decoder.target
-        return ([target.bos] if target.add_bos and target.bos >= 0 else []) + target.tokenize(
-            text, parse_special=parse_special)
+        return ([target.bos] if target.add_bos and target.bos >= 0 else []) + target.tokenize(text)
 
     def check_fits(self, completion: Completion) -> None:
         n_ctx = self.decoder.target.n_ctx
@@ -388,7 +386,7 @@ class ServedModel:
                 cycle, stats = item  # the generation's own stats, as they stand after this cycle
                 generated += len(cycle.emitted)
                 self.pace.wrote(len(cycle.emitted))
-                if cycle.finish == "eog":
+                if cycle.finish == Finish.EOG:
                     finish = "stop"
                 text = stops.feed(cycle.text) if not stops.stopped else ""
                 if text or (cycle.logprobs and not stops.stopped):

@@ -15,7 +15,9 @@ from PySide6.QtWidgets import QMainWindow, QVBoxLayout, QWidget
 from .. import paths
 from ..conversations import Conversation, ConversationStore
 from ..engine.llama import profiles
+from ..engine.settings import LoadOptions
 from ..errors import SpeculumError
+from ..protocol import LoadRequest
 from .chat.answer import StagedCycle
 from .chat.answering import Answering
 from .chat.chatpane import ChatPane
@@ -31,7 +33,7 @@ from .panes import Panes, first_geometry
 from .setaside import saved_state_notice
 from .settings import Settings
 from .speculation.speculationpane import SpeculationPane
-from .worker import Engine, LoadRequest
+from .worker import Engine
 
 
 class MainWindow(QMainWindow):
@@ -202,10 +204,12 @@ class MainWindow(QMainWindow):
             workers = self.generation_form.rpc_workers()
         except SpeculumError as exc:
             return self.show_error(str(exc))
-        request = LoadRequest(str(target), str(draft) if draft else None, self.generation_form.n_ctx.value(),
-                              *self.generation_form.gpu_layers(), rpc=workers,
+        target_layers, draft_layers = self.generation_form.gpu_layers()
+        options = LoadOptions(n_ctx=self.generation_form.n_ctx.value(), target_gpu_layers=target_layers,
+                              draft_gpu_layers=draft_layers, rpc=workers,
                               prompt_cache_mib=self.settings.prompt_cache_budget(),
                               ngram_memory=self.settings.ngram_memory)
+        request = LoadRequest(str(target), str(draft) if draft else None, options)
         self.settings.target = request.target
         self.settings.draft = request.draft or self.model_bar.draft_combo.currentData() or ""
         self.save_settings()

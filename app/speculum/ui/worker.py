@@ -18,6 +18,7 @@ from PySide6.QtCore import QObject, Qt, QTimer, Signal, Slot
 
 from ..engine.llama import profiles
 from ..engine.backend import usable_cores
+from ..engine.vocabulary import Device
 from ..engine_process import EngineProcess, describe_exit
 # The window imports the protocol's request and result types from here.
 from ..protocol import (Asker, CycleEvent, Decoded, Event, Failed, Finished, Generate,  # noqa: F401
@@ -383,7 +384,7 @@ def fills_every_core(target_facts, cores: int | None = None) -> bool:
     window's time comes straight out of decoding (the other threads wait for the preempted one)."""
     if cores is None:
         cores = usable_cores()
-    return target_facts.backend == "CPU" and target_facts.n_threads >= cores
+    return target_facts.device == Device.CPU and target_facts.n_threads >= cores
 
 
 def ui_cpu_budget(target_facts, cores: int | None = None) -> float:

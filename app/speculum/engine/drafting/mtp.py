@@ -35,12 +35,12 @@ from typing import Sequence
 
 import numpy as np
 
-from .draft import Choice, Draft, DrafterInputs, draft_one_by_one
+from .draft import Choice, Draft, Drafter, DrafterInputs, draft_one_by_one
 from ..sampling import SamplingParams
 from ..vocabulary import Source
 
 
-class MtpDrafter:
+class MtpDrafter(Drafter):
     source = Source.MTP
 
     def __init__(self, target, head, clock=time.perf_counter):

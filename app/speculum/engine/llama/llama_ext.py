@@ -60,26 +60,27 @@ class Staging:
 
 
 def _field(struct, name: str) -> bool:
-    return any(f[0] == name for f in getattr(struct, "_fields_", ()))
+    return any(f[0] == name for f in getattr(struct, "_fields_", ()))  # library: a ctypes struct's fields
 
 
 @lru_cache(maxsize=1)
 def _bind() -> tuple[Staging | None, Support]:
     from .native import lc  # the gate: CPU settings first, then llama.cpp
 
-    missing = [name for name in _PUBLIC if not hasattr(lc, name)]
+    missing = [name for name in _PUBLIC if not hasattr(lc, name)]  # library: what this llama-cpp-python declares
     if not _field(lc.llama_model_params, "load_mtp"):
         missing.append("llama_model_params.load_mtp")
     if not _field(lc.llama_context_params, "ctx_type"):
         missing.append("llama_context_params.ctx_type")
     if missing:
-        return None, Support(False, f"llama-cpp-python {getattr(lc, '__version__', '?')} does not declare "
+        version = getattr(lc, "__version__", "?")  # library: a build may not say
+        return None, Support(False, f"llama-cpp-python {version} does not declare "
                                     f"{', '.join(missing)}: MTP drafting needs 0.3.36 or later.")
-    lib = getattr(getattr(lc, "llama_cpp", None), "_lib", None)  # the loaded libllama
+    lib = getattr(getattr(lc, "llama_cpp", None), "_lib", None)  # library: the loaded libllama, where it is exposed
     funcs, absent = {}, []
     for name, (argtypes, restype, mangled) in _STAGING.items():
         for symbol in (name, *mangled):
-            func = getattr(lib, symbol, None) if lib is not None else None
+            func = getattr(lib, symbol, None) if lib is not None else None  # library: an exported symbol, or none
             if func is not None:
                 func.argtypes, func.restype = argtypes, restype
                 funcs[name] = func

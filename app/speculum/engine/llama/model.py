@@ -18,17 +18,18 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-# The gate first: CPU settings, then llama.cpp with its log captured. Its names stay importable from here.
-from .native import (_ggml, _local_gpus, _log_lines, _recent_log_error, clear_log, default_threads,  # noqa: F401
-                     ggml_library, gpu_backend, has_amx_kernels, lc, llama_cpp_version, local_gpus,
-                     recent_log_error, shipped_library, system_info)
+# The gate first: CPU settings, then llama.cpp with its log captured.
+from .native import clear_log, default_threads, ggml_library, gpu_backend, lc, local_gpus, recent_log_error
 from ...errors import ContextFullError, SpeculumError
 from ...models.gguf import GGUFHeader, check_gguf_file
 from . import llama_ext, native
+from .mtphead import MtpHead
 from ..rpc import client as rpc_module
 from . import cpu_settings
-from ..backend import Backend, DecodeAborted, ModelFacts, usable_cores
+from ..backend import Backend, DecodeAborted, ModelFacts
 from ..chat import render_chat
+from ..settings import LoadOptions
+from ..vocabulary import Device, Role
 
 # --- model -------------------------------------------------------------------------------
 
@@ -40,16 +41,24 @@ LoadProgress = Callable[[float], bool]  # fraction loaded -> keep going?
 # right for the tokens of that latest decode, and one rollback uses them up; llama.cpp does not
 # check either, so ``trim`` does.
 RECURRENT_ROLLBACK = 16
+N_BATCH = 512  # tokens one decode call takes (llama.cpp caps it at the context's size)
 
 
-def _backend_name(gpu: str | None, rpc: Sequence[str], n_gpu_layers: int) -> str:
+def _device(gpu: str | None, rpc: Sequence[str], n_gpu_layers: int) -> Device:
+    """Where the layers run: the CPU when none are offloaded, else the workers, else the GPU."""
+    if n_gpu_layers == 0:
+        return Device.CPU
+    if rpc:
+        return Device.RPC
+    return Device.of_gpu(gpu) if gpu else Device.CPU
+
+
+def backend_label(device: Device, gpu: str | None, rpc: Sequence[str]) -> str:
     """'CPU', 'CUDA', 'RPC 10.0.0.2:50052,...' (the workers named: the auto policy keeps its
     measured pass times per backend, and a network's are not a local device's)."""
-    if n_gpu_layers == 0:
-        return "CPU"
-    if rpc:
+    if device == Device.RPC:
         return f"RPC {rpc_module.names(rpc)}" + (f" + {gpu}" if gpu else "")  # (never a pairing token)
-    return gpu or "CPU"
+    return gpu if device != Device.CPU and gpu else device.value
 
 
 class LlamaModel(Backend):
@@ -58,19 +67,12 @@ class LlamaModel(Backend):
     def __init__(
         self,
         path: str | os.PathLike,
+        options: LoadOptions = LoadOptions(),
         *,
-        n_ctx: int = 4096,
-        n_gpu_layers: int | None = None,
-        n_threads: int | None = None,
-        n_threads_batch: int | None = None,
-        n_batch: int = 512,
-        flash_attn: bool | None = None,  # None: cpu_settings.attention chooses
+        role: Role = Role.TARGET,  # which of the pair: only a target's layers go to RPC workers
         verifies: bool = False,  # the target: its passes are verification's small batches
         progress: LoadProgress | None = None,
         header: GGUFHeader | None = None,  # already read and checked by the caller
-        extra_buffer_types: bool = True,  # repacked weights: faster batches, but the code that crashes most
-        rpc: Sequence[str] = (),  # RPC workers' HOST:PORT: their devices take the layers, before local GPUs
-        tensor_split: Sequence[float] | None = None,  # llama.cpp's proportions per device, in that order
     ):
         self.path = Path(path)
         # Native handles first, so that close() (and __del__ after a failed load) finds each one.
@@ -82,7 +84,9 @@ class LlamaModel(Backend):
         self.assistant_path: Path | None = None
         header = header or check_gguf_file(self.path)
         gpu = gpu_backend()
-        mparams, n_gpu_layers = self._model_params(gpu, n_gpu_layers, rpc, tensor_split, extra_buffer_types)
+        rpc = options.workers(role)
+        mparams, n_gpu_layers = self._model_params(gpu, options.gpu_layers(role), rpc, options.split(role),
+                                                   options.extra_buffer_types)
         # A model with NextN layers is its own drafter: load them when this llama.cpp can run them.
         want_mtp = header.nextn_layers > 0 and bool(llama_ext.support())
         if want_mtp:
@@ -94,10 +98,10 @@ class LlamaModel(Backend):
         self._vocab = lc.llama_model_get_vocab(self._model)
         self.n_vocab = lc.llama_vocab_n_tokens(self._vocab)
         n_train = lc.llama_model_n_ctx_train(self._model)
-        threads = n_threads or default_threads()
+        threads = options.n_threads or default_threads()
         # A target on CPU workers computes as a local one would: the same attention path, the same tokens.
         on_cpu = mparams.n_gpu_layers == 0 or (not gpu and bool(rpc) and rpc_module.computes_on_cpu(rpc))
-        self._create_context(n_ctx, n_train, n_batch, threads, n_threads_batch or threads, flash_attn, verifies,
+        self._create_context(options.n_ctx, n_train, N_BATCH, threads, threads, options.flash_attn, verifies,
                              on_cpu=on_cpu, mtp=header.nextn_layers > 0)
         self.n_threads = threads
         self.n_past = 0
@@ -110,6 +114,7 @@ class LlamaModel(Backend):
         self.bos = lc.llama_vocab_bos(self._vocab)
         self.eos = lc.llama_vocab_eos(self._vocab)
         self.add_bos = bool(lc.llama_vocab_get_add_bos(self._vocab))
+        device = _device(gpu, rpc, n_gpu_layers)
         self.facts = ModelFacts(
             path=str(self.path),
             name=header.name or self.path.stem,
@@ -120,7 +125,8 @@ class LlamaModel(Backend):
             vocab_size=self.n_vocab,
             context_length=n_train,
             n_ctx=self.n_ctx,
-            backend=_backend_name(gpu, rpc, n_gpu_layers),
+            backend=backend_label(device, gpu, rpc),
+            device=device,
             n_gpu_layers=mparams.n_gpu_layers,
             n_threads=threads,
             nextn_layers=max(0, lc.llama_model_n_layer_nextn(self._model)) if want_mtp else 0,
@@ -388,16 +394,24 @@ class LlamaModel(Backend):
         self._assistant, self.assistant_path = model, path
         self.facts = dataclasses.replace(self.facts, assistant=header.name or path.stem)
         try:
-            self._assistant_head = MtpHead(self)
+            self._assistant_head = self._new_mtp_head()
         except BaseException:
             lc.llama_model_free(model)
             self._assistant = self.assistant_path = None
             raise
         self.reset()  # what llama.cpp just did to the cache, in this model's own count
 
-    def open_mtp_head(self) -> "MtpHead":
+    def open_mtp_head(self) -> MtpHead:
         """The MTP context: a new one on this model's NextN layers, or the assistant's one."""
-        return self._assistant_head if self._assistant is not None else MtpHead(self)
+        return self._assistant_head if self._assistant is not None else self._new_mtp_head()
+
+    def _new_mtp_head(self) -> MtpHead:
+        shared = self._assistant is not None  # an assistant reads this context's cache
+        head = MtpHead(self._assistant if shared else self._model, self._ctx if shared else None,
+                       (self.assistant_path if shared else self.path).name, self.n_ctx, self.n_batch,
+                       self.n_threads, self.n_embd, self.n_vocab)
+        self._mtp_heads.append(head)  # closed before the weights it runs on
+        return head
 
     def prefill(self, tokens: Sequence[int]) -> np.ndarray:
         """Decode any number of tokens in n_batch chunks; return the last row's logits."""
@@ -480,118 +494,3 @@ class LlamaModel(Backend):
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-class MtpHead:
-    """llama.cpp's MTP context (``LLAMA_CONTEXT_TYPE_MTP``) on a target's own weights, or on
-    the weights of the Gemma 4 assistant attached to it.
-
-    It has its own KV cache (the NextN blocks' layers). Each position p takes the token at p
-    and the hidden state that predicted it (the target's at p - 1, or a head's own while
-    drafting); its logits there are for the token at p + 1.
-
-    With several NextN blocks (Step-3.5, MiMo-V2, Hunyuan V3) each is a trained head of its
-    own, ``layer`` 0 .. n_layers - 1, chosen per decode with ``llama_set_nextn_layer_offset``.
-    They share the cache's cells, one K/V tensor per layer: a decode under one head writes
-    only its layer, so a head reads at a position what it wrote there itself. llama.cpp's
-    driver relies on the same thing: with one sequence a cache cut at p and refilled puts
-    position p back in the same cell, leaving the other layers' K/V there untouched.
-
-    A Gemma 4 assistant (``shares_target_cache``) has no cache of its own: its layers attend
-    to the target's keys and values (llama.cpp's ``ctx_other``), all of them in one graph, and
-    a decode writes nothing anywhere.
-    """
-
-    def __init__(self, target: LlamaModel):
-        self._ctx = self._batch = None  # for close(), however far this gets
-        self._ext = llama_ext.staging()
-        cparams = lc.llama_context_default_params()
-        cparams.n_ctx = target.n_ctx
-        cparams.n_batch = cparams.n_ubatch = target.n_batch
-        cparams.n_seq_max = 1
-        cparams.n_threads = cparams.n_threads_batch = target.n_threads
-        cparams.ctx_type = lc.LLAMA_CONTEXT_TYPE_MTP
-        self.shares_target_cache = target._assistant is not None
-        if self.shares_target_cache:
-            cparams.ctx_other = target._ctx
-        clear_log()
-        model = target._assistant if self.shares_target_cache else target._model
-        self._ctx = lc.llama_init_from_model(model, cparams)
-        if not self._ctx:
-            why = recent_log_error()
-            name = target.assistant_path.name if self.shares_target_cache else target.path.name
-            raise SpeculumError(f"llama.cpp could not create the MTP context for {name}"
-                                + (f": {why}" if why else "."))
-        self._ext.set_embeddings_nextn(self._ctx, True, True)  # hidden rows of the logits rows
-        self._mem = lc.llama_get_memory(self._ctx)
-        self._batch = lc.llama_batch_ext_init(self._ctx)
-        self._pos = (lc.llama_pos * 4)()
-        self.n_embd = target.n_embd
-        self.n_vocab = target.n_vocab
-        self.n_batch = target.n_batch
-        self.n_ctx = lc.llama_n_ctx(self._ctx)
-        self.n_layers = max(1, lc.llama_model_n_layer_nextn(model))
-        # llama.cpp chains heads wherever there is more than one and the head has its own cache.
-        self.chained = self.n_layers > 1 and not self.shares_target_cache
-        self.layer = 0  # the head the next decode runs under
-        self.n_past = 0
-        target._mtp_heads.append(self)
-
-    def decode(self, tokens: Sequence[int], hidden: np.ndarray, pos: int,
-               logits: bool = False, layer: int = 0) -> tuple[np.ndarray, np.ndarray] | None:
-        """Decode (token, hidden row) pairs at positions pos, pos+1, ... under head ``layer``;
-        anything cached from ``pos`` on is dropped first. With ``logits``: the last row's
-        logits and hidden state (copies)."""
-        n = len(tokens)
-        if n == 0 or n > self.n_batch or pos + n > self.n_ctx:
-            raise ValueError(f"MTP decode of {n} tokens at {pos} (batch {self.n_batch}, context {self.n_ctx})")
-        if not 0 <= layer < self.n_layers:
-            raise ValueError(f"MTP head {layer} of {self.n_layers}")
-        hidden = np.ascontiguousarray(hidden, dtype=np.float32)
-        self.trim(pos)
-        self.use(layer)
-        b = self._batch
-        lc.llama_batch_ext_clear(b)
-        base = hidden.ctypes.data
-        row_bytes = self.n_embd * 4
-        for i, tok in enumerate(tokens):
-            idx = lc.llama_batch_ext_add_token(b, 0, int(tok))
-            self._pos[0] = pos + i
-            lc.llama_batch_ext_set_pos(b, idx, self._pos)
-            embd = lc.llama_embd(ctypes.cast(base + i * row_bytes, ctypes.POINTER(ctypes.c_float)), 1, self.n_embd)
-            lc.llama_batch_ext_set_embd_token(b, idx, embd)
-        if logits:
-            lc.llama_batch_ext_set_output_logits(b, n - 1, True)
-        rc = lc.llama_process(self._ctx, lc.LLAMA_PROCESS_TYPE_DECODE, b)
-        if rc != 0:
-            self.trim(0)
-            raise SpeculumError(f"llama.cpp failed to run the MTP head (code {rc}).")
-        self.n_past = pos + n
-        if not logits:
-            return None
-        row = np.ctypeslib.as_array(lc.llama_get_logits_ith(self._ctx, n - 1), shape=(self.n_vocab,))
-        h = np.ctypeslib.as_array(self._ext.get_embeddings_nextn_ith(self._ctx, n - 1), shape=(self.n_embd,))
-        return row.copy(), h.copy()
-
-    def use(self, layer: int) -> None:
-        """Run the next decodes under head ``layer`` (0: the first, llama.cpp's default)."""
-        if layer != self.layer:
-            self._ext.set_nextn_layer_offset(self._ctx, layer)
-            self.layer = layer
-
-    def trim(self, n: int) -> None:
-        if n < self.n_past:
-            lc.llama_memory_seq_rm(self._mem, 0, n, -1)
-            self.n_past = n
-
-    def close(self) -> None:
-        if self._batch is not None:
-            lc.llama_batch_ext_free(self._batch)
-            self._batch = None
-        if self._ctx:
-            lc.llama_free(self._ctx)
-            self._ctx = None
-
-
-__all__ = ["LlamaModel", "MtpHead", "ModelFacts", "gpu_backend", "has_amx_kernels", "system_info",
-           "default_threads", "usable_cores", "llama_cpp_version"]

@@ -193,7 +193,7 @@ def local_gpus(ggml: ctypes.CDLL) -> list[int]:
 def n_embd_out(model) -> int:
     """Width of a model's NextN hidden rows: llama.cpp's n_embd_out, n_embd where this
     llama-cpp-python does not declare it."""
-    width = lc.llama_model_n_embd_out if hasattr(lc, "llama_model_n_embd_out") else lc.llama_model_n_embd
+    width = lc.llama_model_n_embd_out if hasattr(lc, "llama_model_n_embd_out") else lc.llama_model_n_embd  # library:
     return width(model)
 
 
@@ -202,8 +202,5 @@ def default_threads() -> int:
 
 
 def llama_cpp_version() -> str:
-    return getattr(lc, "__version__", "unknown")
+    return getattr(lc, "__version__", "unknown")  # library: a build may not say
 
-
-# llama.py's names for them, before they lived here.
-_recent_log_error, _ggml, _local_gpus = recent_log_error, ggml_library, local_gpus

@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from .cpu_settings import (TILED_MATMUL, TUNING_FILE as FILE, cpu_name, key, remember,  # noqa: F401  (kept here too)
-                           remembered, tiled_by_flags)
+from ..settings import LoadOptions
+from .cpu_settings import TILED_MATMUL, remember, remembered, tiled_by_flags
 
 OFF_SWITCH = "SPECULUM_NO_TUNING"  # set: never measure (the test suite; a machine that must stay quiet)
 SIZES = (1, 8, 16)  # a single step, and the passes the tiled path changes (8 rows and more)
@@ -78,14 +78,16 @@ def measure(target: str | os.PathLike, threads: int, interrupted: Callable[[], b
 def child_command(target, threads: int) -> list[str]:
     """``speculum tune --child``: a bundled app is its own executable, an installed one runs
     the CLI module with this Python."""
-    program = [sys.executable] if getattr(sys, "frozen", False) else [sys.executable, "-m", "speculum.cli"]
+    frozen = getattr(sys, "frozen", False)  # platform: a bundled app (PyInstaller) runs itself
+    program = [sys.executable] if frozen else [sys.executable, "-m", "speculum.cli"]
     return program + ["tune", "--child", "--target", str(target), "--threads", str(threads)]
 
 
 def _child(target, threads: int, setting: str, interrupted: Callable[[], bool], poll_s: float) -> dict | None:
     env = {**os.environ, TILED_MATMUL: setting}
     cmd = child_command(target, threads)
-    niced = (lambda: os.nice(10)) if hasattr(os, "nice") else None  # the user's programs go first
+    # The user's programs go first.
+    niced = (lambda: os.nice(10)) if hasattr(os, "nice") else None  # platform: not on Windows
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             preexec_fn=niced)
     try:
@@ -149,7 +151,8 @@ def time_passes(target: str, threads: int, sizes=SIZES, cached: int = CACHED, re
     from .model import LlamaModel
 
     longest = max(sizes)
-    model = LlamaModel(target, n_ctx=cached + longest + 64, n_threads=threads, flash_attn=flash_attn, verifies=True)
+    model = LlamaModel(target, LoadOptions(n_ctx=cached + longest + 64, n_threads=threads, flash_attn=flash_attn),
+                       verifies=True)
     tokens = model.tokenize(TEXT * ((cached + longest) // 10 + 4))
     context, extra = tokens[:cached], tokens[cached:cached + longest]
     model.prefill(context)

@@ -11,7 +11,7 @@ from typing import Protocol, Sequence
 from ...errors import SpeculumError
 from .costs import CostModel
 from ..cycle import PolicyReport
-from ..drafting.drafters import Choice, Draft
+from ..drafting.draft import Choice, Draft
 from ..vocabulary import Mode, Source
 
 

@@ -5,7 +5,7 @@ registers each with ``ggml_backend_rpc_add_server`` + ``ggml_backend_register`` 
 the target model their devices. The draft never gets them: it stays on this machine.
 
 ggml never connects to a worker itself: it connects to a relay of ours on 127.0.0.1
-(``rpclink.ClientLink``), which pairs with a secure worker over TLS (certificate pinned,
+(``clientlink.ClientLink``), which pairs with a secure worker over TLS (certificate pinned,
 token presented) or passes bytes to a plain one, and ends a connection whose worker falls
 silent past the read timeout.
 
@@ -27,9 +27,8 @@ import threading
 from typing import Callable, Sequence
 
 from ...errors import SpeculumError
-from . import link as rpclink
 from .address import DEFAULT_PORT, parse_worker, parse_workers, shown
-from .link import ClientLink
+from .clientlink import DEFAULT_READ_TIMEOUT_S, ClientLink, speaks_tls
 
 # RPC_PROTO_*_VERSION in ggml/include/ggml-rpc.h of the vendored llama.cpp (llama-cpp-python
 # 0.3.36). The client accepts a worker of the same major and a minor no newer than its own.
@@ -62,7 +61,7 @@ def libraries() -> tuple[ctypes.CDLL, ctypes.CDLL]:
 
     try:
         rpc = shipped_library("ggml-rpc")
-        missing = [name for name in _SYMBOLS if not hasattr(rpc, name)]
+        missing = [name for name in _SYMBOLS if not hasattr(rpc, name)]  # library: the symbols this build exports
     except OSError as exc:
         raise RpcUnavailable(
             f"This llama.cpp has no RPC backend ({exc}); reinstall it with scripts/setup-env.sh, "
@@ -92,7 +91,7 @@ def libraries() -> tuple[ctypes.CDLL, ctypes.CDLL]:
         ("ggml_backend_dev_buffer_type", [ctypes.c_void_p], ctypes.c_void_p),
         ("ggml_set_abort_callback", [ctypes.c_void_p], ctypes.c_void_p),
     ):
-        fn = getattr(ggml, name)
+        fn = getattr(ggml, name)  # library: a ggml function by its C name
         fn.argtypes, fn.restype = args, res
     _libs = (rpc, ggml)
     return _libs
@@ -120,10 +119,10 @@ def names(endpoints: Sequence[str]) -> str:
     return ",".join(parse_worker(e).name for e in endpoints)
 
 
-# --- the links: every worker is reached through a relay of ours (rpclink) ------------------
+# --- the links: every worker is reached through a relay of ours (clientlink) ---------------
 
 _links: dict[str, ClientLink] = {}  # worker name -> its relay, for the life of the process
-_read_timeout_s = rpclink.DEFAULT_READ_TIMEOUT_S
+_read_timeout_s = DEFAULT_READ_TIMEOUT_S
 
 
 def set_read_timeout(seconds: float | str) -> float:
@@ -172,7 +171,7 @@ def check_worker(endpoint: str, timeout: float = CONNECT_TIMEOUT_S) -> tuple[int
         raise SpeculumError(f"The RPC worker at {name} accepted the connection but did not answer within "
                             f"{timeout:g} s: it may be serving another client (a worker serves one at a time).") \
             from None
-    if not answer and not link.worker.secure and rpclink.speaks_tls(link.worker.host, link.worker.port, timeout):
+    if not answer and not link.worker.secure and speaks_tls(link.worker.host, link.worker.port, timeout):
         raise SpeculumError(f"The RPC worker at {name} serves the secure link: pass the pairing string it printed "
                             f"({name}/FINGERPRINT/TOKEN) as --rpc, not {name} alone.")
     if not answer:
@@ -269,7 +268,7 @@ def _install_abort_hook() -> None:
         if words is None:  # not ours: what llama.cpp does without a hook (message, backtrace), then its abort
             sys.stderr.write(f"{text}\n")
             sys.stderr.flush()
-            if hasattr(ggml, "ggml_print_backtrace"):
+            if hasattr(ggml, "ggml_print_backtrace"):  # library: not exported by every build
                 ggml.ggml_print_backtrace()
             return
         _on_lost(words)
@@ -417,7 +416,7 @@ def worker_device() -> tuple[int, str, int, int, str]:
 def serve(endpoint: str, device: int, n_threads: int, cache_dir: str | None = None) -> None:
     """Serve ``device`` at ``endpoint`` (IPv4 only) until the process ends (llama.cpp's loop never
     returns unless it cannot listen). One client at a time, no authentication: beyond loopback
-    only behind ``rpclink.FrontEnd``, or with the user's own tunnel."""
+    only behind ``frontend.FrontEnd``, or with the user's own tunnel."""
     rpc, _ = libraries()
     devices = (ctypes.c_void_p * 1)(device)
     rpc.ggml_backend_rpc_start_server(endpoint.encode(), cache_dir.encode() if cache_dir else None,

@@ -8,6 +8,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QLabel, QMenu, QProgressBar, QPushButton, QStatusBar, QToolButton
 
 from ...engine.llama import profiles
+from ...engine.vocabulary import Device
 from ..chat.richtext import escaped_tooltip
 
 PROGRESS_SCALE = 1000  # the bar counts thousandths of the load
@@ -118,7 +119,7 @@ class LoadStatus(QStatusBar):
         """Where the loaded target runs (``facts``), or, with none loaded, what the engine offers."""
         if facts is None:
             text = f"Backend: {gpu or 'CPU'}"
-        elif facts.backend == "CPU":
+        elif facts.device == Device.CPU:
             text = "Backend: CPU"
         else:
             text = f"Backend: {facts.backend} · {facts.n_gpu_layers if facts.n_gpu_layers < 10**5 else 'all'} layers"

@@ -330,7 +330,7 @@ class StatsPanel(QGroupBox):
             self.PER_PASS: f"{snap.tokens_per_pass:.2f}",
             self.SPEEDUP: (f"{snap.speedup:.2f}×  ({snap.speedup_source})" if snap.speedup is not None
                            else "— (no plain step measured yet)"),
-            self.POLICY: policy_text(snap.policy or {}),
+            self.POLICY: policy_text(snap.policy.to_json() if snap.policy is not None else {}),
             self.PROMPT: prompt,
         })
         self.readout.tips[self.SPEEDUP] = snap.speedup_basis
