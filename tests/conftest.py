@@ -12,6 +12,10 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ["SPECULUM_NO_TUNING"] = "1"
 sys.path.insert(0, str(Path(__file__).parent))
 
+# Fixtures shared by several test files, each beside what it drives: a local Hub (``hub``), a
+# served SmolLM2 (``decoder``, ``server``), the real window (``open_window``), RPC workers (``workers``).
+pytest_plugins = ["hubserver", "live_server", "live_window", "rpc_workers"]
+
 from speculum.models import bundled  # noqa: E402
 
 
@@ -43,9 +47,8 @@ def gemma_path() -> Path:
 @pytest.fixture(scope="session")
 def smollm(smollm_path):
     from speculum.engine.llama.model import LlamaModel
-    from speculum.engine.settings import LoadOptions
 
-    model = LlamaModel(smollm_path, LoadOptions(n_ctx=2048))
+    model = LlamaModel(smollm_path, n_ctx=2048)
     yield model
     model.close()
 
@@ -53,8 +56,7 @@ def smollm(smollm_path):
 @pytest.fixture(scope="session")
 def qwen_pair(qwen_target_path, qwen_draft_path):
     """A Decoder over the real Qwen2.5-Coder 1.5B / 0.5B pair, shared by the session."""
-    from speculum.engine.loading import load_decoder
-    from speculum.engine.settings import LoadOptions
+    from speculum.engine.loading import LoadOptions, load_decoder
 
     decoder = load_decoder(qwen_target_path, qwen_draft_path, LoadOptions(n_ctx=4096))
     yield decoder

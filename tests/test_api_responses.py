@@ -12,11 +12,10 @@ import openai
 import pytest
 from pydantic import BaseModel
 
-from speculum.engine.loading import load_decoder
-from speculum.engine.settings import LoadOptions
+from speculum.engine.loading import LoadOptions, load_decoder
 from speculum.server.responses import KEPT
 from speculum.server.service import ServedModel
-from test_server import LiveServer
+from live_server import LiveServer
 
 SMOL = "smol"
 QWEN = "qwen-demo"

@@ -18,7 +18,7 @@ from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
 
 from speculum.server.service import ServedModel
-from test_server import LiveServer
+from live_server import LiveServer
 
 pytestmark = pytest.mark.qwen
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hubserver import hub, make_gguf  # noqa: F401  (hub is a fixture)
+from hubserver import make_gguf
 from speculum.cli import main
 from speculum.models import bundled
 from speculum.models.compat import check_files

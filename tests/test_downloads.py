@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hubserver import HubServer, closed_port_url, hub, make_gguf, point_hub  # noqa: F401  (hub is a fixture)
+from hubserver import HubServer, closed_port_url, make_gguf, point_hub
 from speculum.cli import main
 from speculum.errors import SpeculumError
 from speculum.models import catalog

@@ -14,7 +14,6 @@ import pytest
 from ggufgen import (
     ARRAY, BOOL, FLOAT32, INT32, INT64, STRING, UINT8, UINT32, UINT64, gguf_bytes, nested_arrays,
 )
-from hubserver import hub  # noqa: F401  (a fixture)
 from speculum.cli import main
 from speculum.errors import SpeculumError
 from speculum.models.compat import check_headers, describe_vocab

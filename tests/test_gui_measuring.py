@@ -10,7 +10,7 @@ from PySide6.QtCore import Qt
 
 from speculum import paths
 
-from test_gui_window import LOAD_MS, open_window, send  # noqa: F401  (fixture)
+from live_window import LOAD_MS, send
 
 
 def measured_sizes() -> int:

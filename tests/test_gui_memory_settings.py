@@ -13,7 +13,7 @@ from speculum.ui.settings import Settings
 from speculum.ui.settingsdialog import SettingsDialog
 
 from test_gui_prompt_cache import LOG
-from test_gui_window import LOAD_MS, open_window, send  # noqa: F401  (fixture)
+from live_window import LOAD_MS, send
 
 
 def settings_dialog(qtbot, window) -> SettingsDialog:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from test_gui_window import open_window, send  # noqa: F401  (the fixture, and how a turn is sent)
+from live_window import send
 
 LOG = " ".join(f"Line {i}: the lighthouse keeper logged the weather, the ships and the tide." for i in range(14))
 

@@ -9,12 +9,11 @@ watched from another process (tests/traps.py): the tests see any open without re
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 from PySide6.QtCore import QEvent, QPoint, QUrl, Qt
 from PySide6.QtGui import QHelpEvent, QTextDocument
-from PySide6.QtWidgets import QApplication, QToolTip
+from PySide6.QtWidgets import QApplication, QTextEdit, QToolTip
 
 from ggufgen import write_gguf
 from speculum import paths
@@ -39,10 +38,13 @@ def hostile_answer(path) -> str:
 
 
 def settle(widget) -> None:
-    """Lay out and paint, as showing the window would."""
-    for _ in range(5):
-        QApplication.processEvents()
-        time.sleep(0.02)
+    """Lay out and paint, as showing the window would, each to its end: every text view's whole
+    document laid out (each image in it asked for its size), then the widget painted. An open
+    of a trap blocks until the watcher answers, so by the return any open is in its log."""
+    QApplication.processEvents()
+    views = widget.findChildren(QTextEdit) + ([widget] if isinstance(widget, QTextEdit) else [])
+    for view in views:
+        view.document().documentLayout().documentSize()  # (lays out what is not laid out yet)
     widget.grab()
     QApplication.processEvents()
 
@@ -114,7 +116,7 @@ def window(qtbot, data_dirs, monkeypatch):
 
 
 def test_model_names_and_saved_drafter_names_show_as_text(qtbot, window, trap):
-    from speculum.engine.backend import ModelFacts
+    from speculum.engine.llama.model import ModelFacts
 
     hostile = f'<img src="{trap.path}">'
     w = window()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import speculum
-from hubserver import HubServer, hub, make_gguf  # noqa: F401  (hub is a fixture)
+from hubserver import make_gguf
 from speculum import paths
 from speculum.cli import main
 from speculum.errors import SpeculumError

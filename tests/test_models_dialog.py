@@ -10,7 +10,7 @@ import pytest
 from PySide6.QtCore import QThread, Qt
 from PySide6.QtWidgets import QMessageBox
 
-from hubserver import hub, make_gguf  # noqa: F401  (hub is a fixture)
+from hubserver import make_gguf
 from speculum.models import catalog
 from speculum.models.hardware import Machine
 from speculum.models.library import Library

@@ -8,106 +8,28 @@ be avoided (a worker lost mid-generation) is checked in a `speculum generate` su
 from __future__ import annotations
 
 import os
-import queue
 import signal
 import socket
 import struct
 import subprocess
 import sys
 import sysconfig
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-import speculum
 from speculum.engine.rpc import client as rpc
-from speculum.engine.llama.model import LlamaModel
-from speculum.engine.llama.native import gpu_backend
-from speculum.engine.loading import load_decoder
-from speculum.engine.settings import LoadOptions
+from speculum.engine.llama.model import LlamaModel, gpu_backend
+from speculum.engine.loading import LoadOptions, load_decoder
 from speculum.engine.rpc.address import WorkerAddress, parse_worker
 from speculum.errors import SpeculumError
 from speculum.rpc_worker import exposure_warning
 from test_engine_real import first_difference, generate, tokens_of
+from rpc_workers import ENV, Worker, free_port
 
-ENV = {**os.environ, "PYTHONPATH": str(Path(speculum.__file__).parents[1]), "PYTHONIOENCODING": "utf-8"}
 FAULT_TIMEOUT_S = 15  # every fault below ends in its message within this (the check's own timeout is 5 s)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Worker:
-    """One `speculum rpc-worker` process on 127.0.0.1, its stdout lines read on a thread.
-    ``endpoint`` is what a client passes as --rpc: the pairing string it printed (secure, the
-    default), or HOST:PORT (``insecure``); ``name`` is HOST:PORT either way."""
-
-    def __init__(self, threads: int = 1, insecure: bool = False, data_dir: str | None = None, extra=(),
-                 port: int | None = None):
-        self.port = port or free_port()  # (a given one: the same worker started again)
-        self.name = f"127.0.0.1:{self.port}"
-        self.data_dir = data_dir or tempfile.mkdtemp(prefix="speculum-worker-")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "speculum.cli", "rpc-worker", "--port", str(self.port), "--threads", str(threads),
-             *(["--insecure"] if insecure else []), *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**ENV, "SPECULUM_DATA_DIR": self.data_dir})
-        self.lines: queue.Queue[str] = queue.Queue()
-        self.output: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
-        self.wait_for("listening on", 60)
-        self.endpoint = self.wait_for("--rpc ", 10).split("--rpc ")[1].split()[0]
-
-    def _read(self) -> None:
-        for line in self.process.stdout:
-            self.output.append(line)
-            self.lines.put(line)
-
-    def wait_for(self, text: str, timeout: float) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                line = self.lines.get(timeout=0.2)
-            except queue.Empty:
-                assert self.process.poll() is None, f"worker ended: {self.process.stderr.read()}"
-                continue
-            if text in line:
-                return line
-        raise AssertionError(f"worker never printed {text!r}: {''.join(self.output)}")
-
-    def count(self, text: str) -> int:
-        return sum(text in line for line in self.output)
-
-    def wait_count(self, text: str, n: int, timeout: float) -> int:
-        """The count of lines holding ``text`` once it reaches ``n``, or when ``timeout`` ends:
-        llama.cpp's server thread and each connection's thread print on their own time."""
-        deadline = time.monotonic() + timeout
-        while self.count(text) < n and time.monotonic() < deadline:
-            time.sleep(0.05)
-        return self.count(text)
-
-    def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGCONT)  # (one a test froze)
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            return self.process.wait(10)
-
-
-@pytest.fixture(scope="module")
-def workers():
-    pair = [Worker(), Worker()]
-    yield pair
-    for w in pair:
-        w.stop()
 
 
 def keepalive_peers() -> list[int]:
@@ -320,7 +242,7 @@ def test_smollm_greedy_tokens_are_the_local_ones_on_one_and_two_workers(smollm_p
             assert sorted(keepalive_peers()) == sorted(w.port for w in workers)
             # A second model on the same workers shares llama.cpp's connection (a worker serves one
             # client at a time, so a fresh handshake now would wait for ever).
-            with LlamaModel(smollm_path, LoadOptions(n_ctx=256, n_threads=1, rpc=tuple(w.endpoint for w in on))) as second:
+            with LlamaModel(smollm_path, n_ctx=256, n_threads=1, rpc=tuple(w.endpoint for w in on)) as second:
                 assert second.decode(second.tokenize("Hello")).shape == (1, second.n_vocab)
         finally:
             remote.target.close()
@@ -372,7 +294,7 @@ def test_the_output_layer_stays_here_so_only_hidden_states_cross_the_network(smo
     worker = Worker(insecure=True)
     relay = CountingRelay(worker.port)
     try:
-        with LlamaModel(smollm_path, LoadOptions(n_ctx=256, n_threads=1, rpc=(relay.endpoint,))) as model:
+        with LlamaModel(smollm_path, n_ctx=256, n_threads=1, rpc=(relay.endpoint,)) as model:
             assert model.facts.backend == f"RPC {relay.endpoint}"
             logits = model.decode(model.tokenize("The capital of France is"))
             before, steps = relay.from_worker, 8
@@ -401,25 +323,25 @@ def test_a_tokens_graph_crosses_the_secure_link_with_the_request_for_its_result(
     # A token's graph (GRAPH_RECOMPUTE, 16) is held for the request for its result (GET_TENSOR, 8),
     # on which ggml waits: one record, one wake of the worker's front end on the token's critical
     # path. Every record carries whole requests. (That the inputs before it are not held for it:
-    # test_rpc_link's test of Gathered; when they go together here depends on the relay's timing.)
+    # test_rpc_link's test of _Gathered; when they go together here depends on the relay's timing.)
     import ssl
 
-    from speculum.engine.rpc import clientlink, shuttle
+    from speculum.engine.rpc import link as rpclink
 
-    records, write = [], shuttle.Way.write
+    records, write = [], rpclink._Way.write
 
     def counted(way):
         if way.out and isinstance(way.dst, ssl.SSLSocket):
             records.append(bytes(way.out))
         return write(way)
 
-    monkeypatch.setattr(shuttle.Way, "write", counted)
+    monkeypatch.setattr(rpclink._Way, "write", counted)
     # The rule, not the clock: a busy machine could keep ggml from sending the GET_TENSOR within
     # the 2 ms a graph is held at most.
-    monkeypatch.setattr(clientlink, "GATHER_S", 0.5)
+    monkeypatch.setattr(rpclink, "_GATHER_S", 0.5)
     worker = Worker()
     try:
-        with LlamaModel(smollm_path, LoadOptions(n_ctx=256, n_threads=1, rpc=(worker.endpoint,))) as model:
+        with LlamaModel(smollm_path, n_ctx=256, n_threads=1, rpc=(worker.endpoint,)) as model:
             logits = model.decode(model.tokenize("The capital of France is"))
             logits = model.decode([int(logits[0].argmax())])  # (a single token's graph, set up once)
             records.clear()
@@ -589,7 +511,7 @@ def test_a_worker_on_all_interfaces_prints_a_usable_pairing_string_for_each_on_i
     from ipaddress import ip_address
 
     from speculum.rpc_worker import _hints, interface_addresses
-    from speculum.engine.rpc.identity import Identity
+    from speculum.engine.rpc.link import Identity
 
     found = interface_addresses(ip_address("0.0.0.0"))
     assert found and all(not ip_address(ip).is_unspecified for _, ip in found)
@@ -615,6 +537,9 @@ def test_the_pairing_string_survives_a_restart_until_new_pairing_is_asked(tmp_pa
     assert oct((tmp_path / "rpc-worker" / "token").stat().st_mode & 0o777) == "0o600"  # a secret
 
 
+ENDED = "bytes passed to llama.cpp ("  # the front end's last line for each TLS connection
+
+
 def _bytes_to_llama_cpp(w: Worker) -> int:
     """What the worker's front end has passed to llama.cpp's parser, all clients together."""
     totals = [int(line.rsplit("(", 1)[1].split()[0]) for line in w.output if line.rstrip().endswith("in all)")]
@@ -632,6 +557,7 @@ def test_the_secure_link_refuses_a_wrong_token_or_certificate_before_llama_cpp_h
         wrong_certificate = WorkerAddress(paired.host, paired.port, other, paired.token).text()
         # (the worker's own probe that ggml listens: accepted once, and printed on ggml's time)
         heard, accepted = _bytes_to_llama_cpp(w), w.wait_count("Accepted client connection", 1, 10)
+        ended = w.count(ENDED)
 
         with pytest.raises(SpeculumError, match=f"The RPC worker at {w.name} refused the token"):
             rpc.check_worker(wrong_token)
@@ -649,9 +575,11 @@ def test_the_secure_link_refuses_a_wrong_token_or_certificate_before_llama_cpp_h
             s.sendall(bytes([14]) + struct.pack("<Q", 24) + bytes(24) + bytes([10]) + struct.pack("<Q", 1 << 20) + b"x")
             assert b"wrong token" in s.recv(100)
         w.wait_for("disconnected: 0 bytes passed to llama.cpp", 10)
-        w.wait_count("refused", 4, 10)  # (each refusal is logged by its own connection's thread)
-        time.sleep(0.5)  # (a connection llama.cpp accepted, or a fifth refusal, would be printed by now)
+        # Each of the four TLS connections is logged by its own thread, its end last: once all four
+        # ended, none of them can still be refused again or pass a byte to llama.cpp.
+        assert w.wait_count(ENDED, ended + 4, 10) == ended + 4, "".join(w.output)
         assert w.count("refused") == 4  # (the third: the check looking for TLS to say what to pass)
+        assert w.count("paired with") == 0
         assert _bytes_to_llama_cpp(w) == heard and w.count("Accepted client connection") == accepted
 
         assert rpc.check_worker(w.endpoint) == rpc.PROTOCOL  # the pairing string it printed: served
@@ -666,8 +594,10 @@ def test_the_secure_link_refuses_a_wrong_token_or_certificate_before_llama_cpp_h
                  "try:\n    print(s.recv(64))\nexcept ConnectionResetError:\n    print(b'')")
         out = subprocess.run([sys.executable, "-c", probe, *relay], capture_output=True, text=True, timeout=30)
         assert out.stdout.strip() == "b''", out
-        time.sleep(0.5)
-        assert w.count("paired with") == 1 and _bytes_to_llama_cpp(w) == heard + 33
+        # The next connection's end, awaited: the probe's, had the relay let it through, came first.
+        assert rpc.check_worker(w.endpoint) == rpc.PROTOCOL
+        assert w.wait_count("disconnected: 33 bytes passed to llama.cpp", 2, 10) == 2, "".join(w.output)
+        assert w.count("paired with") == 2 and _bytes_to_llama_cpp(w) == heard + 66, "".join(w.output)
     finally:
         w.stop()
 
@@ -701,7 +631,7 @@ def test_a_frozen_worker_ends_generate_with_one_message_naming_it_within_the_tim
 def test_a_worker_frozen_while_it_is_sent_a_tensor_ends_the_connection_within_the_timeout():
     """A SET_TENSOR awaits no answer: a worker that stops reading one (a large restored prompt
     state) is only seen by the bytes it leaves untaken, and that too is the timeout."""
-    from speculum.engine.rpc.clientlink import ClientLink
+    from speculum.engine.rpc.link import ClientLink
 
     w = Worker(insecure=True)
     timeout_s = 2

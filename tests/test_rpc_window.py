@@ -4,8 +4,8 @@ worker lost mid-answer ends in one plain banner naming it, the window and the an
 from __future__ import annotations
 
 
-from test_gui_window import GENERATE_MS, LOAD_MS, open_window, send, start_answer  # noqa: F401  (fixture)
-from test_rpc import Worker, workers  # noqa: F401  (fixture)
+from live_window import GENERATE_MS, LOAD_MS, send, start_answer
+from rpc_workers import Worker
 
 
 def test_the_window_loads_the_target_on_rpc_workers_and_answers(qtbot, open_window, smollm_path, workers):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import signal
 import time
 
-from test_rpc import Worker
+from rpc_workers import Worker
 from test_server_rpc import Server
 
 

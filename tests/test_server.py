@@ -3,7 +3,6 @@ over the real SmolLM2 model."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import socket
 import threading
@@ -12,73 +11,14 @@ import time
 import httpx
 import openai
 import pytest
-import uvicorn
 
 from speculum import cli
 from speculum.engine.policy.auto import MAX_K
-from speculum.engine.loading import load_decoder
-from speculum.engine.settings import LoadOptions
-from speculum.server import listen
-from speculum.server.api import create_app
 from speculum.protocol import Asker, CycleEvent, Decoded, Failed, Finished, Started
-from speculum.server.service import ServedModel, StopSequences
+from speculum.server.service import StopSequences
+from live_server import MESSAGES, MODEL
 
-MODEL = "smol"
 KEY = "test-key-123"
-
-
-class LiveServer:
-    def __init__(self, served: ServedModel, api_key: str | None = None, cors_origins: list[str] | None = None,
-                 **listening):
-        self.served = served
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        self.port = sock.getsockname()[1]
-        sock.close()
-        app = create_app(served, api_key=api_key, cors_origins=cors_origins, bind_host="127.0.0.1")
-        self.server = uvicorn.Server(listen.config(app, "127.0.0.1", self.port, **listening))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            assert time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.02)
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def client(self, key: str = "none") -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=300)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(30)
-
-
-@pytest.fixture(scope="module")
-def decoder(smollm_path):
-    # With flash attention SmolLM2 Q4_1's logits are bit-identical whatever the batch (without
-    # it, the default on the CPU, answers may part at numerical ties): compared token for token.
-    # No n-gram memory: these tests count what each request drafts, and repeated requests would
-    # draft from the earlier ones (test_ngram_memory.py, test_prompt_cache.py serve with it).
-    d = load_decoder(smollm_path, None, LoadOptions(n_ctx=1024, flash_attn=True, ngram_memory=False))
-    yield d
-    d.target.close()
-
-
-@pytest.fixture
-def server(decoder):
-    servers = []
-
-    def start(api_key=None, mode="lookup", max_waiting=8, **listening):
-        s = LiveServer(ServedModel(decoder, MODEL, mode=mode, max_waiting=max_waiting), api_key, **listening)
-        servers.append(s)
-        return s
-
-    yield start
-    for s in servers:
-        s.stop()
-
-
-MESSAGES = [{"role": "user", "content": "Copy this exactly: The quick brown fox jumps over the lazy dog."}]
 
 
 def test_chat_with_the_openai_client_streaming_and_not(server):
@@ -205,71 +145,24 @@ def test_serving_beyond_this_machine_needs_an_api_key(smollm_path, capsys):
     assert "--api-key" in capsys.readouterr().err
 
 
-def test_serve_answers_at_once_and_measures_auto_modes_costs_in_idle_moments_once_per_machine(smollm_path,
-                                                                                              tmp_path):
+def test_serve_measures_auto_modes_costs_before_its_first_request_once_per_machine(smollm_path, tmp_path):
     from test_server_rpc import Server
 
-    def serve(until: str | None) -> str:
-        """One server's life on the same data folder: ready, a request answered, ``until`` said, stopped; its log."""
+    def serve() -> str:
+        """One server's life on the same data folder: ready, a request answered, stopped; its log."""
         s = Server(smollm_path, [], mode="auto", data_dir=str(tmp_path / "data"))
         try:
             answer = s.chat(max_tokens=4)
             assert answer.status_code == 200, answer.text
-            deadline = time.monotonic() + 120
-            while until is not None and until not in s.output():
-                assert s.process.poll() is None and time.monotonic() < deadline, s.output()
-                time.sleep(0.2)
         finally:
             s.stop()
         return s.output()
 
-    first = serve("measured in")
-    # Ready (and answering) before it measures: measuring waits for a moment without requests.
-    assert first.index("Serving ") < first.index("measuring this machine's costs for auto mode")
-    assert first.index("measuring this machine's costs") < first.index("measured in")
-    second = serve(None)  # the same data folder: measured already
-    assert "Serving " in second and "measuring" not in second
-
-
-def test_a_request_while_the_server_measures_stops_the_measuring_within_a_pass(smollm_path, data_dirs):
-    from speculum.engine.vocabulary import Mode
-    from speculum.server.idle import IdleMeasuring
-
-    decoder = load_decoder(smollm_path, None, LoadOptions(n_ctx=1024, ngram_memory=False))
-    assert decoder.policy_for(Mode.AUTO).needs_calibration  # a fresh data folder: never measured here
-    served = ServedModel(decoder, MODEL, mode="auto")
-    held, go_on = threading.Event(), threading.Event()
-
-    def stopping() -> bool:  # asked before each measuring pass: the first one, inside a run, waits for the test
-        if measuring.measuring and not go_on.is_set():
-            held.set()
-            go_on.wait(60)
-        return False
-
-    said: list[str] = []
-    measuring = IdleMeasuring(served, Mode.AUTO, stopping, say=said.append, quiet_s=0)
-    s = LiveServer(served)
-    try:
-        measuring.start()
-        assert held.wait(60)  # a measuring run holds the model now
-        replies = []
-        asking = threading.Thread(target=lambda: replies.append(_post(s, "/v1/chat/completions", {
-            "model": MODEL, "messages": MESSAGES, "max_tokens": 4})))
-        asking.start()
-        deadline = time.monotonic() + 30
-        while not served.asked:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        go_on.set()  # the next pass sees the request waiting: the run gives way
-        asking.join(120)
-        assert replies and replies[0].status_code == 200, replies
-        assert measuring.interruptions >= 1
-        assert measuring.done.wait(120)  # taken up again once the server is quiet, to the end
-        assert said[-1].startswith("measured in") and not decoder.policy_for(Mode.AUTO).needs_calibration
-    finally:
-        go_on.set()
-        s.stop()
-        decoder.target.close()
+    first = serve()
+    assert "Measuring this machine's costs for auto mode" in first and "measured in" in first
+    assert first.index("measured in") < first.index("Serving ")  # before /health says ready
+    second = serve()  # the same data folder: measured already
+    assert "Serving " in second and "Measuring" not in second
 
 
 class ModelTurn:
@@ -297,22 +190,21 @@ def test_requests_queue_in_order_and_a_full_queue_answers_429(server):
         results[name] = _post(s, "/v1/chat/completions", dict(body, messages=[
             {"role": "user", "content": f"Write a long story ({name})."}]))
 
-    s.served.turn.acquire()  # the model is busy (the window's own answer, say): the first request waits on it
+    model = s.served.turn = ModelTurn()
+    model.lock.acquire()  # the model is busy (the window's own answer, say): the first request waits on it
     try:
         first = threading.Thread(target=call, args=("first",))
         first.start()
+        assert model.asked.wait(60)  # the first holds the queue's turn: it asks for the model's
         deadline = time.monotonic() + 60
-        while not s.served._turn.locked():  # the first holds the queue's turn
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
         second = threading.Thread(target=call, args=("second",))
         second.start()
-        while s.served._waiting < 1:  # the second waits behind it
+        while s.served.waiting < 1:  # the second waits behind it (as /health's "waiting" says)
             assert time.monotonic() < deadline
             time.sleep(0.01)
         call("third")  # the queue is full
     finally:
-        s.served.turn.release()
+        model.lock.release()
     first.join(300)
     second.join(300)
     assert results["first"].status_code == 200 and results["second"].status_code == 200

@@ -10,11 +10,10 @@ import httpx
 import openai
 import pytest
 
-from speculum.engine.loading import load_decoder
-from speculum.engine.settings import LoadOptions
+from speculum.engine.loading import LoadOptions, load_decoder
 from speculum.server.pace import Pace
 from speculum.server.service import ServedModel, ServerState
-from test_server import MESSAGES, MODEL, LiveServer, decoder, server  # noqa: F401  (fixtures)
+from live_server import MESSAGES, MODEL, LiveServer
 from speculum.protocol import Started, CycleEvent
 
 TOOL = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",

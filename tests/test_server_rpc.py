@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from test_rpc import ENV, Worker, free_port
+from rpc_workers import ENV, Worker, free_port
 
 PROMPT = [{"role": "user", "content": "Write a very long story about a lighthouse keeper."}]
 
@@ -166,8 +166,7 @@ def test_loading_again_after_a_lost_worker_frees_the_given_up_draft_and_saved_pr
     reload. The given-up target stays (its buffers live on the dead worker); what runs here is freed."""
     import asyncio
 
-    from speculum.engine.loading import load_decoder
-    from speculum.engine.settings import LoadOptions
+    from speculum.engine.loading import LoadOptions, load_decoder
     from speculum.server.service import ServedModel, ServerState
 
     def load():

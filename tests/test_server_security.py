@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from test_server import MESSAGES, MODEL, decoder, server  # noqa: F401  (fixtures)
+from live_server import MESSAGES, MODEL
 from speculum.protocol import Started, CycleEvent
 
 CHAT = "/v1/chat/completions"

@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from speculum.server import tools
-from test_server import MODEL, decoder, server  # noqa: F401  (fixtures)
+from live_server import MODEL
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
                                            "age": {"type": "integer"}},

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from speculum.server import tools
-from test_server import MODEL, decoder, server  # noqa: F401  (fixtures)
+from live_server import MODEL
 
 MISTRAL_STYLE = (
     "{%- if tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}"
