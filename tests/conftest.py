@@ -47,8 +47,9 @@ def gemma_path() -> Path:
 @pytest.fixture(scope="session")
 def smollm(smollm_path):
     from speculum.engine.llama.model import LlamaModel
+    from speculum.engine.settings import LoadOptions
 
-    model = LlamaModel(smollm_path, n_ctx=2048)
+    model = LlamaModel(smollm_path, LoadOptions(n_ctx=2048))
     yield model
     model.close()
 
@@ -56,7 +57,8 @@ def smollm(smollm_path):
 @pytest.fixture(scope="session")
 def qwen_pair(qwen_target_path, qwen_draft_path):
     """A Decoder over the real Qwen2.5-Coder 1.5B / 0.5B pair, shared by the session."""
-    from speculum.engine.loading import LoadOptions, load_decoder
+    from speculum.engine.loading import load_decoder
+    from speculum.engine.settings import LoadOptions
 
     decoder = load_decoder(qwen_target_path, qwen_draft_path, LoadOptions(n_ctx=4096))
     yield decoder

@@ -11,7 +11,8 @@ import openai
 import pytest
 import uvicorn
 
-from speculum.engine.loading import LoadOptions, load_decoder
+from speculum.engine.loading import load_decoder
+from speculum.engine.settings import LoadOptions
 from speculum.server import listen
 from speculum.server.api import create_app
 from speculum.server.service import ServedModel

@@ -12,7 +12,8 @@ import openai
 import pytest
 from pydantic import BaseModel
 
-from speculum.engine.loading import LoadOptions, load_decoder
+from speculum.engine.loading import load_decoder
+from speculum.engine.settings import LoadOptions
 from speculum.server.responses import KEPT
 from speculum.server.service import ServedModel
 from live_server import LiveServer

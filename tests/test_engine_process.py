@@ -16,6 +16,7 @@ import pytest
 
 from speculum import paths, yielding
 from speculum.engine.llama import profiles
+from speculum.engine.settings import LoadOptions
 from speculum.engine_process import CRASH_SWITCH, MID_GENERATION_CYCLE, EngineProcess, describe_exit
 from speculum.protocol import (Batch, CycleEvent, Failed, Finished, Generate, Load, Loaded, LoadFailed,
                                LoadRequest, Measuring, ProfileChosen, Ready, SetPlainRate, StageChanged)
@@ -42,7 +43,7 @@ def test_a_crash_in_the_engine_process_is_reported_with_its_signal(smollm_path, 
         done.set()
 
     engine = EngineProcess(events.append, on_exit)
-    engine.send(Load(LoadRequest(str(smollm_path), n_ctx=512)))
+    engine.send(Load(LoadRequest(str(smollm_path), options=LoadOptions(n_ctx=512))))
     assert done.wait(120), "the engine process should have crashed during the load"
     assert exits == [-signal.SIGSEGV]
     kinds = [type(e) for e in events]
@@ -160,7 +161,7 @@ def test_after_loading_the_engine_measures_costs_while_idle_and_gives_way_to_a_r
 
     engine = EngineProcess(on_event, lambda code: None)
     try:
-        engine.send(Load(LoadRequest(str(smollm_path), n_ctx=512)))
+        engine.send(Load(LoadRequest(str(smollm_path), options=LoadOptions(n_ctx=512))))
         # Sent at once: the idle calibration must give way to it, not run first to the end.
         engine.send(Generate(GenerationRequest("c", [{"role": "user", "content": "Hi."}], max_tokens=4)))
         assert finished.wait(120)
@@ -168,7 +169,7 @@ def test_after_loading_the_engine_measures_costs_while_idle_and_gives_way_to_a_r
         assert isinstance(reports[-1], Finished), reports[-1]
         # Loaded again with the window idle: the measured curve is saved for this pair.
         finished.clear()
-        engine.send(Load(LoadRequest(str(smollm_path), n_ctx=512)))
+        engine.send(Load(LoadRequest(str(smollm_path), options=LoadOptions(n_ctx=512))))
         stores = paths.data_dir() / "policy"
         for _ in range(600):
             saved = [json.loads(f.read_text()) for f in stores.glob("*.json")] if stores.is_dir() else []
@@ -192,7 +193,7 @@ def test_fast_cycles_share_pipe_messages_and_arrive_in_order(smollm_path, data_d
 
     engine = EngineProcess(on_event, lambda code: finished.set())
     try:
-        engine.send(Load(LoadRequest(str(smollm_path), n_ctx=512)))
+        engine.send(Load(LoadRequest(str(smollm_path), options=LoadOptions(n_ctx=512))))
         engine.send(Generate(GenerationRequest("c1", [{"role": "user", "content": "Count from one to thirty."}],
                                                mode="off", max_tokens=64)))
         assert finished.wait(300)
@@ -406,7 +407,7 @@ def test_tuning_decides_by_the_passes_the_tiled_path_changes():
 def test_a_target_more_than_twice_the_size_measures_the_tiled_matmul_again(data_dirs, monkeypatch):
     import time
 
-    from speculum.engine.llama import tuning
+    from speculum.engine.llama import cpu_settings, tuning
 
     assert tuning.needs_measuring(None, 10)
     small = {"tiled": "0", "model": "small.gguf", "model_bytes": 100}
@@ -417,24 +418,23 @@ def test_a_target_more_than_twice_the_size_measures_the_tiled_matmul_again(data_
     monkeypatch.delenv(tuning.OFF_SWITCH, raising=False)
     model = data_dirs / "same-size.gguf"
     model.write_bytes(b"GGUF" + b"\0" * 64)
-    tuning.remember({**small, "model_bytes": model.stat().st_size})
+    cpu_settings.remember({**small, "model_bytes": model.stat().st_size})
     start = time.monotonic()
     assert tuning.measure_and_remember(model, 2, lambda: False) is None
-    assert time.monotonic() - start < 0.2 and tuning.remembered()["model"] == "small.gguf"
+    assert time.monotonic() - start < 0.2 and cpu_settings.remembered()["model"] == "small.gguf"
 
 
 def test_idle_after_a_load_the_engine_measures_the_tiled_matmul_and_the_next_engine_uses_it(
         smollm_path, data_dirs, monkeypatch):
-    from speculum.engine.llama import cpu_settings
-    from speculum.engine.llama import tuning
+    from speculum.engine.llama import cpu_settings, tuning
 
     monkeypatch.delenv(tuning.OFF_SWITCH, raising=False)
     # (this process may have loaded llama.cpp, which set it here: not the user's setting)
     monkeypatch.delenv(cpu_settings.TILED_MATMUL, raising=False)
     engine = EngineProcess(lambda event: None, lambda code: None)
-    file = paths.data_dir() / tuning.FILE
+    file = paths.data_dir() / cpu_settings.TUNING_FILE
     try:
-        engine.send(Load(LoadRequest(str(smollm_path), n_ctx=512)))
+        engine.send(Load(LoadRequest(str(smollm_path), options=LoadOptions(n_ctx=512))))
         # The window's next command (its plain rate) comes at once: idle work stops for it, then
         # goes on (it once ran only right after a load, so this command ended it for good).
         engine.send(SetPlainRate(30.0))
@@ -444,7 +444,7 @@ def test_idle_after_a_load_the_engine_measures_the_tiled_matmul_and_the_next_eng
             threading.Event().wait(0.2)
     finally:
         engine.end()
-    entry = tuning.remembered()
+    entry = cpu_settings.remembered()
     assert entry is not None and entry["model"] == smollm_path.name, file.read_text() if file.is_file() else None
     assert entry["model_bytes"] == smollm_path.stat().st_size
     assert entry["tiled"] in ("1", "0") and set(entry["passes"]) == {"1", "0"}
@@ -468,12 +468,12 @@ def test_idle_after_a_load_the_engine_measures_the_tiled_matmul_and_the_next_eng
 def test_a_request_stops_the_tuning_children_at_once(smollm_path, data_dirs):
     import time
 
-    from speculum.engine.llama import tuning
+    from speculum.engine.llama import cpu_settings, tuning
 
     start = time.monotonic()
     assert tuning.measure(smollm_path, 2, lambda: time.monotonic() - start > 0.5) is None
     assert time.monotonic() - start < 5  # the child was killed, not waited for
-    assert tuning.remembered() is None
+    assert cpu_settings.remembered() is None
 
 
 def test_speculum_tune_measures_now_and_the_doctor_names_the_measurement(smollm_path, data_dirs, monkeypatch):
@@ -482,14 +482,12 @@ def test_speculum_tune_measures_now_and_the_doctor_names_the_measurement(smollm_
 
     from speculum.engine.llama import cpu_settings
 
-    from speculum.engine.llama import tuning
-
     monkeypatch.delenv(cpu_settings.TILED_MATMUL, raising=False)
     proc = subprocess.run([sys.executable, "-m", "speculum.cli", "tune", "--target", str(smollm_path)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     entry = json.loads(proc.stdout)
-    assert entry == tuning.remembered() and entry["tiled"] in ("1", "0")
+    assert entry == cpu_settings.remembered() and entry["tiled"] in ("1", "0")
     assert f"GGML_CPU_TILED_MM={entry['tiled']} from the next start" in proc.stderr
     doctor = subprocess.run([sys.executable, "-m", "speculum.cli", "doctor"], capture_output=True, text=True, timeout=120)
     row = doctor.stdout.split("Tiled matmul")[1].splitlines()[0]
@@ -505,12 +503,12 @@ def test_speculum_tune_measures_now_and_the_doctor_names_the_measurement(smollm_
 def test_a_model_whose_timing_fails_is_not_measured_again_at_every_idle_moment(data_dirs, monkeypatch):
     import time
 
-    from speculum.engine.llama import tuning
+    from speculum.engine.llama import cpu_settings, tuning
 
     monkeypatch.delenv(tuning.OFF_SWITCH, raising=False)
     bad = data_dirs / "broken.gguf"
     bad.write_bytes(b"GGUF" + b"\0" * 64)
-    assert tuning.measure_and_remember(bad, 2, lambda: False) is None and tuning.remembered() is None
+    assert tuning.measure_and_remember(bad, 2, lambda: False) is None and cpu_settings.remembered() is None
     start = time.monotonic()
     assert tuning.measure_and_remember(bad, 2, lambda: False) is None
     assert time.monotonic() - start < 0.2  # no child started this time

@@ -116,7 +116,7 @@ def window(qtbot, data_dirs, monkeypatch):
 
 
 def test_model_names_and_saved_drafter_names_show_as_text(qtbot, window, trap):
-    from speculum.engine.llama.model import ModelFacts
+    from speculum.engine.backend import ModelFacts
 
     hostile = f'<img src="{trap.path}">'
     w = window()

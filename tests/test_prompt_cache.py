@@ -7,7 +7,8 @@ import pytest
 
 from speculum.engine.decoder import Decoder
 from speculum.engine.llama.model import LlamaModel
-from speculum.engine.loading import LoadOptions, load_decoder
+from speculum.engine.loading import load_decoder
+from speculum.engine.settings import LoadOptions
 from speculum.engine.promptcache import PromptCache
 from test_backend import QWEN_MAX_NOISE
 from test_engine_real import first_difference, generate, tokens_of, top2_gap
@@ -48,7 +49,7 @@ def test_a_cached_prefix_gives_the_cold_starts_greedy_tokens_in_both_models(qwen
         return
     # A difference only at a numerical tie of the cold start (design notes, "Numerics"), and the
     # same drafts up to the cycle that wrote it.
-    with LlamaModel(d.target.path, n_ctx=1024) as ref:
+    with LlamaModel(d.target.path, LoadOptions(n_ctx=1024)) as ref:
         assert top2_gap(ref, document + cold_tokens[:i]) < QWEN_MAX_NOISE, i
     written, same = 0, 0
     while written + len(cold[same][1]) <= i:
@@ -59,7 +60,7 @@ def test_a_cached_prefix_gives_the_cold_starts_greedy_tokens_in_both_models(qwen
 
 @pytest.fixture
 def small_model(smollm_path):
-    with LlamaModel(smollm_path, n_ctx=2048) as model:
+    with LlamaModel(smollm_path, LoadOptions(n_ctx=2048)) as model:
         yield model
 
 
@@ -111,7 +112,7 @@ def test_switching_back_to_a_conversation_reads_only_its_new_turn(smollm_path, d
 
     events = []
     runner = EngineRunner(events.append)
-    assert runner.load(LoadRequest(str(smollm_path), n_ctx=2048), LoadOptions(n_ctx=2048))
+    assert runner.load(LoadRequest(str(smollm_path), options=LoadOptions(n_ctx=2048)))
 
     def answer(conversation, messages):
         events.clear()

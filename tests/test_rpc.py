@@ -21,8 +21,10 @@ from pathlib import Path
 import pytest
 
 from speculum.engine.rpc import client as rpc
-from speculum.engine.llama.model import LlamaModel, gpu_backend
-from speculum.engine.loading import LoadOptions, load_decoder
+from speculum.engine.llama.model import LlamaModel
+from speculum.engine.llama.native import gpu_backend
+from speculum.engine.loading import load_decoder
+from speculum.engine.settings import LoadOptions
 from speculum.engine.rpc.address import WorkerAddress, parse_worker
 from speculum.errors import SpeculumError
 from speculum.rpc_worker import exposure_warning
@@ -242,7 +244,7 @@ def test_smollm_greedy_tokens_are_the_local_ones_on_one_and_two_workers(smollm_p
             assert sorted(keepalive_peers()) == sorted(w.port for w in workers)
             # A second model on the same workers shares llama.cpp's connection (a worker serves one
             # client at a time, so a fresh handshake now would wait for ever).
-            with LlamaModel(smollm_path, n_ctx=256, n_threads=1, rpc=tuple(w.endpoint for w in on)) as second:
+            with LlamaModel(smollm_path, LoadOptions(n_ctx=256, n_threads=1, rpc=tuple(w.endpoint for w in on))) as second:
                 assert second.decode(second.tokenize("Hello")).shape == (1, second.n_vocab)
         finally:
             remote.target.close()
@@ -294,7 +296,7 @@ def test_the_output_layer_stays_here_so_only_hidden_states_cross_the_network(smo
     worker = Worker(insecure=True)
     relay = CountingRelay(worker.port)
     try:
-        with LlamaModel(smollm_path, n_ctx=256, n_threads=1, rpc=(relay.endpoint,)) as model:
+        with LlamaModel(smollm_path, LoadOptions(n_ctx=256, n_threads=1, rpc=(relay.endpoint,))) as model:
             assert model.facts.backend == f"RPC {relay.endpoint}"
             logits = model.decode(model.tokenize("The capital of France is"))
             before, steps = relay.from_worker, 8
@@ -323,25 +325,25 @@ def test_a_tokens_graph_crosses_the_secure_link_with_the_request_for_its_result(
     # A token's graph (GRAPH_RECOMPUTE, 16) is held for the request for its result (GET_TENSOR, 8),
     # on which ggml waits: one record, one wake of the worker's front end on the token's critical
     # path. Every record carries whole requests. (That the inputs before it are not held for it:
-    # test_rpc_link's test of _Gathered; when they go together here depends on the relay's timing.)
+    # test_rpc_link's test of Gathered; when they go together here depends on the relay's timing.)
     import ssl
 
-    from speculum.engine.rpc import link as rpclink
+    from speculum.engine.rpc import clientlink, shuttle
 
-    records, write = [], rpclink._Way.write
+    records, write = [], shuttle.Way.write
 
     def counted(way):
         if way.out and isinstance(way.dst, ssl.SSLSocket):
             records.append(bytes(way.out))
         return write(way)
 
-    monkeypatch.setattr(rpclink._Way, "write", counted)
+    monkeypatch.setattr(shuttle.Way, "write", counted)
     # The rule, not the clock: a busy machine could keep ggml from sending the GET_TENSOR within
     # the 2 ms a graph is held at most.
-    monkeypatch.setattr(rpclink, "_GATHER_S", 0.5)
+    monkeypatch.setattr(clientlink, "GATHER_S", 0.5)
     worker = Worker()
     try:
-        with LlamaModel(smollm_path, n_ctx=256, n_threads=1, rpc=(worker.endpoint,)) as model:
+        with LlamaModel(smollm_path, LoadOptions(n_ctx=256, n_threads=1, rpc=(worker.endpoint,))) as model:
             logits = model.decode(model.tokenize("The capital of France is"))
             logits = model.decode([int(logits[0].argmax())])  # (a single token's graph, set up once)
             records.clear()
@@ -511,7 +513,7 @@ def test_a_worker_on_all_interfaces_prints_a_usable_pairing_string_for_each_on_i
     from ipaddress import ip_address
 
     from speculum.rpc_worker import _hints, interface_addresses
-    from speculum.engine.rpc.link import Identity
+    from speculum.engine.rpc.identity import Identity
 
     found = interface_addresses(ip_address("0.0.0.0"))
     assert found and all(not ip_address(ip).is_unspecified for _, ip in found)
@@ -631,7 +633,7 @@ def test_a_frozen_worker_ends_generate_with_one_message_naming_it_within_the_tim
 def test_a_worker_frozen_while_it_is_sent_a_tensor_ends_the_connection_within_the_timeout():
     """A SET_TENSOR awaits no answer: a worker that stops reading one (a large restored prompt
     state) is only seen by the bytes it leaves untaken, and that too is the timeout."""
-    from speculum.engine.rpc.link import ClientLink
+    from speculum.engine.rpc.clientlink import ClientLink
 
     w = Worker(insecure=True)
     timeout_s = 2

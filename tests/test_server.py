@@ -14,9 +14,11 @@ import pytest
 
 from speculum import cli
 from speculum.engine.policy.auto import MAX_K
+from speculum.engine.loading import load_decoder
+from speculum.engine.settings import LoadOptions
 from speculum.protocol import Asker, CycleEvent, Decoded, Failed, Finished, Started
-from speculum.server.service import StopSequences
-from live_server import MESSAGES, MODEL
+from speculum.server.service import ServedModel, StopSequences
+from live_server import MESSAGES, MODEL, LiveServer
 
 KEY = "test-key-123"
 
@@ -145,24 +147,86 @@ def test_serving_beyond_this_machine_needs_an_api_key(smollm_path, capsys):
     assert "--api-key" in capsys.readouterr().err
 
 
-def test_serve_measures_auto_modes_costs_before_its_first_request_once_per_machine(smollm_path, tmp_path):
+def test_serve_answers_at_once_and_measures_auto_modes_costs_in_idle_moments_once_per_machine(smollm_path,
+                                                                                              tmp_path):
     from test_server_rpc import Server
 
-    def serve() -> str:
-        """One server's life on the same data folder: ready, a request answered, stopped; its log."""
+    def serve(until: str | None) -> str:
+        """One server's life on the same data folder: ready, a request answered, ``until`` said, stopped; its log."""
         s = Server(smollm_path, [], mode="auto", data_dir=str(tmp_path / "data"))
         try:
             answer = s.chat(max_tokens=4)
             assert answer.status_code == 200, answer.text
+            deadline = time.monotonic() + 120
+            while until is not None and until not in s.output():
+                assert s.process.poll() is None and time.monotonic() < deadline, s.output()
+                time.sleep(0.2)
         finally:
             s.stop()
         return s.output()
 
-    first = serve()
-    assert "Measuring this machine's costs for auto mode" in first and "measured in" in first
-    assert first.index("measured in") < first.index("Serving ")  # before /health says ready
-    second = serve()  # the same data folder: measured already
-    assert "Serving " in second and "Measuring" not in second
+    first = serve("measured in")
+    # Ready (and answering) before it measures: measuring waits for a moment without requests.
+    assert first.index("Serving ") < first.index("measuring this machine's costs for auto mode")
+    assert first.index("measuring this machine's costs") < first.index("measured in")
+    second = serve(None)  # the same data folder: measured already
+    assert "Serving " in second and "measuring" not in second
+
+
+def test_a_request_while_the_server_measures_stops_the_measuring_within_a_pass(smollm_path, data_dirs):
+    from speculum.engine.vocabulary import Mode
+    from speculum.server.idle import IdleMeasuring
+
+    decoder = load_decoder(smollm_path, None, LoadOptions(n_ctx=1024, ngram_memory=False))
+    assert decoder.policy_for(Mode.AUTO).needs_calibration  # a fresh data folder: never measured here
+    served = ServedModel(decoder, MODEL, mode="auto")
+    held, go_on = threading.Event(), threading.Event()
+
+    def stopping() -> bool:  # asked before each measuring pass: the first one, inside a run, waits for the test
+        if measuring.measuring and not go_on.is_set():
+            held.set()
+            go_on.wait(60)
+        return False
+
+    said: list[str] = []
+    measuring = IdleMeasuring(served, Mode.AUTO, stopping, say=said.append, quiet_s=0)
+    s = LiveServer(served)
+    try:
+        measuring.start()
+        assert held.wait(60)  # a measuring run holds the model now
+        replies = []
+        asking = threading.Thread(target=lambda: replies.append(_post(s, "/v1/chat/completions", {
+            "model": MODEL, "messages": MESSAGES, "max_tokens": 4})))
+        asking.start()
+        deadline = time.monotonic() + 30
+        while not served.asked:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        go_on.set()  # the next pass sees the request waiting: the run gives way
+        asking.join(120)
+        assert replies and replies[0].status_code == 200, replies
+        assert measuring.interruptions >= 1
+        assert measuring.done.wait(120)  # taken up again once the server is quiet, to the end
+        assert said[-1].startswith("measured in") and not decoder.policy_for(Mode.AUTO).needs_calibration
+    finally:
+        go_on.set()
+        s.stop()
+        decoder.target.close()
+
+
+class ModelTurn:
+    """The models' turn lock (``ServedModel.turn``), telling when a request's engine thread asks for it."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.asked = threading.Event()
+
+    def __enter__(self):
+        self.asked.set()
+        self.lock.acquire()
+
+    def __exit__(self, *exc):
+        self.lock.release()
 
 
 class ModelTurn:

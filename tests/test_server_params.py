@@ -10,7 +10,8 @@ import httpx
 import openai
 import pytest
 
-from speculum.engine.loading import LoadOptions, load_decoder
+from speculum.engine.loading import load_decoder
+from speculum.engine.settings import LoadOptions
 from speculum.server.pace import Pace
 from speculum.server.service import ServedModel, ServerState
 from live_server import MESSAGES, MODEL, LiveServer

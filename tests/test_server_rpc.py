@@ -166,7 +166,8 @@ def test_loading_again_after_a_lost_worker_frees_the_given_up_draft_and_saved_pr
     reload. The given-up target stays (its buffers live on the dead worker); what runs here is freed."""
     import asyncio
 
-    from speculum.engine.loading import LoadOptions, load_decoder
+    from speculum.engine.loading import load_decoder
+    from speculum.engine.settings import LoadOptions
     from speculum.server.service import ServedModel, ServerState
 
     def load():

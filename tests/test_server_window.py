@@ -39,7 +39,8 @@ def test_serve_switch_serves_the_loaded_model_and_shows_requests_live(qtbot, ope
     with qtbot.waitSignal(w.engine.worker.serving, timeout=LOAD_MS):
         w.model_bar.serve_panel.switch.click()
     base = f"http://127.0.0.1:{port}/v1"
-    assert w.model_bar.serve_panel.url.text() == base and w.model_bar.serve_panel.copy.isVisible()
+    assert w.model_bar.serve_panel.url.text() == f"127.0.0.1:{port}" and w.model_bar.serve_panel.copy.isVisible()
+    assert base in w.model_bar.serve_panel.url.toolTip()
     assert base in w.model_bar.serve_panel.example() and "curl" in w.model_bar.serve_panel.example()
 
     client = openai.OpenAI(base_url=base, api_key="none", max_retries=0, timeout=300)
@@ -57,10 +58,10 @@ def test_serve_switch_serves_the_loaded_model_and_shows_requests_live(qtbot, ope
     assert w.speculation_pane.stats.value(w.speculation_pane.stats.RATE) != "—"  # the stats panel shows the API request's numbers
     assert look.PREDICTED not in kinds_shown(w.speculation_pane.speculation.legend)
     # Counted, and logged with its size and speed.
-    assert w.model_bar.serve_panel.requests.isVisible() and w.model_bar.serve_panel.requests.text() == "1 request"
+    assert w.model_bar.serve_panel.url.text() == f"127.0.0.1:{port} · 1 request"
     tokens = replies[0].usage.completion_tokens
     assert f"  127.0.0.1  {tokens} tokens, " in w.model_bar.serve_panel.log[0] and w.model_bar.serve_panel.log[0].endswith(" tok/s")
-    assert w.model_bar.serve_panel.log[0] in w.model_bar.serve_panel.requests.toolTip()
+    assert w.model_bar.serve_panel.log[0] in w.model_bar.serve_panel.url.toolTip()
 
     # A request with a prediction: its accepted drafts have their own colour, named in the legend.
     answer = replies[0].choices[0].message.content
@@ -119,7 +120,7 @@ def test_a_crash_keeps_its_banner_the_partial_answer_replays_and_reload_serves_a
     monkeypatch.delenv(CRASH_SWITCH)
     with qtbot.waitSignal(w.engine.worker.serving, timeout=LOAD_MS):
         w.chat.banner.trigger("Reload")
-    assert w.model_bar.serve_panel.switch.isChecked() and w.model_bar.serve_panel.url.text() == f"http://127.0.0.1:{port}/v1"
+    assert w.model_bar.serve_panel.switch.isChecked() and w.model_bar.serve_panel.base_url == f"http://127.0.0.1:{port}/v1"
     assert httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=30).status_code == 200
     assert not w.chat.banner.isVisible()
 
