@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from . import paths
+from .engine.vocabulary import Finish
 from .records import RecordError, typed_fields
 
 DEFAULT_TITLE = "New conversation"
@@ -42,6 +43,11 @@ class Message:
     def shown(self) -> str:
         return self.display or self.content
 
+    @property
+    def unwritten(self) -> bool:
+        """An answer stopped before it wrote anything (while its prompt was read): only its note."""
+        return self.role == "assistant" and self.finish == Finish.STOPPED and not self.content and not self.cycles
+
 
 @dataclass
 class Conversation:
@@ -52,6 +58,9 @@ class Conversation:
     messages: list[Message] = field(default_factory=list)
     document: str = ""
     document_name: str = ""
+    # Where the document's passages that the summary copied (accepted lookup drafts) sit in it:
+    # [start, end) character spans, highlighted again when the conversation is opened.
+    document_copies: list[list[int]] = field(default_factory=list)
 
     def history(self, before: int | None = None) -> list[dict]:
         """The turns the model sees next time, oldest first (those before message ``before``)."""
@@ -76,6 +85,12 @@ class Conversation:
         if "id" in fields and not valid_id(fields["id"]):
             problems.append("its id was not a plain name")
             del fields["id"]
+        copies = fields.get("document_copies", [])
+        kept = [span for span in copies
+                if len(span) == 2 and 0 <= span[0] < span[1] <= len(fields.get("document", ""))]
+        if len(kept) != len(copies):
+            problems.append("some of its document's copied passages lay outside the document")
+            fields["document_copies"] = kept
         raw = d.get("messages", [])
         if not isinstance(raw, list):
             problems.append("'messages' was not a list")

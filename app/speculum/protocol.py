@@ -17,7 +17,7 @@ from .engine.backend import ModelFacts
 from .engine.cycle import Cycle, PolicyReport
 from .engine.settings import LoadOptions
 from .engine.stats import Stats
-from .engine.vocabulary import Finish, Mode, Role, Source
+from .engine.vocabulary import Finish, Mode, Role, Source, Word
 
 
 class Asker(str, Enum):
@@ -60,7 +60,8 @@ class PartPrompt:
 
     @classmethod
     def of(cls, stage: str, tokens: int, total: int, cached: int | None) -> "PartPrompt":
-        return cls(stage, tokens, total, reused_of(tokens, total, cached))
+        processed, reused = prompt_counts(tokens, total, cached)
+        return cls(stage, processed, total, reused)
 
 
 def reused_of(tokens: int, total: int, cached: int | None) -> int:
@@ -69,6 +70,30 @@ def reused_of(tokens: int, total: int, cached: int | None) -> int:
     was kept, the rest of the prompt was: unless the answer was stopped while it was read.)"""
     return cached if cached is not None else max(total - 1 - tokens, 0) if total else 0
 
+
+def prompt_counts(tokens: int, total: int, cached: int | None) -> tuple[int, int]:
+    """(processed, reused) of a prompt of ``total`` tokens, of which the decoder read ``tokens``
+    before its last one. The last token is read too (with the rest, or by the first cycle): once
+    everything before it was, processed + reused = total; a Stop while reading leaves less. (The
+    decoder's count left it out: "412 of 530 tokens (117 reused)" beside a bar of 529.)"""
+    reused = reused_of(tokens, total, cached)
+    if total and tokens + reused == total - 1:
+        tokens += 1
+    return tokens, reused
+
+
+def prompt_progress(read: int, known: int) -> tuple[int, int]:
+    """The decoder's prompt progress (``read`` of the ``known`` tokens before the last) as the
+    window shows it: of the whole prompt, the last token read with the last chunk."""
+    return read + (read >= known), known + 1
+
+
+class Yardstick(Word):
+    """What an answer's speedup stands on."""
+    MEASURED = "measured"  # its own plain steps, or plain decoding measured here minutes ago
+    ESTIMATE = "estimate"
+    PLAIN = "plain decoding"  # nothing drafted: the answer is plain decoding, no speedup to tell
+    NONE = ""  # nothing to go on yet
 
 @dataclass
 class StatsSnapshot:
@@ -81,8 +106,10 @@ class StatsSnapshot:
     seconds: float = 0.0
     drafted: int = 0
     speedup: float | None = None  # against plain decoding on this machine
-    speedup_source: str = ""  # "measured" or "estimate"
+    speedup_source: Yardstick = Yardstick.NONE
     speedup_basis: str = ""  # what it was measured against, in words (the row's tooltip)
+    plain_rate: float | None = None  # the one plain decoding speed the panel shows (and divides by)
+    plain_from: str = ""  # where that speed comes from, in a few words
     plain_known: float | None = None  # the plain rate known when the answer began (kept for replay)
     plain_age_s: float | None = None  # how long before it was measured here; None: an earlier run
     policy: PolicyReport | None = None  # the last cycle's policy report
@@ -121,29 +148,43 @@ class PlainBasis:
             self.tokens += 1
             self.seconds += cycle.seconds
 
-    def speedup(self, tokens_per_s: float, policy) -> tuple[float | None, str, str]:
-        """(speedup, "measured" or "estimate", its basis in words) for an answer at ``tokens_per_s``."""
-        if not tokens_per_s:
-            return None, "", ""
+    def plain(self, policy) -> tuple[float | None, str]:
+        """The one plain decoding speed for this answer, and where it comes from in a few words:
+        its own plain steps, else a rate measured here, else the policy's cost model."""
         if self.tokens >= OWN_PLAIN_STEPS:
-            own = self.tokens / self.seconds
-            return (tokens_per_s / own, "measured",
-                    f"Against the {self.tokens} plain steps in this answer ({own:.1f} tok/s).")
+            return self.tokens / self.seconds, "in this answer"
+        if self.rate:
+            return self.rate, f"measured {_ago(self.age_s)}" if self.age_s is not None else "from a past session"
+        if policy is not None and policy.plain_tokens_per_s:
+            return policy.plain_tokens_per_s, "cost model estimate"
+        return None, ""
+
+    def speedup(self, tokens_per_s: float, policy, drafted: int = 1) -> tuple[float | None, Yardstick, str]:
+        """(speedup, what it stands on, its basis in words) for an answer at ``tokens_per_s`` that
+        drafted ``drafted`` tokens (none: plain decoding, its "speedup" 1 by construction)."""
+        if not tokens_per_s:
+            return None, Yardstick.NONE, ""
+        plain, said = self.plain(policy)
+        if not drafted:
+            return (None, Yardstick.PLAIN, "Nothing was drafted: this answer is plain decoding"
+                    + (f" ({plain:.1f} tok/s {said})." if plain else "."))
+        if self.tokens >= OWN_PLAIN_STEPS:
+            return (tokens_per_s / plain, Yardstick.MEASURED,
+                    f"Against the {self.tokens} plain steps in this answer ({plain:.1f} tok/s).")
         if self.rate and self.age_s is not None and self.age_s <= RECENT_PLAIN_S:
-            return (tokens_per_s / self.rate, "measured",
+            return (tokens_per_s / self.rate, Yardstick.MEASURED,
                     f"Against plain decoding measured on this machine {_ago(self.age_s)} ({self.rate:.1f} tok/s).")
-        when = (f"measured {_ago(self.age_s)}" if self.age_s is not None else "measured in an earlier session")
-        plain, said = self.rate, f"a plain rate {when}"
-        if not plain and policy is not None and policy.plain_tokens_per_s:
-            plain, said = policy.plain_tokens_per_s, "the policy's cost model's plain rate"
         if plain:
-            return (tokens_per_s / plain, "estimate",
-                    f"Estimate: no plain step in this answer; against {said} ({plain:.1f} tok/s), "
+            source = ((f"a plain rate measured {_ago(self.age_s)}" if self.age_s is not None
+                       else "a plain rate measured in an earlier session") if self.rate
+                      else "the policy's cost model's plain rate")
+            return (tokens_per_s / plain, Yardstick.ESTIMATE,
+                    f"Estimate: no plain step in this answer; against {source} ({plain:.1f} tok/s), "
                     "and this machine's speed moves with its load.")
         if policy is not None and policy.expected_speedup:
-            return (float(policy.expected_speedup), "estimate",
+            return (float(policy.expected_speedup), Yardstick.ESTIMATE,
                     "Estimate: the policy's expected speedup for its last choice; no plain rate measured yet.")
-        return None, "", ""
+        return None, Yardstick.NONE, ""
 
 
 def snapshot_of(stats: Stats, cycle, plain: PlainBasis | float | None, prompt_total: int = 0,
@@ -155,7 +196,9 @@ def snapshot_of(stats: Stats, cycle, plain: PlainBasis | float | None, prompt_to
     if not isinstance(plain, PlainBasis):
         plain = PlainBasis(plain)
     policy = cycle.policy
-    speedup, source, basis = plain.speedup(stats.tokens_per_s, policy)
+    speedup, source, basis = plain.speedup(stats.tokens_per_s, policy, stats.drafted)
+    plain_rate, plain_from = plain.plain(policy)
+    processed, reused = prompt_counts(stats.prompt_tokens, prompt_total, stats.prompt_cached)
     return StatsSnapshot(
         acceptance_rate=stats.acceptance_rate,
         # The positions any draft reaches; a recalled copy's deeper ones (auto.RECALL_K) would
@@ -169,12 +212,14 @@ def snapshot_of(stats: Stats, cycle, plain: PlainBasis | float | None, prompt_to
         speedup=speedup,
         speedup_source=source,
         speedup_basis=basis,
+        plain_rate=plain_rate,
+        plain_from=plain_from,
         plain_known=plain.rate,
         plain_age_s=plain.age_s,
         policy=policy,
-        prompt_tokens=stats.prompt_tokens,
+        prompt_tokens=processed,
         prompt_total=prompt_total,
-        prompt_reused=reused_of(stats.prompt_tokens, prompt_total, stats.prompt_cached),
+        prompt_reused=reused,
         part_prompt=part_prompt,
     )
 
@@ -200,6 +245,12 @@ def replay_snapshots(cycles: list, plain: PlainBasis | float | None = None, prom
         basis.observe(cycle)
         out.append(snapshot_of(stats, cycle, basis, total, part))
     return out
+
+
+def replay_pace(cycles: list) -> list[float]:
+    """Each replay step's seconds as it happened: a cycle's draft proposed after its drafting
+    (and the loop's own time), then verified after its target pass."""
+    return [s for c in cycles for s in (c.draft_s + c.overhead_s, c.verify_s)]
 
 
 @dataclass

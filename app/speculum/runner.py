@@ -20,7 +20,8 @@ from .engine.vocabulary import Device, Finish, Mode, Role
 from .errors import SpeculumError
 from .protocol import (CycleEvent, Event, Failed, Finished, GenerationRequest, GenerationResult, Loaded, LoadFailed,
                        LoadProgress, LoadRequest, Measuring, PartPrompt, PlainBasis, PlainRateMeasured, PromptProgress,
-                       ServeFailed, ServingAt, StageChanged, StatsSnapshot, is_plain_step, snapshot_of)
+                       ServeFailed, ServingAt, StageChanged, StatsSnapshot, is_plain_step, prompt_progress,
+                       snapshot_of)
 
 
 class PlainRate:
@@ -139,7 +140,7 @@ class EngineRunner:
         def on_stage(stage: str) -> None:  # as a stage begins: its prompt is read under its name
             if stage != shown[0]:
                 shown[0] = stage
-                self.report(StageChanged("Combining the part summaries" if stage == "Combining" else stage))
+                self.report(StageChanged("Combining the part summaries" if stage == summarise.COMBINING else stage))
 
         if request.document is None:
             generation = self._generation(request, request.messages)
@@ -202,8 +203,9 @@ class EngineRunner:
                                      origin=request.conversation_id)  # the n-gram memory's, forgotten with it
 
     def _prompt_progress(self, read: int, total: int) -> None:
-        """Prompt tokens read so far: the window shows them while a long prompt is read."""
-        self.report(PromptProgress(read, total))
+        """Prompt tokens read so far: the window shows them while a long prompt is read, of the
+        whole prompt (as its stats count it)."""
+        self.report(PromptProgress(*prompt_progress(read, total)))
 
     def calibrate_while_idle(self, interrupted) -> None:
         """Measure this machine's costs for auto mode between requests, one pass at a time,

@@ -117,6 +117,8 @@ def copied_spans(document: str, copies: Sequence[str], min_chars: int = 4) -> li
 # A summary (and each part's) when the user set no limit: room for the document stays beside it.
 PART_ANSWER_TOKENS = 512
 
+COMBINING = "Combining"  # the stage that combines the part summaries into one
+
 # (messages) -> one generation answering them (engine.decoder.Generation: its cycles, its stats).
 Generate = Callable[[list], Iterable]
 
@@ -199,5 +201,5 @@ class DocumentSummary:
             if self._fits(combine):
                 break
             texts = split_by_tokens(joined_summaries(summaries), count, budget)
-        yield from self._answer(combine, "Combining")
+        yield from self._answer(combine, COMBINING)
         self.text = self._last_text

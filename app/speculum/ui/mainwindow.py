@@ -313,6 +313,7 @@ class MainWindow(QMainWindow):
             return
         self.chat.transcript.show_messages(conv.messages)
         self.chat.document.set_document(conv.document, conv.document_name)
+        self.chat.document.highlight(conv.document_copies)  # what its summary copied, as it was shown
         if conv.document:
             self.model_bar.document_toggle.setChecked(True)
         self.replay_last()

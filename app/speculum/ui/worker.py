@@ -13,6 +13,7 @@ import statistics
 import threading
 import time
 from collections import deque
+from enum import Enum
 
 from PySide6.QtCore import QObject, Qt, QTimer, Signal, Slot
 
@@ -25,7 +26,7 @@ from ..protocol import (Asker, CycleEvent, Decoded, Event, Failed, Finished, Gen
                         GenerationRequest, GenerationResult, Load, Loaded, LoadFailed, LoadProgress, LoadRequest,
                         Measuring, PlainRateMeasured, PostponeMeasuring, ProfileChosen, PromptProgress, Ready,
                         ServeFailed, Serve, ServingAt, SetPlainRate, StageChanged, Started, StatsSnapshot,
-                        StopServing, WorkerLost, replay_snapshots, snapshot_of)
+                        StopServing, WorkerLost, replay_pace, replay_snapshots, snapshot_of)
 from .. import yielding
 
 # The engine's idle measurement of this machine waits this long after the user's last keystroke
@@ -130,18 +131,30 @@ class EngineSignals(QObject):
     measuring = Signal(bool)  # the engine is (no longer) measuring this machine's costs for auto mode
 
 
+class Activity(Enum):
+    """What the engine process is doing, as the window asked it; ``words`` only for display."""
+    IDLE = "idle"
+    LOADING = "loading the models"
+    GENERATING = "generating an answer"
+    SUMMARISING = "summarising a document"
+
+    @property
+    def words(self) -> str:
+        return self.value
+
+
 class EngineDeath:
     """The engine process ended unasked: how, and what it was doing."""
 
-    def __init__(self, how: str, activity: str, during_load: bool, profile: profiles.Profile, why: str = ""):
+    def __init__(self, how: str, activity: Activity, during_load: bool, profile: profiles.Profile, why: str = ""):
         self.how = how  # "signal SIGSEGV (Segmentation fault)"
         self.why = why  # what the engine said before it ended (a lost RPC worker), if anything
-        self.activity = activity  # "loading the models", "generating an answer", ...
+        self.activity = activity
         self.during_load = during_load  # in a load, or the first decode after one
         self.profile = profile  # the profile it was running
 
     def message(self) -> str:
-        cause = self.why or f"The engine stopped unexpectedly while {self.activity}: {self.how}."
+        cause = self.why or f"The engine stopped unexpectedly while {self.activity.words}: {self.how}."
         return f"{cause} The window and your conversation are safe; the answer so far is kept."
 
 
@@ -160,7 +173,7 @@ class Engine(QObject):
         self.profile, self.profile_why = profiles.STANDARD, ""
         self._process: EngineProcess | None = None
         self._holds_models = False  # the current process has (or is loading) models
-        self._activity = ""  # what the process is doing, for the crash message
+        self._activity = Activity.IDLE  # what the process is doing, for the crash message
         self._fresh = False  # loaded, and no cycle decoded since
         self._last_words = ""
         self.started = False  # the engine process has imported llama.cpp and said so
@@ -217,12 +230,12 @@ class Engine(QObject):
         self.worker.profileChosen.emit(event.name, event.why)
 
     def _on_models_loaded(self, event: Loaded) -> None:
-        self._activity = ""
+        self._activity = Activity.IDLE
         self._fresh = True
         self.worker.loaded.emit(event.target, event.draft)
 
     def _on_load_failed(self, event: LoadFailed) -> None:
-        self._activity = ""
+        self._activity = Activity.IDLE
         self.worker.loadFailed.emit(event.message)
 
     def _on_started(self, event: Started) -> None:
@@ -253,7 +266,7 @@ class Engine(QObject):
         return event.asker == Asker.API
 
     def _window_answer_ended(self) -> None:
-        self._activity = ""
+        self._activity = Activity.IDLE
         self._decoded(Asker.WINDOW, False)
 
     def _on_worker_lost(self, event: WorkerLost) -> None:
@@ -261,9 +274,9 @@ class Engine(QObject):
 
     def _on_exit(self, code: int | None) -> None:
         """Reader thread: the engine process ended without being asked to."""
-        activity = self._activity or "idle"
-        during_load = activity == "loading the models" or (self._fresh and bool(self._activity))
-        words, self._activity, self._last_words = self._last_words, "", ""
+        activity = self._activity
+        during_load = activity is Activity.LOADING or (self._fresh and activity is not Activity.IDLE)
+        words, self._activity, self._last_words = self._last_words, Activity.IDLE, ""
         self._decoded(None, False)
         if words:  # a lost RPC worker: no safer profile would help
             during_load = False
@@ -314,7 +327,7 @@ class Engine(QObject):
             self._end_process()
             self._spawn()
         self._holds_models = True
-        self._activity = "loading the models"
+        self._activity = Activity.LOADING
         self._process.cancel_load.clear()
         if self._measure_after > time.monotonic():  # a fresh engine waits as the last one did
             later = self._measure_after - time.monotonic()
@@ -349,8 +362,7 @@ class Engine(QObject):
         self._process.stop.clear()
         self.batcher.begin()
         self._decoded(Asker.WINDOW, True)
-        self._activity = ("summarising a document" if request.document is not None
-                          else "generating an answer")
+        self._activity = Activity.SUMMARISING if request.document is not None else Activity.GENERATING
         if not self._process.send(Generate(request)):
             self._decoded(Asker.WINDOW, False)
             self.worker.failed.emit("The engine is not running. Press Reload.")

@@ -10,6 +10,7 @@ travels with its cycle: as the ``runner.CycleEvent`` received while generating, 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import NamedTuple
 
 from PySide6.QtCore import QElapsedTimer
@@ -17,8 +18,14 @@ from PySide6.QtCore import QElapsedTimer
 from ...conversations import Conversation, Message
 from ...engine.cycle import Cycle
 from ...engine.prompts import document_message
-from ...engine.vocabulary import Finish
+from ...engine.vocabulary import Finish, Source
+from ...summarise import COMBINING, copied_spans
 from ...protocol import PartPrompt, PlainBasis, replay_snapshots
+
+
+class AnswerKind(Enum):
+    CHAT = "chat"  # a question's answer (or a Continue)
+    SUMMARY = "summary"  # a document's summary
 
 
 class StagedCycle(NamedTuple):
@@ -31,7 +38,7 @@ class StagedCycle(NamedTuple):
 class LiveAnswer:
     """The answer being written, and where it goes."""
     conversation: Conversation
-    kind: str  # "chat" or "summary"
+    kind: AnswerKind
     restore: str = ""  # the question, put back in the input box when the generation fails
     continues: int | None = None  # the index of the answer this one writes on from (Continue)
     before: str = ""  # that answer's text so far
@@ -86,6 +93,13 @@ def with_stages(cycles, events) -> list[StagedCycle]:
             else StagedCycle(cycle) for i, cycle in enumerate(cycles)]
 
 
+def document_copies(document: str, cycles) -> list[list[int]]:
+    """Where in ``document`` the passages that prompt lookup copied into its summary sit, as
+    [start, end) spans (what the document pane highlights, and the conversation keeps)."""
+    copies = ["".join(c.drafted_text[:c.n_accepted]) for c in cycles if c.source == Source.LOOKUP and c.n_accepted]
+    return [[start, end] for start, end in copied_spans(document, copies)]
+
+
 def answer_so_far(staged) -> str:
     """The answer as it stood after ``staged``: while a long document is summarised in parts,
     each part written so far under its stage name (part 1 stays while part 2 is written)."""
@@ -131,11 +145,12 @@ def staged_cycles(records: list[dict]) -> list[StagedCycle]:
 
 
 def _part_prompt(stage: str, counts) -> PartPrompt | None:
-    """A stored part prompt, [decoded, total, reused]; None where it is missing or makes no sense."""
+    """A stored part prompt, [decoded, total, reused]; None where it is missing or makes no sense.
+    (Stored before the last token was counted as decoded, a whole part read one short: counted now.)"""
     if (not isinstance(counts, list) or len(counts) != 3 or any(type(n) is not int or n < 0 for n in counts)
             or counts[0] > counts[1] or counts[2] > counts[1]):
         return None
-    return PartPrompt(stage, *counts)
+    return PartPrompt.of(stage, *counts)
 
 
 def answer_stats(snap) -> dict:
@@ -178,33 +193,62 @@ def document_question(text: str, name: str) -> Message:
     return Message("user", document_message(text), display=f"Summarise {name} ({len(text.split()):,} words)")
 
 
-def stopped_note(text: str, snap) -> str:
-    """How a stopped answer ended, in words: with what it wrote, or before it wrote anything."""
+def stopped_note(text: str, snap, document: bool = False) -> str:
+    """How a stopped answer ended, in words: with what it wrote, or before it wrote anything (the
+    prompt's counts as its progress bar showed them; a part's own in an answer in parts)."""
     if text.strip():
         return "Stopped; the answer so far is kept."
-    # as the progress bar counted: the last token is read with the answer's first pass
-    read, total = snap.prompt_tokens + snap.prompt_reused, snap.prompt_total - 1
+    part = snap.part_prompt
+    read, total = ((part.tokens + part.reused, part.total) if part is not None
+                   else (snap.prompt_tokens + snap.prompt_reused, snap.prompt_total))
     if 0 <= read < total:
-        return f"Stopped while reading the prompt ({read:,} of {total:,} tokens read); nothing was written."
+        counts = f"{read:,} of {total:,} tokens read"
+        if document:
+            where = f" {part.stage.lower()}" if part is not None else ""
+            return f"Stopped while reading{where} ({counts}; Summarise resumes)"
+        return f"Stopped while reading the prompt ({counts}); nothing was written."
     return "Stopped before the answer began; nothing was written."
 
 
-def finished_answer(conv: Conversation, result, records: list[dict]) -> Message:
+def wrote_nothing(result) -> bool:
+    """A generation stopped before any of its parts wrote a token (while its prompt was read)."""
+    return result.finish == Finish.STOPPED and not any(c.emitted for c in result.cycles)
+
+
+def finished_answer(conv: Conversation, result, records: list[dict], document: bool = False) -> Message:
     """The stored answer of a finished generation, with a note on how it ended. After a long
-    document summarised in parts, the question no longer carries the whole document."""
-    note = result.note
-    if result.finish == Finish.STOPPED and not note:
-        note = stopped_note(result.text, result.snapshot)
-    text = result.text
-    display = ""
+    document summarised in parts, the question no longer carries the whole document. One stopped
+    before it wrote anything is only its note: no text, numbers or cycles to show or replay."""
     if result.part_summaries:
-        n = len(result.part_summaries)
-        note = (note + " " if note else "") + f"Summarised in {n} parts, then combined."
         # The whole document no longer fits the context: later turns see the summary instead.
         user = conv.messages[-1] if conv.messages and conv.messages[-1].role == "user" else None
         if user is not None:
             user.content = f"Summarise the document {conv.document_name or ''} (too long to include here)."
+    if wrote_nothing(result):
+        return Message("assistant", "", mode=result.mode, finish=Finish.STOPPED,
+                       note=stopped_note("", result.snapshot, document))
+    note = result.note
+    if result.finish == Finish.STOPPED and not note:
+        note = stopped_note(result.text, result.snapshot, document)
+    text = result.text
+    display = ""
+    if result.part_summaries:
+        n = len(result.part_summaries)
         if result.finish == Finish.STOPPED:
             display = "**Part summaries so far**\n\n" + text
+            note += " Its numbers are totals over the parts written."
+        else:
+            note = (note + " " if note else "") + (f"Summarised in {n} parts, then combined; its numbers are "
+                                                   "totals over the parts and the combining step.")
     return Message("assistant", text, display=display, cycles=records, stats=answer_stats(result.snapshot),
                    mode=result.mode, finish=result.finish, note=note)
+
+
+def stages_scope(staged) -> str:
+    """What the numbers of an answer written in stages add up, in words; "" for one in one piece."""
+    stages = list(dict.fromkeys(s.stage for s in staged if s.stage))
+    if not stages:
+        return ""
+    parts = [s for s in stages if s != COMBINING]
+    scope = f"totals over {len(parts)} part{'s' * (len(parts) != 1)}"
+    return scope + (" and the combining step" if COMBINING in stages else "")

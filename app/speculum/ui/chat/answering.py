@@ -11,7 +11,8 @@ from PySide6.QtCore import QObject, Signal
 
 from ...conversations import Conversation, Message
 from ...engine.vocabulary import Finish
-from .answer import LiveAnswer, cycle_records, document_question, extend_answer, finished_answer, with_stages
+from .answer import (AnswerKind, LiveAnswer, cycle_records, document_copies, document_question, extend_answer,
+                     finished_answer, stages_scope, with_stages)
 from ..worker import GenerationRequest
 
 # While generating (the speculation view updates every frame, see worker.FRAME_MS):
@@ -48,7 +49,7 @@ class Answering(QObject):
         conv.messages.append(Message("user", text))
         self.w.conversations.title_from_question(conv, text)
         self.w.chat.input.clear()
-        self._begin(conv, self._request(conv), "chat", text)
+        self._begin(conv, self._request(conv), AnswerKind.CHAT, text)
         # Saved once the engine has the request: the first token does not wait for the disk, and
         # the question still survives a crash (only the answer being written can be lost).
         self.w.conversations.save(conv)
@@ -62,12 +63,15 @@ class Answering(QObject):
         if not self.w.can_generate():
             return
         conv = self.w.current
-        conv.document, conv.document_name = text, document.name
+        conv.document, conv.document_name, conv.document_copies = text, document.name, []
         name = document.name or "the pasted document"
-        conv.messages.append(document_question(text, name))
+        messages = conv.messages
+        if len(messages) >= 2 and messages[-1].unwritten and messages[-2].role == "user" and messages[-2].display:
+            del messages[-2:]  # a retry after a Stop while the document was read takes its place
+        messages.append(document_question(text, name))
         self.w.conversations.title_from_document(conv, name)
         self.w.model_bar.document_toggle.setChecked(True)
-        self._begin(conv, self._request(conv, document=text), "summary")
+        self._begin(conv, self._request(conv, document=text), AnswerKind.SUMMARY)
         self.w.conversations.save(conv)  # after the request, as in send
 
     def continue_answer(self, index: int) -> None:
@@ -81,9 +85,9 @@ class Answering(QObject):
         request = self._request(conv)
         request.messages = conv.history(before=index)
         request.continues = [t for record in conv.messages[index].cycles for t in record.get("emitted", [])]
-        self._begin(conv, request, "chat", continues=index)
+        self._begin(conv, request, AnswerKind.CHAT, continues=index)
 
-    def _begin(self, conv: Conversation, request: GenerationRequest, kind: str, restore: str = "",
+    def _begin(self, conv: Conversation, request: GenerationRequest, kind: AnswerKind, restore: str = "",
                continues: int | None = None) -> None:
         w = self.w
         w.chat.banner.hide()
@@ -123,7 +127,7 @@ class Answering(QObject):
         if live.answer_due(ANSWER_UPDATE_CORES_FULL_MS if self.w.engine.cores_full else ANSWER_UPDATE_MS):
             self.w.chat.transcript.update_answer(live.text)
         if live.stats_due(STATS_UPDATE_MS):
-            self.w.speculation_pane.show_snapshot(live.snapshot)
+            self.w.speculation_pane.show_snapshot(live.snapshot, stages_scope(live.events))
 
     def _on_finished(self, result) -> None:
         w = self.w
@@ -133,6 +137,7 @@ class Answering(QObject):
             w.update_controls()
             return
         staged = with_stages(result.cycles, live.events if live else [])
+        summary = live is not None and live.kind is AnswerKind.SUMMARY
         if live is not None and live.continues is not None:
             index = live.continues
             done = finished_answer(conv, result, [])
@@ -140,14 +145,20 @@ class Answering(QObject):
             staged = None  # replayed from the whole answer's records
         else:
             index = len(conv.messages)
-            conv.messages.append(finished_answer(conv, result, cycle_records(staged)))
+            conv.messages.append(finished_answer(conv, result, cycle_records(staged), document=summary))
+        if summary:  # kept with the conversation: highlighted again when it is opened
+            conv.document_copies = document_copies(conv.document, result.cycles)
         w.conversations.save(conv)
         w.save_settings()
         if conv is w.current:
             w.chat.transcript.show_messages(conv.messages)
-            if live and live.kind == "summary":
-                w.chat.highlight_copies(result.cycles)
-            w.replay_message(index, step=None, staged=staged)
+            if summary:
+                w.chat.document.highlight(conv.document_copies)
+            if conv.messages[index].cycles:
+                w.replay_message(index, step=None, staged=staged)
+            else:  # stopped before it wrote anything: no numbers, nothing to replay
+                w.speculation_pane.clear()
+                w.speculation_pane.replay.clear()
         w.update_controls()
         self.finished.emit()
 

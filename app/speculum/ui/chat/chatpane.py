@@ -5,8 +5,6 @@ from __future__ import annotations
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QHBoxLayout, QProgressBar, QPushButton, QSplitter, QVBoxLayout, QWidget
 
-from ... import summarise
-from ...engine.vocabulary import Source
 from ..banner import Banner
 from .document import DocumentPane
 from .inputbox import InputBox
@@ -88,11 +86,6 @@ class ChatPane(QWidget):
         """A question whose answer failed goes back to the input box, unless the user typed anew."""
         if text and not self.input.toPlainText().strip():
             self.input.setPlainText(text)
-
-    def highlight_copies(self, cycles) -> None:
-        """Mark the document's passages that prompt lookup copied into the summary."""
-        copies = ["".join(c.drafted_text[:c.n_accepted]) for c in cycles if c.source == Source.LOOKUP and c.n_accepted]
-        self.document.highlight(summarise.copied_spans(self.document.text(), copies))
 
     def show_document(self, on: bool) -> None:
         self.document.setVisible(on)

@@ -16,6 +16,17 @@ from .richtext import ask
 TITLE_CHARS = 48
 
 
+def distinct_title(base: str, taken) -> str:
+    """``base``, or "base (2)", "base (3)", … : the first no other conversation has (five chats
+    that began with the same words were five identical rows)."""
+    taken = set(taken)
+    title, n = base, 1
+    while title in taken:
+        n += 1
+        title = f"{base} ({n})"
+    return title
+
+
 class ConversationList(QWidget):
     picked = Signal(str)  # the user chose a conversation in the list
     created = Signal(str)  # a new, empty conversation is in the list
@@ -120,14 +131,16 @@ class ConversationList(QWidget):
 
     def title_from_question(self, conv: Conversation, text: str) -> None:
         """A new conversation is named after its first question."""
-        if conv.title == DEFAULT_TITLE:
-            conv.title = " ".join(text.split())[:TITLE_CHARS] + ("…" if len(text) > TITLE_CHARS else "")
-            self._set_item_text(conv.id, conv.title)
+        words = " ".join(text.split())
+        self._name(conv, words[:TITLE_CHARS] + ("…" if len(words) > TITLE_CHARS else ""))
 
     def title_from_document(self, conv: Conversation, name: str) -> None:
+        self._name(conv, f"Summary of {name}"[:TITLE_CHARS])
+
+    def _name(self, conv: Conversation, title: str) -> None:
         if conv.title == DEFAULT_TITLE:
-            conv.title = f"Summary of {name}"[:TITLE_CHARS]
-            self.fill()
+            conv.title = distinct_title(title, (c.title for c in self.conversations if c is not conv))
+            self._set_item_text(conv.id, conv.title)
 
     def _edit_title(self) -> None:
         item = self.view.currentItem()

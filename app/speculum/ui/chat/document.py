@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from PySide6.QtCore import QObject, Qt, Signal
+from PySide6.QtCore import QObject, QStandardPaths, Qt, Signal
 from PySide6.QtGui import QColor, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QTextEdit,
                                QVBoxLayout, QWidget)
@@ -46,6 +46,7 @@ class DocumentPane(QWidget):
         self.setAcceptDrops(True)
         self.name = ""
         self._requests = 0  # files asked for; only the latest one's text is shown
+        self._last_folder: Path | None = None  # where the last document came from
         self._reading = _Reading()
         self._reading.done.connect(self._on_read)
         self.open_button = QPushButton("Open…")
@@ -101,6 +102,7 @@ class DocumentPane(QWidget):
         """Read a file in the background (a large PDF takes seconds); ``documentOpened`` or
         ``error`` follows."""
         path = Path(path)
+        self._last_folder = path.parent
         self._requests += 1
         self.show_progress(f"Reading {path.name}…")
         threading.Thread(target=_read, args=(self._requests, path, self._reading), daemon=True,
@@ -116,9 +118,16 @@ class DocumentPane(QWidget):
         self.set_document(text, name)
         self.documentOpened.emit(name)
 
+    def start_folder(self) -> str:
+        """Where Open… starts: the last document's folder, else the user's documents (it started in
+        whatever folder the app was launched from)."""
+        if self._last_folder is not None and self._last_folder.is_dir():
+            return str(self._last_folder)
+        return QStandardPaths.writableLocation(QStandardPaths.DocumentsLocation) or str(Path.home())
+
     def choose_file(self) -> None:
         patterns = " ".join(f"*{s}" for s in SUPPORTED)
-        path, _ = QFileDialog.getOpenFileName(self, "Open a document", "", f"Documents ({patterns})")
+        path, _ = QFileDialog.getOpenFileName(self, "Open a document", self.start_folder(), f"Documents ({patterns})")
         if path:
             self.open_path(path)
 

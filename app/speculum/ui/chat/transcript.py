@@ -121,7 +121,8 @@ class Transcript(OpaqueScrollArea, RefusingResources, QTextBrowser):
                 # An answer stopped before its first token has one empty cycle: nothing to replay.
                 link = f"<a href='replay:{i}'>Replay</a>" if m.cycles and m.stats.get("tokens", 1) else ""
                 self._header(cursor, "Assistant", " · ".join(details), link)
-                self._markdown(cursor, m.shown)
+                if not m.unwritten:  # (one stopped while its prompt was read is only its note)
+                    self._markdown(cursor, m.shown)
                 if m.note:
                     self._note(cursor, m.note)
                 if m.finish == Finish.MAX_TOKENS:

@@ -10,6 +10,7 @@ from PySide6.QtWidgets import QLabel, QMenu, QProgressBar, QPushButton, QStatusB
 from ...engine.llama import profiles
 from ...engine.vocabulary import Device
 from ..chat.richtext import escaped_tooltip
+from ..worker import Activity
 
 PROGRESS_SCALE = 1000  # the bar counts thousandths of the load
 # Words a GGUF's name may carry from the model it was converted from, untrue of the GGUF itself:
@@ -29,8 +30,8 @@ def crash_offer(death, has_gpu: bool) -> tuple[str, profiles.Profile | None, str
     message = death.message()
     if safer is None:
         return message, None, ""
-    why = f"the {death.profile.name} profile crashed ({death.how}) while {death.activity}"
-    message += (f" This happened {'during the load' if death.activity.startswith('loading') else 'at the first decode'}"
+    why = f"the {death.profile.name} profile crashed ({death.how}) while {death.activity.words}"
+    message += (f" This happened {'during the load' if death.activity is Activity.LOADING else 'at the first decode'}"
                 f": the {safer.name} profile ({safer.description}) may avoid it.")
     return message, safer, why
 

@@ -10,9 +10,9 @@ from PySide6.QtWidgets import QLabel
 
 from ...conversations import Conversation
 from .. import look
-from ..chat.answer import StagedCycle, answer_so_far, plain_basis, staged_cycles
+from ..chat.answer import StagedCycle, answer_so_far, plain_basis, stages_scope, staged_cycles
 from .replay import ReplayBar
-from ..worker import replay_snapshots
+from ..worker import replay_pace, replay_snapshots
 
 IDLE_CAPTION = "Replay: finish a generation, then step through its cycles."
 
@@ -78,7 +78,8 @@ class ReplayController(QObject):
     def load(self, conv: Conversation, index: int, step: int | None, plain_tokens_per_s: float | None,
              staged: list[StagedCycle] | None = None) -> None:
         """Load answer ``index``'s cycle records into the bar (or ``staged``, the same cycles
-        already read); step 0 starts before the first cycle."""
+        already read); step 0 starts before the first cycle and plays (the answer's Replay link:
+        stopped there, it blanked the answer and waited); None shows the end."""
         message = conv.messages[index]
         cycles = staged if staged is not None else staged_cycles(message.cycles)
         reused = message.stats.get("prompt_reused")  # a number (conversations.py); absent before it was kept
@@ -89,8 +90,14 @@ class ReplayController(QObject):
                                                   message.stats.get("prompt_total", 0),
                                                   max(int(reused), 0) if reused is not None else None,
                                                   [s.prompt for s in cycles]))
-        self.bar.setEnabled(bool(cycles))
-        self.bar.start(len(cycles), step)
+        if not cycles:
+            self.clear()
+            self.stats.reset()
+            return
+        self.bar.setEnabled(True)
+        self.bar.start(len(cycles), step, replay_pace([s.cycle for s in cycles]))
+        if step == 0:
+            self.bar.play.setChecked(True)
 
     def _render_step(self, step: int) -> None:
         replay = self.state
@@ -99,11 +106,10 @@ class ReplayController(QObject):
         cycles, snaps = replay.cycles, replay.snapshots
         done = step // 2  # cycles fully verified at this step
         previous = replay.step
-        if step == previous + 1 and previous >= 0:
+        if step > previous >= 0:  # forward: only what came since (a played step, or several due at once)
+            self.speculation.append_cycles(cycles[previous // 2:done])
             if step % 2:
                 self.speculation.show_proposed(cycles[done])
-            else:
-                self.speculation.append_cycles([cycles[done - 1]])
         else:
             self.speculation.clear_view()
             self.speculation.append_cycles(cycles[:done])
@@ -117,6 +123,7 @@ class ReplayController(QObject):
             # The final answer: its prompts' counts, all parts together, not the last part's.
             shown = shown[:-1] + [replace(shown[-1], part_prompt=None)]
         self.stats.show_history(shown, proposing.to_json() if proposing is not None else None)
+        self.stats.set_scope(stages_scope(cycles[:done]))
         self.label.setText(describe_step(cycles, step))
 
     def _show_answer(self, done: int) -> None:

@@ -43,8 +43,10 @@ class SpeculationPane(QWidget):
         self.stats.chart.add_points([(e.snapshot.seconds, e.snapshot.tokens_per_s) for e in events], redraw=False)
         self.speculation.append_cycles(events)
 
-    def show_snapshot(self, snapshot) -> None:
+    def show_snapshot(self, snapshot, scope: str = "") -> None:
+        """``scope``: what the numbers add up, for an answer written in parts (``answer.stages_scope``)."""
         self.stats.show_snapshot(snapshot)
+        self.stats.set_scope(scope)
         self.stats.chart.update()
 
     def show_served_request(self, event) -> None:

@@ -11,15 +11,17 @@ from PySide6.QtCore import QEvent, QPointF, QRectF, QSize, Qt
 from PySide6.QtGui import QAction, QFont, QFontInfo, QFontMetricsF, QGuiApplication, QPainter, QPainterPath, QPen, QTextOption
 from PySide6.QtWidgets import QGroupBox, QLabel, QToolTip, QVBoxLayout, QWidget
 
+from ...protocol import Yardstick
 from .. import look
 from ..opaque import paints_own_background
 
 
-# The policy's estimates worth showing, when it gives them (auto mode).
+# The policy's estimates worth showing, when it gives them (auto mode). As ratios: its own plain
+# rate (its cost model's) is not the plain speed the Speedup row shows, and two plain speeds on
+# one panel ("plain 4.9 tok/s" beside a speedup over 8.7 tok/s) read as a contradiction.
 ESTIMATES = (
     ("expected_tokens_per_pass", "expects {:.2f} tokens/pass"),
-    ("expected_tokens_per_s", "{:.1f} tok/s expected"),
-    ("plain_tokens_per_s", "plain {:.1f} tok/s"),
+    ("expected_speedup", "{:.2f}× expected"),
 )
 
 
@@ -278,6 +280,18 @@ class RateChart(QWidget):
         p.drawPath(line)
 
 
+def speedup_text(snap) -> str:
+    """The Speedup row: the ratio and what it stands on; under it the plain speed it divides by."""
+    if snap.speedup_source == Yardstick.PLAIN:
+        head = "— plain decoding, nothing drafted"
+    elif snap.speedup is not None:
+        head = f"{snap.speedup:.2f}×  ({snap.speedup_source})"
+    else:
+        head = "— (no plain step measured yet)"
+    plain = f"plain {snap.plain_rate:.1f} tok/s {snap.plain_from}" if snap.plain_rate else ""
+    return f"{head}\n{_unbroken(plain)}" if plain else head
+
+
 def prompt_read(tokens: int, total: int, reused: int) -> str:
     """A prompt's counts in words: "412 of 530 tokens (117 reused from the cache)"."""
     return f"{tokens:,} of {total:,} tokens" + (f" ({reused:,} reused from the cache)" if reused else "")
@@ -286,11 +300,13 @@ def prompt_read(tokens: int, total: int, reused: int) -> str:
 class StatsPanel(QGroupBox):
     ACCEPTANCE, RATE, PER_PASS, SPEEDUP, POLICY, PROMPT = (
         "Acceptance", "Tokens/s", "Tokens per target pass", "Speedup vs plain", "Policy", "Prompt processed")
+    TITLE = "Speculation stats"
 
     def __init__(self, parent=None):
-        super().__init__("Speculation stats", parent)
+        super().__init__(self.TITLE, parent)
         self.setObjectName("statsPanel")
-        self.readout = Readout([(self.ACCEPTANCE, 1), (self.RATE, 1), (self.PER_PASS, 1), (self.SPEEDUP, 1),
+        # The Speedup row's second line: the one plain speed of the panel, and where it comes from.
+        self.readout = Readout([(self.ACCEPTANCE, 1), (self.RATE, 1), (self.PER_PASS, 1), (self.SPEEDUP, 2),
                                 (self.POLICY, 4), (self.PROMPT, 2)])
         self.bars = AcceptanceBars()
         self.chart = RateChart()
@@ -308,7 +324,12 @@ class StatsPanel(QGroupBox):
     def value(self, name: str) -> str:
         return self.readout.value(name)
 
+    def set_scope(self, scope: str) -> None:
+        """What the numbers add up ("totals over 3 parts and the combining step"); "" for one answer."""
+        self.setTitle(f"{self.TITLE} · {scope}" if scope else self.TITLE)
+
     def reset(self) -> None:
+        self.set_scope("")
         self.readout.set_values({name: "—" for name, _ in self.readout.rows})
         self.readout.tips.clear()
         self.bars.set_rates([])
@@ -328,8 +349,7 @@ class StatsPanel(QGroupBox):
             self.RATE: (f"{snap.tokens_per_s:.1f}  ({snap.tokens} token{'' if snap.tokens == 1 else 's'} "
                         f"in {snap.seconds:.1f} s)"),
             self.PER_PASS: f"{snap.tokens_per_pass:.2f}",
-            self.SPEEDUP: (f"{snap.speedup:.2f}×  ({snap.speedup_source})" if snap.speedup is not None
-                           else "— (no plain step measured yet)"),
+            self.SPEEDUP: speedup_text(snap),
             self.POLICY: policy_text(snap.policy.to_json() if snap.policy is not None else {}),
             self.PROMPT: prompt,
         })

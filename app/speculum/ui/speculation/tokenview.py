@@ -83,6 +83,14 @@ class SpeculationView(OpaqueScrollArea, QTextEdit):
         self._pending_from: int | None = None  # where an unverified (replay) draft starts
         self._stage = ""
         self.legend = Legend()
+        # Following the newest tokens, also when the view is laid out or resized after it was
+        # filled (at a restart it was filled before the window had its size, and stopped a few
+        # pixels short of the end: a clipped row at the top, the last one cut). Scrolling up
+        # stops following; back at the end follows again.
+        self._following = True
+        bar = self.verticalScrollBar()
+        bar.rangeChanged.connect(self._keep_following)
+        bar.valueChanged.connect(self._scrolled)
 
     def clear_view(self) -> None:
         self.clear()
@@ -145,6 +153,26 @@ class SpeculationView(OpaqueScrollArea, QTextEdit):
     def _follow(self) -> None:
         bar = self.verticalScrollBar()
         bar.setValue(bar.maximum())
+        self._following = True
+
+    def _scrolled(self, value: int) -> None:
+        self._following = value >= self.verticalScrollBar().maximum()
+
+    def _keep_following(self, _low: int = 0, high: int = 0) -> None:
+        if self._following:
+            self.verticalScrollBar().setValue(high)
+
+    def resizeEvent(self, event) -> None:
+        """Whole rows only: the viewport a whole number of rows and one document margin tall, so
+        scrolled to its end the view shows the bottom margin under its last row, and no clipped
+        row at its top. (A scroll area's resizeEvent is its viewport's.)"""
+        super().resizeEvent(event)
+        row = self.fontMetrics().height()
+        room = self.height() - 2 * self.frameWidth() - int(self.document().documentMargin())
+        spare = room % row if room > row else 0
+        if self.viewportMargins().bottom() != spare:
+            self.setViewportMargins(0, 0, 0, spare)
+        self._keep_following(0, self.verticalScrollBar().maximum())
 
     # -- reading back (hover, tests) --
 
