@@ -51,8 +51,12 @@ class PairCombo(QComboBox):
         self.setToolTip(toolTip)
         # The whole name on hover, where the picker shows it elided; a file's name is shown as
         # written, never read as markup.
-        self.currentTextChanged.connect(
-            lambda name: self.setToolTip(escaped_tooltip(f"{name}\n{self.about}") if name else self.about))
+        self.currentTextChanged.connect(self.name_tooltip)
+
+    def name_tooltip(self, *_) -> None:
+        """The whole name on hover (also after a choice made with signals blocked)."""
+        name = self.currentText()
+        self.setToolTip(escaped_tooltip(f"{name}\n{self.about}") if name else self.about)
 
     def shown_text(self) -> str:
         option = QStyleOptionComboBox()
@@ -127,6 +131,7 @@ class ModelBar(QToolBar):
 
     def _on_target_changed(self, *_) -> None:
         self._fill_drafts(self.draft_combo.currentData() or "")
+        self.draft_combo.name_tooltip()
 
     def _fill_drafts(self, keep: str) -> None:
         """The draft list for the chosen target: none, Built-in (MTP) exactly when the target has
@@ -232,6 +237,8 @@ class ModelBar(QToolBar):
             self.draft_combo.blockSignals(True)
             self._select(self.draft_combo, str(draft) if draft else "")
             self.draft_combo.blockSignals(False)
+        self.target_combo.name_tooltip()
+        self.draft_combo.name_tooltip()
         self._on_draft_changed()
 
     @staticmethod
