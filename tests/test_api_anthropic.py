@@ -266,3 +266,29 @@ def test_tool_choice(qwen, choice, called):
     assert bool(uses) is called and (message.stop_reason == "tool_use") is called
     if called:
         assert uses[0].name == "get_weather" and isinstance(uses[0].input["city"], str)
+
+
+def test_a_call_in_a_fenced_block_over_several_lines_streams_as_tool_use():
+    """What Qwen wrote for Claude Code's Read tool: a fenced JSON call, its braces on lines of their own."""
+    from speculum.engine.sampling import SamplingParams
+    from speculum.server.anthropic import Answer
+    from speculum.server.service import Completion, Done
+    from speculum.server.tools import tool_use
+
+    read = {"type": "object", "properties": {"file_path": {"type": "string"}, "limit": {"type": "number"}},
+            "required": ["file_path"]}
+    use = tool_use({"tools": [{"type": "function", "function": {"name": "Read", "parameters": read}}]},
+                   "{% for tool in tools %}{{ tool }}{% endfor %}<tool_call>{% if tool_calls %}'tool'{% endif %}")
+    completion = Completion([1, 2, 3], 64, SamplingParams())
+    completion.tools = use
+    answer = Answer("m", completion)
+    text = '```json\n{\n  "name": "Read",\n  "arguments": {\n    "file_path": "/w/notes.txt",\n    "limit": 100\n  }\n}\n```'
+    events = [e for i in range(0, len(text), 3) for e in answer.piece(text[i:i + 3])]
+    events += answer.end(Done("stop", {"prompt_tokens": 3, "completion_tokens": 40,
+                                       "prompt_tokens_details": {"cached_tokens": 0}}, {}))
+    data = [json.loads(e.split("data: ", 1)[1]) for e in events]
+    starts = [d["content_block"] for d in data if d["type"] == "content_block_start"]
+    assert [(b["type"], b.get("name")) for b in starts] == [("tool_use", "Read")]
+    arguments = "".join(d["delta"]["partial_json"] for d in data if d["type"] == "content_block_delta")
+    assert json.loads(arguments) == {"file_path": "/w/notes.txt", "limit": 100}
+    assert data[-2]["delta"]["stop_reason"] == "tool_use" and data[-1]["type"] == "message_stop"

@@ -495,7 +495,7 @@ def _fenced_shape(text: str) -> bool | None:
         return False if re.fullmatch(r"```[a-zA-Z]*[ \t]*", text) is None else None
     if not header.group(1):
         return None
-    body = text[header.end():].lstrip()
+    body = re.sub(r"\s+", "", text[header.end():])  # (models write '{\n  "name"' as often as '{"name"')
     if any(body.startswith(o) for o in _CALL_OPENINGS):
         return True
     return None if any(o.startswith(body) for o in _CALL_OPENINGS) else False
