@@ -16,7 +16,7 @@ from speculum import paths
 from speculum.conversations import Conversation, ConversationStore, Message
 from speculum.engine.cycle import PolicyReport
 from speculum.engine.stats import Stats
-from speculum.protocol import PlainBasis, replay_pace, snapshot_of
+from speculum.protocol import PlainBasis, snapshot_of
 from speculum.ui.speculation.stats import StatsPanel
 
 from test_gui_parts import cycle, timed
@@ -191,9 +191,6 @@ def test_replay_plays_at_the_answers_own_pace(qtbot, open_window, smollm_path):
     cycles = answer.cycles
     recorded = sum(c["draft_s"] + c["verify_s"] + c["overhead_s"] for c in cycles)
     bar = w.speculation_pane.replay.bar
-    assert bar.due[-1] == pytest.approx(recorded)  # step times as they were recorded
-    for i, c in enumerate(cycles):
-        assert bar.due[2 * i + 2] - bar.due[2 * i] == pytest.approx(c["draft_s"] + c["verify_s"] + c["overhead_s"])
     for speed, factor in (("1×", 1.0), ("4×", 4.0)):
         bar.speed.setCurrentText(speed)
         began = time.monotonic()
@@ -202,10 +199,15 @@ def test_replay_plays_at_the_answers_own_pace(qtbot, open_window, smollm_path):
         qtbot.waitUntil(lambda: bar.at_end and not bar.play.isChecked(), timeout=60_000)
         took = time.monotonic() - began
         assert recorded / factor * 0.9 <= took <= recorded / factor + 1.5, (speed, took, recorded)
+    assert bar.due[-1] == pytest.approx(recorded)  # each step when it came, as recorded
+    for i, c in enumerate(cycles):
+        assert bar.due[2 * i + 2] - bar.due[2 * i] == pytest.approx(c["draft_s"] + c["verify_s"] + c["overhead_s"])
     assert answer.content.strip()[:20] in w.chat.transcript.toPlainText()
 
 
 def test_replay_pace_is_each_cycles_draft_then_verify_time():
+    from speculum.protocol import replay_pace
+
     c = timed(cycle(0, "lookup", [1, 2], 1, [1, 9]), 0.3)
     c.draft_s, c.verify_s, c.overhead_s = 0.05, 0.2, 0.01
     assert replay_pace([c, c]) == pytest.approx([0.06, 0.2, 0.06, 0.2])
