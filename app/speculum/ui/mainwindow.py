@@ -90,13 +90,9 @@ class MainWindow(QMainWindow):
         lay.addWidget(self.generation_form)
         self.chat = ChatPane()
         self.get_model = GetModelStep()  # over the chat while there is no model at all
-        centre = QWidget(objectName="centre")
-        column = QVBoxLayout(centre)
-        column.setContentsMargins(0, 0, 0, 0)
-        column.addWidget(self.get_model)
-        column.addWidget(self.chat, 1)
+        self.chat.layout().insertWidget(0, self.get_model)
         self.speculation_pane = SpeculationPane(self.chat.transcript)
-        self.panes = Panes(left, centre, self.speculation_pane, self.speculation_pane.stats)
+        self.panes = Panes(left, self.chat, self.speculation_pane, self.speculation_pane.stats)
         self.setCentralWidget(self.panes)
         menu = self.menuBar().addMenu("&File")
         menu.setToolTipsVisible(True)
@@ -115,7 +111,7 @@ class MainWindow(QMainWindow):
                                       toolTip="The speculation view across the whole window; again to go back")
         view.addAction(self.enlarge_action)
         self.panes.enlarged.connect(self.enlarge_action.setChecked)
-        self.panes.enlarged.connect(self.speculation_pane.enlarge_button.setChecked)
+        self.panes.enlarged.connect(self._show_enlarged)
         self.speculation_pane.enlarge_button.toggled.connect(self.panes.enlarge)
         # Status bar: what runs where, and load progress.
         self.load_status = LoadStatus()
@@ -288,6 +284,11 @@ class MainWindow(QMainWindow):
         self.model_bar.refresh_models(str(target), str(draft) if draft else "")
         self.show_get_model()
         self.load_pair()
+
+    def _show_enlarged(self, on: bool) -> None:
+        button = self.speculation_pane.enlarge_button
+        button.setChecked(on)
+        button.setText("Back to the chat" if on else "Enlarge")
 
     def open_model(self) -> None:
         """File ▸ Open model… (and the first step's Open…): a GGUF file as the target, loaded."""

@@ -105,7 +105,7 @@ def _add_head(first: QTextBlock) -> None:
     head.setProperty(CODE_HEAD, True)
     head.setBackground(HEAD_BACKGROUND)
     head.setLeftMargin(6)
-    head.setTopMargin(first.blockFormat().topMargin())
+    head.setTopMargin(max(first.blockFormat().topMargin(), 6))  # apart from the prose above
     head.setNonBreakableLines(True)
     cursor.setBlockFormat(head)
     char = QTextCharFormat()
@@ -174,8 +174,8 @@ class CopyButtons(QObject):
             if button.property("head") != heads[i].position():
                 button.setText("Copy")
             button.setProperty("head", heads[i].position())
-            button.adjustSize()
-            button.setFixedHeight(int(rect.height()))  # within its head line, over no code
+            # As wide as its longer word, so "Copied" fits where "Copy" was; within its head line.
+            button.setFixedSize(button.fontMetrics().horizontalAdvance("Copied") + 16, int(rect.height()))
             button.move(view.viewport().width() - button.width() - 6, int(rect.top() - offset))
             button.show()
 

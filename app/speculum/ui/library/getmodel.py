@@ -36,6 +36,7 @@ class GetModelStep(QFrame):
         where.setWordWrap(True)
         self.command = QLineEdit(DEMO_COMMAND, objectName="demoCommand", readOnly=True,
                                  toolTip="Run this in a terminal, then restart Speculum")
+        self.command.setCursorPosition(0)  # its start in sight: "pip install …"
         self.copy_button = QPushButton("Copy", objectName="copyCommand", toolTip="Copy the command")
         self.copy_button.clicked.connect(self.copy_command)
         self.models_button = QPushButton("Models…", objectName="stepModels",

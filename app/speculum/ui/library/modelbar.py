@@ -69,7 +69,7 @@ class PairCombo(QComboBox):
         option = QStyleOptionComboBox()
         self.initStyleOption(option)
         painter.drawComplexControl(QStyle.CC_ComboBox, option)
-        option.currentText = self.shown_text()
+        option.currentText = self.shown_text() if self.currentIndex() >= 0 else self.placeholderText()
         painter.drawControl(QStyle.CE_ComboBoxLabel, option)
 
     def showPopup(self) -> None:
@@ -89,6 +89,7 @@ class ModelBar(QToolBar):
         self.setObjectName("modelBar")
         self.setMovable(False)
         self.target_combo = PairCombo(objectName="targetCombo", toolTip="Target model: the one whose answer you get")
+        self.target_combo.setPlaceholderText("(no model yet)")
         self.draft_combo = PairCombo(objectName="draftCombo",
                                      toolTip="Draft model: a smaller model of the same vocabulary that proposes tokens")
         self.load_button = QPushButton("Load", objectName="loadButton", toolTip="Load the chosen target and draft")
