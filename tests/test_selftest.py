@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from speculum import cli, selftest
+from speculum.engine.vocabulary import Device
 from speculum.selftest import IDENTICAL, MISMATCH, TIE, compare
 
 
@@ -172,7 +173,8 @@ def test_report_names_where_the_layers_run(layers, expected):
     run = selftest.Run("off", [1, 2], "hi", 100.0)
     result = selftest.SelfTestResult("m.gguf", "CPU" if layers == 0 else "CUDA", layers, None if layers == 0 else "CUDA",
                                      [], run, selftest.Run("lookup", [1, 2], "hi", 120.0, 4, 3),
-                                     selftest.Verdict(IDENTICAL))
+                                     selftest.Verdict(IDENTICAL),
+                                     device=Device.CPU if layers == 0 else Device.CUDA)
     out = io.StringIO()
     selftest.report(result, out)
     assert expected in out.getvalue()

@@ -172,7 +172,7 @@ def _replay_plain(target, prompt: list[int], plain: list[int]) -> Callable[[int]
 
 def run_self_test(model_path: str | Path) -> SelfTestResult:
     """Load, generate twice, compare. Raises SpeculumError for a missing or bad model."""
-    from .engine.llama.model import gpu_backend
+    from .engine.llama.native import gpu_backend
     from .engine.loading import load_decoder
     from .engine.settings import LoadOptions
 
@@ -237,7 +237,7 @@ def self_test(model_path: str | Path, out: TextIO | None = None) -> int:
           f"{platform.system()} {platform.machine()})", file=out)
     try:
         # Importing the engine loads llama.cpp's shared library: part of what is tested.
-        from .engine.llama.model import llama_cpp_version
+        from .engine.llama.native import llama_cpp_version
 
         print(f"llama.cpp  llama-cpp-python {llama_cpp_version()}", file=out)
         result = run_self_test(model_path)

