@@ -8,6 +8,7 @@ import pytest
 
 from grammar_vocab import LlamaVocab, write_vocab
 from speculum.engine.grammar import keywords
+from speculum.engine.grammar.schema import schema_grammar
 from speculum.engine.grammar.state import Grammar
 
 CHARS = [chr(c) for c in range(32, 127)] + ["\n"]
@@ -29,7 +30,7 @@ def model(tmp_path_factory):
 
 def takes(model, schema: dict, value) -> bool:
     """Whether the schema's grammar lets a model write ``value`` (as compact JSON), whole."""
-    state = Grammar.from_json_schema(schema).start(model)
+    state = schema_grammar(schema).start(model)
     for ch in json.dumps(value, separators=(",", ":")):
         token = PIECES.index(ch)
         if not state.allows(token):
@@ -115,7 +116,7 @@ REFUSED = [  # keyword, schema of v (at properties.v)
 @pytest.mark.parametrize("keyword, prop", REFUSED, ids=[c[0] + str(i) for i, c in enumerate(REFUSED)])
 def test_each_keyword_a_grammar_cannot_enforce_is_refused_naming_it_and_where(keyword, prop):
     with pytest.raises(ValueError) as refused:
-        Grammar.from_json_schema({**of(prop), "$defs": {"x": {"type": "integer"}}})
+        schema_grammar({**of(prop), "$defs": {"x": {"type": "integer"}}})
     assert f"'{keyword}'" in str(refused.value) and "at properties.v" in str(refused.value), str(refused.value)
 
 

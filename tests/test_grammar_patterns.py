@@ -9,7 +9,7 @@ import re
 import pytest
 
 from grammar_vocab import LlamaVocab, write_vocab
-from speculum.engine.grammar.state import Grammar
+from speculum.engine.grammar.schema import schema_grammar
 
 CHARS = [chr(c) for c in range(32, 127)] + ["é", "\n"]
 PIECES = ["<unk>", "<s>", "</s>"] + CHARS
@@ -30,7 +30,7 @@ def model(tmp_path_factory):
 
 def takes(model, pattern: str, json_text: str) -> bool:
     """Whether the grammar of a string with ``pattern`` lets a model write ``json_text``, whole."""
-    state = Grammar.from_json_schema({"type": "string", "pattern": pattern}).start(model)
+    state = schema_grammar({"type": "string", "pattern": pattern}).start(model)
     for ch in json_text:
         token = PIECES.index(ch)
         if not state.allows(token):
@@ -74,4 +74,4 @@ def test_no_pattern_lets_a_raw_quote_or_backslash_break_the_string(model, patter
                                             (r"^\x4$", "hex digits")])
 def test_what_a_grammar_cannot_say_is_refused_in_words(pattern, words):
     with pytest.raises(ValueError, match=words):
-        Grammar.from_json_schema({"type": "object", "properties": {"code": {"type": "string", "pattern": pattern}}})
+        schema_grammar({"type": "object", "properties": {"code": {"type": "string", "pattern": pattern}}})

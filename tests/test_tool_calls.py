@@ -105,3 +105,14 @@ def test_a_tool_schema_that_cannot_be_enforced_is_a_400_naming_keyword_and_place
     with pytest.raises(BadRequest) as refused:
         tools.tool_use(body, "{% if tools %}<tool_call>{% endif %}").grammar()
     assert "'multipleOf' at tools[0].function.parameters.properties.v" in str(refused.value)
+
+
+@pytest.mark.parametrize("text", [
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par',
+    '{"name": "get_weather", "arguments": {"city": "Oslo"}}\n{"name": "get_weather", "arguments": {"city": "Par',
+])
+def test_a_call_cut_short_by_max_tokens_is_a_call_whole_and_streamed(text):
+    content, calls = tools.parse_calls(text, _use())
+    assert content is None and calls[-1].name == "get_weather" and calls[-1].arguments == '{"city": "Par'
+    for size in (1, 4, 1000):
+        assert _streamed(text, size) == ("", [c.arguments for c in calls])

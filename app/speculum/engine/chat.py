@@ -161,10 +161,10 @@ _BINOPS = {"*": _product, "**": _power, "+": _sum, "%": _modulo}
 
 def _str_method_check(method: Any, args: tuple, kwargs: dict) -> None:
     """Sizes a str method would produce, checked before it runs."""
-    owner = getattr(method, "__self__", None)
+    owner = getattr(method, "__self__", None)  # library: Jinja hands any callable
     if not isinstance(owner, str):
         return
-    name = getattr(method, "__name__", "")
+    name = getattr(method, "__name__", "")  # library: Jinja hands any callable
     if name in ("center", "ljust", "rjust", "zfill"):
         _check_width(args[0] if args else kwargs.get("width"))
     elif name == "expandtabs":
@@ -221,7 +221,7 @@ class _TemplateSandbox(ImmutableSandboxedEnvironment):
 
     def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 - Jinja's own signature
         _step()
-        _str_method_check(getattr(__obj, "__wrapped__", __obj), args, kwargs)
+        _str_method_check(getattr(__obj, "__wrapped__", __obj), args, kwargs)  # library: Jinja's callables
         result = super().call(__context, __obj, *args, **kwargs)
         return _check_int(_check_items(result))
 
@@ -254,7 +254,7 @@ def _counted(value: Any) -> Any:
 
 def _paid(f):
     """Every filter (map, list, unique, sum...) pays for what it walks through and checks what it builds."""
-    value_at = 1 if getattr(f, "jinja_pass_arg", None) is not None else 0
+    value_at = 1 if getattr(f, "jinja_pass_arg", None) is not None else 0  # library: Jinja's filters
 
     @functools.wraps(f)  # keeps jinja_pass_arg
     def bounded(*args, **kwargs):

@@ -216,39 +216,39 @@ def _written(text: str, at: int, name: str) -> str | None:
     return text[head.end():end]
 
 
-def _values(text: str) -> list[tuple[Any, int]] | None:
+def _values(text: str) -> tuple[list[tuple[Any, int]], int | None]:
     """The JSON values ``text`` holds one after another (separated by blanks, ',' or ';'), each
-    with where it starts; a value in doubled braces (``{{...}}``, a template's escape copied)
-    read as the object inside. None when anything else stands between them."""
+    with where it starts, and where what is no value begins (None: nothing). A value in doubled
+    braces (``{{...}}``, a template's escape copied) is read as the object inside."""
     found, i, n = [], 0, len(text)
     while True:
         while i < n and text[i] in " \t\r\n,;":
             i += 1
         if i >= n:
-            return found
+            return found, None
         doubled = text.startswith("{{", i)
         start = i + 1 if doubled else i
         try:
-            value, i = _DECODER.raw_decode(text, start)
+            value, end = _DECODER.raw_decode(text, start)
         except (ValueError, RecursionError):
-            return None
+            return found, start
         if doubled:
-            while i < n and text[i] in " \t\r\n":
-                i += 1
-            if not text.startswith("}", i):
-                return None
-            i += 1
+            while end < n and text[end] in " \t\r\n":
+                end += 1
+            if not text.startswith("}", end):
+                return found, start
+            end += 1
         found.append((value, start))
+        i = end
 
 
 def _calls_in(text: str, fmt: CallFormat, names: set[str]) -> list[ToolCall] | None:
     """The calls ``text`` is made of (one, several, a list of them, or fenced), or None when it
-    holds anything that is no call."""
+    holds anything that is no call. A call cut short at the end (max_tokens) is a call with its
+    arguments as they stand, as they were streamed."""
     fenced = _FENCE.fullmatch(text.strip())
     inner = fenced.group(1) if fenced else text
-    values = _values(inner)
-    if not values:
-        return None
+    values, rest = _values(inner)
     calls = []
     for value, at in values:
         items = [(item, -1) for item in value] if isinstance(value, list) else [(value, at)]
@@ -257,7 +257,22 @@ def _calls_in(text: str, fmt: CallFormat, names: set[str]) -> list[ToolCall] | N
             if call is None:
                 return None
             calls.append(call)
-    return calls
+    if rest is not None:
+        cut = _cut_call(inner, rest, names)
+        if cut is None or fenced:
+            return None
+        calls.append(cut)
+    return calls or None
+
+
+def _cut_call(text: str, at: int, names: set[str]) -> ToolCall | None:
+    """The call begun at ``text[at:]`` and cut short before its end, if it is one."""
+    head = _HEAD.match(text, at)
+    if head is None or head.group(1) not in names or text[head.end():head.end() + 1] != "{":
+        return None
+    arguments = _Arguments()
+    arguments.feed(text[head.end():])
+    return None if arguments.done else ToolCall(head.group(1), text[head.end():])  # (closed: malformed, no cut)
 
 
 def parse_calls(text: str, use: ToolUse) -> tuple[str | None, list[ToolCall]]:

@@ -70,8 +70,7 @@ class _Shared:
         self.tokenize = tokenize
         self.longest = max(len(text) for text, _ in self.triggers)
         # Tokens that can end some trigger: those holding its last byte (the rest never do).
-        self.candidates = np.unique(np.concatenate(
-            [_holding(pieces, text[-1:]) for text, _ in self.triggers]))
+        self.candidates = np.unique(np.concatenate([_holding(pieces, text[-1:]) for text, _ in self.triggers]))
         self.masks: dict[tuple[bytes, bytes | None], np.ndarray] = {}
         self.verdicts: dict[tuple[int, bytes, bytes | None], bool] = {}
 
@@ -118,7 +117,7 @@ class LazyGrammarState(Follows):
     def allowed_among(self, tokens: np.ndarray) -> np.ndarray:
         if self.inner is not None:
             return self.inner.allowed_among(tokens)
-        return np.array([self._verdict(int(t)) for t in tokens], dtype=bool)
+        return self.allowed()[tokens]  # (kept per trigger prefix: a few masks an answer)
 
     def follow(self, token: int) -> None:
         if self.inner is not None:
@@ -206,5 +205,16 @@ def _piece(vocab, token: int, buf=None) -> bytes:
     return buf.raw[:max(n, 0)]
 
 
+_HOLDING: dict[tuple[int, bytes], tuple[tuple[bytes, ...], np.ndarray]] = {}
+
+
 def _holding(pieces: tuple[bytes, ...], byte: bytes) -> np.ndarray:
-    return np.array([i for i, piece in enumerate(pieces) if byte in piece], dtype=np.int64)
+    """The tokens whose piece holds ``byte``, kept per vocabulary (its pieces held with them, so
+    an id is never another's)."""
+    key = (id(pieces), byte)
+    kept = _HOLDING.get(key)
+    if kept is None or kept[0] is not pieces:
+        if len(_HOLDING) > 64:
+            _HOLDING.clear()
+        kept = _HOLDING[key] = (pieces, np.array([i for i, p in enumerate(pieces) if byte in p], dtype=np.int64))
+    return kept[1]

@@ -27,9 +27,9 @@ def check_pattern(pattern: str, where: str) -> int:
     except ValueError as exc:
         raise ValueError(f"The JSON schema's {where} cannot be enforced: {exc}") from None
     if shape.optional > MAX_OPTIONAL_PIECES:
-        raise ValueError(f"The JSON schema's {where} has {shape.optional:,} optional parts (its repetitions written "
-                         f"out); a grammar enforces at most {MAX_OPTIONAL_PIECES}: each multiplies the work of checking "
-                         "every token.")
+        raise ValueError(f"The JSON schema's {where} has {shape.optional:,} optional parts (its repetitions "
+                         f"written out); a grammar enforces at most {MAX_OPTIONAL_PIECES}: each multiplies the work of "
+                         "checking every token.")
     return shape.chars
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from . import keywords
 from .patterns import MAX_COUNT, check_pattern, converter_pattern
-from .state import MAX_GRAMMAR_CHARS, Grammar, _lc
+from .state import MAX_GRAMMAR_CHARS, Grammar
 
 # Bounds on what a client's schema may ask the grammar to spell out (a repetition is written
 # out once per item): beyond them a schema is refused, not enforced at any cost.
@@ -56,14 +56,13 @@ def grammar_for_response_format(response_format: dict | None) -> Grammar | None:
         return json_object_grammar()
     if not isinstance(schema, dict):
         raise ValueError("response_format json_schema.schema must be an object (a JSON schema).")
-    return Grammar.from_json_schema(schema)
+    return schema_grammar(schema)
 
 
 def json_object_grammar() -> Grammar:
     """Any JSON object (llama.cpp's json.gbnf)."""
-    _lc()  # through the gate first: llama_cpp's package loads libllama
-    from llama_cpp.llama_grammar import JSON_GBNF
-    return Grammar(JSON_GBNF)
+    from ..llama import native
+    return Grammar(native.json_gbnf())
 
 
 # -- schemas ---------------------------------------------------------------------------------
@@ -75,6 +74,12 @@ class Prepared:
     schema: dict
     defs: dict = field(default_factory=dict)
     rules: dict[str, str] = field(default_factory=dict)  # rule name -> GBNF expression
+
+
+def schema_grammar(schema: dict) -> Grammar:
+    """The grammar of JSON documents that conform to ``schema`` (ValueError, naming the keyword and
+    its place, for what cannot be enforced)."""
+    return Grammar(schema_gbnf(schema))
 
 
 def schema_gbnf(schema: dict) -> str:
@@ -94,10 +99,9 @@ def prepare(schema, where: str, prefix: str) -> Prepared:
 
 def convert(root: dict, rules: dict[str, str]) -> str:
     """llama-cpp-python's converter on a prepared root, its placeholder rules written in."""
-    _lc()  # through the gate first: llama_cpp's package loads libllama
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
+    from ..llama import native  # llama.cpp's room has the converter
     try:
-        gbnf = json_schema_to_gbnf(json.dumps(root))
+        gbnf = native.json_schema_gbnf(json.dumps(root))
     except RecursionError:
         raise ValueError("The JSON schema is too deep or too large to enforce.") from None
     except Exception as exc:  # the converter asserts on what it does not know

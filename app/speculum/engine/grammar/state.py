@@ -1,9 +1,9 @@
 """Grammar-constrained decoding: llama.cpp's GBNF grammar sampler, followed token by token.
 
 A ``Grammar`` is GBNF text, checked when it is made (``grammar.schema`` makes one from a JSON
-schema or an OpenAI ``response_format``; ``grammar.lazy`` holds one back until a trigger). ``Grammar.start(model)`` gives the ``GrammarState`` at the
-start of an answer: which tokens may come next (``allowed``, ``allows``, ``best``) and how it
-follows a token (``accept``). ``clone`` copies it, so a draft can be walked ahead of the
+schema or an OpenAI ``response_format``; ``grammar.lazy`` holds one back until a trigger).
+``Grammar.start(model)`` gives the ``GrammarState`` at the start of an answer: which tokens may
+come next (``allowed``, ``allows``, ``best``) and how it follows a token (``accept``). ``clone`` copies it, so a draft can be walked ahead of the
 accepted text and the copy dropped where the target rejects the draft.
 
 A whole-vocabulary mask is the grammar's dear call (about 14 ms for Qwen's 151,936 tokens on
@@ -63,13 +63,6 @@ class Grammar:
             raise ValueError("The grammar holds a NUL character.")
         sampler = self._sampler(None)
         _lc().llama_sampler_free(sampler)
-
-    @classmethod
-    def from_json_schema(cls, schema: dict) -> "Grammar":
-        """The grammar of JSON documents that conform to ``schema`` (ValueError, naming the keyword
-        and its place, for what cannot be enforced: ``grammar.schema``)."""
-        from .schema import schema_gbnf
-        return cls(schema_gbnf(schema))
 
     def _sampler(self, vocab):
         lc = _lc()
@@ -202,14 +195,16 @@ class Follows:
 class GrammarState(Follows):
     """Where an answer stands in its grammar: which tokens may come next, and following one."""
 
+    _sampler = None  # (until __init__ sets it: __del__ runs for a half-made state too)
+
     def __init__(self, sampler, candidates: _Candidates):
+        self._free = _lc().llama_sampler_free  # held: at interpreter exit no import works
         self._sampler = sampler
         self._candidates = candidates
         self._one = np.zeros(1, np.int32)
-        self._free = _lc().llama_sampler_free  # held: at interpreter exit no import works
 
     def __del__(self) -> None:
-        if getattr(self, "_sampler", None):
+        if self._sampler:
             self._free(self._sampler)
             self._sampler = None
 

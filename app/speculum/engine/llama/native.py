@@ -204,3 +204,15 @@ def default_threads() -> int:
 def llama_cpp_version() -> str:
     return getattr(lc, "__version__", "unknown")  # library: a build may not say
 
+
+
+def json_schema_gbnf(schema_json: str) -> str:
+    """llama-cpp-python's JSON-schema to GBNF converter (its port of llama.cpp's), for engine.grammar."""
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+    return json_schema_to_gbnf(schema_json)
+
+
+def json_gbnf() -> str:
+    """llama.cpp's grammar of any JSON object (json.gbnf)."""
+    from llama_cpp.llama_grammar import JSON_GBNF
+    return JSON_GBNF
