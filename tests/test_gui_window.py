@@ -77,7 +77,8 @@ def test_no_limit_by_default_and_continue_writes_on_in_the_same_answer(qtbot, op
     assert grown.content.startswith(first_text) and len(grown.content) > len(first_text)
     assert len(grown.cycles) > first_cycles and [c["index"] for c in grown.cycles] == list(range(len(grown.cycles)))
     assert grown.stats["tokens"] == sum(len(c["emitted"]) for c in grown.cycles) > 12
-    assert results[0].snapshot.prompt_tokens == 0  # the KV cache held the prompt and the answer so far
+    # The KV cache held the prompt and the answer so far: only the last token is read (by the first pass).
+    assert (results[0].snapshot.prompt_tokens, results[0].snapshot.prompt_reused) == (1, results[0].snapshot.prompt_total - 1)
     assert w.chat.transcript.toPlainText().count("Assistant") == 1
     assert w.speculation_pane.replay.bar.slider.maximum() == 2 * len(grown.cycles)
 
