@@ -139,13 +139,30 @@ def test_a_pane_a_pixel_short_does_not_scroll(qtbot):
     qtbot.waitUntil(lambda: area.verticalScrollBar().isVisible(), timeout=2_000)
 
 
+def test_the_speculation_pane_fits_a_1366x768_screen_without_a_scroll_bar(qtbot, open_window):
+    from speculum.ui.panes import first_geometry
+
+    w = open_window()
+    w.resize(first_geometry(QRect(0, 0, 1366, 768)).size())  # the window a 1366x768 screen gets
+    right = w.centralWidget().widget(2)  # the speculation pane's column
+    qtbot.waitUntil(lambda: right.height() > 600, timeout=5_000)
+    assert not right.verticalScrollBar().isVisible(), (right.height(), right.widget().minimumSizeHint().height())
+    assert right.widget().height() == right.height()
+
+
 def test_pane_sizes_are_kept_and_the_live_view_opens_large(qtbot, open_window):
     w = open_window()
     w.resize(1366, 768)
     qtbot.waitUntil(lambda: w.panes.sizes()[2] > 0, timeout=5_000)
+    ring_on_input = lambda: w.focus_ring.isVisible() and w.focus_ring.geometry().contains(  # noqa: E731
+        QRect(w.chat.input.mapTo(w, QPoint(0, 0)), w.chat.input.size()))
+    w.activateWindow()
+    w.chat.input.setFocus()
+    qtbot.waitUntil(ring_on_input, timeout=5_000)
     sizes = w.panes.sizes()
     w.panes.setSizes([sizes[0], sizes[1] - 200, sizes[2] + 200])
     wanted = w.panes.sizes()
+    qtbot.waitUntil(ring_on_input, timeout=5_000)  # the ring moved with its widget
     view = w.speculation_pane.speculation
     small = view.height()
     # Enlarged: the speculation pane takes the window, its stats make way for the view.

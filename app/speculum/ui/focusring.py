@@ -24,6 +24,7 @@ class FocusRing(QWidget):
         super().__init__(window)
         self.window_ = window
         self.target: QWidget | None = None
+        self._watched: list[QWidget] = []  # the target and its parents, up to the window
         self.setObjectName("focusRing")
         self.setAttribute(Qt.WA_TransparentForMouseEvents)
         self.setAttribute(Qt.WA_NoSystemBackground)
@@ -33,12 +34,18 @@ class FocusRing(QWidget):
         QApplication.instance().focusChanged.connect(self._focus_changed)
 
     def _focus_changed(self, _old, new) -> None:
-        if self.target is not None and isValid(self.target):
-            self.target.removeEventFilter(self._follower)
+        for watched in self._watched:
+            if isValid(watched):
+                watched.removeEventFilter(self._follower)
         inside = new is not None and new is not self and new.window() is self.window_
         self.target = new if inside else None
-        if self.target is not None:
-            self.target.installEventFilter(self._follower)
+        # The widget and the panes it sits in: a splitter dragged or a pane scrolled moves it too.
+        self._watched = []
+        widget = self.target
+        while widget is not None and widget is not self.window_:
+            widget.installEventFilter(self._follower)
+            self._watched.append(widget)
+            widget = widget.parentWidget()
         self.follow()
 
     def follow(self) -> None:
