@@ -165,7 +165,7 @@ def test_tools_asked_wrongly_are_400s_naming_what(server, options, param):
 # --- reading calls back: each family's format (pure parsing) ---------------------------------------------
 
 def _use(fmt):
-    return tools.ToolUse(tools=[], format=fmt, choice="auto", parameters={"get_weather": {"type": "object"}})
+    return tools.ToolUse(tools=[], format=fmt, choice=tools.ToolChoice.AUTO, parameters={"get_weather": {"type": "object"}})
 
 
 @pytest.mark.parametrize("fmt, text", [

@@ -16,7 +16,7 @@ PARAMS = {"type": "object", "properties": {"city": {"type": "string"}}, "require
 
 
 def _use(fmt=tools.HERMES):
-    return tools.ToolUse(tools=[], format=fmt, choice="auto", parameters={"get_weather": PARAMS})
+    return tools.ToolUse(tools=[], format=fmt, choice=tools.ToolChoice.AUTO, parameters={"get_weather": PARAMS})
 
 
 def _streamed(text, size, fmt=tools.HERMES):

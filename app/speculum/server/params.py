@@ -19,8 +19,9 @@ from starlette.requests import Request
 from ..engine.grammar.schema import grammar_for_response_format
 from ..engine.sampling import SamplingParams
 from ..errors import SpeculumError
-from .service import BadRequest, Completion, ServedModel
-from .tools import tool_use
+from .errors import BadRequest
+from .service import Completion, ServedModel
+from .tools import ToolChoice, tool_use
 
 MAX_STOP_SEQUENCES = 4
 MAX_BODY_BYTES = 8 * 1024 * 1024  # far above any context's worth of text (~4 bytes a token)
@@ -258,7 +259,8 @@ def chat_request(served: ServedModel, body: dict, bound: "PromptBound") -> Compl
     messages = chat_messages(body, template)
     bound.check(sum(len(m["content"]) for m in messages), "messages")
     use = tool_use(body, template)
-    if use is not None and use.choice != "auto" and body.get("response_format") not in (None, {"type": "text"}):
+    required = use is not None and use.choice is not ToolChoice.AUTO
+    if required and body.get("response_format") not in (None, {"type": "text"}):
         raise BadRequest("'response_format' cannot be enforced while 'tool_choice' requires a call.",
                          param="response_format")
     try:
@@ -270,7 +272,7 @@ def chat_request(served: ServedModel, body: dict, bound: "PromptBound") -> Compl
         completion.tools = use
         # A required call's grammar from the first token; with 'auto', the calls' grammar waits
         # for the model to start one, unless the answer already follows a response_format.
-        if use.choice != "auto" or completion.grammar is None:
+        if use.choice is not ToolChoice.AUTO or completion.grammar is None:
             completion.grammar = use.grammar()
     return completion
 

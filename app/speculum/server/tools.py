@@ -17,6 +17,7 @@ from typing import Any
 from ..engine.grammar.lazy import LazyGrammar, Trigger
 from ..engine.grammar.schema import convert, prepare
 from ..engine.grammar.state import Grammar
+from ..engine.vocabulary import Word
 from .errors import BadRequest
 
 MAX_TOOLS = 128
@@ -58,12 +59,19 @@ def call_format(template: str | None) -> CallFormat | None:
     return None
 
 
+class ToolChoice(Word):
+    """Which call a request asks for: any or none (the model decides), at least one, or the named one."""
+    AUTO = "auto"
+    REQUIRED = "required"
+    FUNCTION = "function"  # the one named in ``ToolUse.required_name``
+
+
 @dataclass
 class ToolUse:
     """What a request asks about tools: the definitions to show, and which call (if any) is required."""
     tools: list[dict]
     format: CallFormat
-    choice: str  # "auto", "required", or "function" (the one named in ``required_name``)
+    choice: ToolChoice
     required_name: str | None = None
     parameters: dict[str, dict] = field(default_factory=dict)  # each function's JSON schema
     parallel: bool = True  # whether a required call may be followed by more
@@ -83,7 +91,7 @@ class ToolUse:
                 calls = f'{_gbnf(fmt.opening)} "[" root {more} "]"'
             else:
                 calls = f'{one} ({_gbnf(fmt.separator)} {one})*' if self.parallel else one
-            if self.choice != "auto":
+            if self.choice is not ToolChoice.AUTO:
                 return Grammar(f"{body}\ntool-calls ::= {calls}\n", root="tool-calls")
             # Lazily: the format's own calls, or (where the format's calls are marked) bare ones,
             # as a model writes them when it forgets the marker.
@@ -139,7 +147,7 @@ def tool_use(body: dict, template: str | None) -> ToolUse | None:
         parameters[function["name"]] = schema
         places[function["name"]] = f"tools[{i}].function.parameters"
     kind, name = _choice(choice, parameters)
-    if kind == "none":
+    if kind is None:
         return None  # the model is shown no tools, and so calls none
     fmt = call_format(template)
     if fmt is None:
@@ -150,11 +158,14 @@ def tool_use(body: dict, template: str | None) -> ToolUse | None:
                    parallel=body.get("parallel_tool_calls") is not False, places=places)
 
 
-def _choice(choice: Any, parameters: dict) -> tuple[str, str | None]:
-    if choice is None:
-        return "auto", None
-    if choice in ("none", "auto", "required"):
-        return choice, None
+def _choice(choice: Any, parameters: dict) -> tuple[ToolChoice | None, str | None]:
+    """The choice asked for (None: no tools at all) and the function it names."""
+    if choice is None or choice == "auto":
+        return ToolChoice.AUTO, None
+    if choice == "none":
+        return None, None
+    if choice == "required":
+        return ToolChoice.REQUIRED, None
     function = choice.get("function") if isinstance(choice, dict) and choice.get("type") == "function" else None
     name = function.get("name") if isinstance(function, dict) else None
     if not isinstance(name, str):
@@ -163,7 +174,7 @@ def _choice(choice: Any, parameters: dict) -> tuple[str, str | None]:
     if name not in parameters:
         raise BadRequest(f"'tool_choice' names the function '{name[:64]}', which is not among 'tools'.",
                          param="tool_choice")
-    return "function", name
+    return ToolChoice.FUNCTION, name
 
 
 # --- reading calls back ------------------------------------------------------------------------------
