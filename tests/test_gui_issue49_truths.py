@@ -301,3 +301,25 @@ def test_the_live_view_filled_before_it_is_shown_ends_on_whole_rows(qtbot):
     view.resize(400, 140)
     qtbot.waitUntil(lambda: view.height() == 140, timeout=5_000)
     assert bar.value() < bar.maximum()
+
+
+def test_the_stats_keep_their_rows_when_the_pane_is_a_few_pixels_short(qtbot):
+    # With the plain speed under the speedup, the pane needed 8 pixels more than a 1280x720
+    # screen gave its column, and the layout squeezed every row: "Prompt processed" was cut.
+    from speculum.ui.chat.transcript import Transcript
+    from speculum.ui.panes import Scrolling
+    from speculum.ui.speculation.speculationpane import SpeculationPane
+
+    pane = SpeculationPane(Transcript())
+    column = Scrolling(pane)
+    qtbot.addWidget(column)
+    column.resize(440, 900)
+    column.show()
+    qtbot.waitExposed(column)
+    need = pane.minimumSizeHint().height()
+    readout = pane.stats.readout
+    for short in (0, 3, pane.layout().contentsMargins().bottom()):
+        column.resize(440, need - short)
+        qtbot.waitUntil(lambda: column.height() == need - short, timeout=5_000)
+        qtbot.waitUntil(lambda: readout.height() >= readout.minimumSizeHint().height(), timeout=5_000)
+        assert not column.verticalScrollBar().isVisible()

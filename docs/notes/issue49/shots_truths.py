@@ -50,7 +50,8 @@ def main(model: str, out: Path) -> None:
     w = open_window(model)
     w.generation_form.n_ctx.setValue(1024)
     w.model_bar.mode_combo.setCurrentIndex(w.model_bar.mode_combo.findData("auto"))
-    for question in (QUESTION, "Now write it once more, then say why the fox jumps."):
+    w.generation_form.max_tokens.setValue(160)
+    for question in (QUESTION, "Now write it once more, then a long story about why the fox jumps."):
         w.chat.input.setPlainText(question)
         w.send(question)
         wait(w.generationFinished)
@@ -76,7 +77,7 @@ def main(model: str, out: Path) -> None:
     again = MainWindow(autoload=False)
     again.setGeometry(QApplication.primaryScreen().availableGeometry())
     again.show()
-    again.open_conversation(again.conversations.conversations[-1].id)
+    again.open_conversation(next(c.id for c in again.conversations.conversations if c.document == ""))
     settle(800)
     again.speculation_pane.grab().save(str(out / "live-view-after-restart.png"))
     again.close()

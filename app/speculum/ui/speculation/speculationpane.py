@@ -33,6 +33,20 @@ class SpeculationPane(QWidget):
         lay.addWidget(self.replay.bar)
         lay.addWidget(self.replay.label)
         lay.addWidget(self.stats)
+        self._bottom = lay.contentsMargins().bottom()
+
+    def resizeEvent(self, event) -> None:
+        """A few pixels short of its minimum (the window's column gives up to its bottom margin
+        rather than scroll, panes.Scrolling), the pane gives up that margin: left to the layout,
+        every row was squeezed, and the stats' last row was cut."""
+        lay = self.layout()
+        margins = lay.contentsMargins()
+        need = lay.minimumSize().height() - margins.bottom() + self._bottom
+        bottom = max(0, self._bottom - max(0, need - event.size().height()))
+        if bottom != margins.bottom():
+            margins.setBottom(bottom)
+            lay.setContentsMargins(margins)
+        super().resizeEvent(event)
 
     def clear(self) -> None:
         self.speculation.clear_view()
