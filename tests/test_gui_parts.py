@@ -141,17 +141,18 @@ def test_status_bar_names_a_built_in_mtp_head_as_the_draft(qtbot):
 
     status = LoadStatus()
     qtbot.addWidget(status)
-    target = SimpleNamespace(name="Qwen3.6 27B", quantization="Q4_K_M", n_ctx=4096, nextn_layers=1)
+    target = SimpleNamespace(name="Qwen3.6 27B", quantization="Q4_K_M", n_ctx=4096, nextn_layers=1, assistant="")
     status.show_pair(target, None)
     assert "built-in (its own MTP head)" in status.model_label.text()
     gemma = SimpleNamespace(name="Gemma 4 E4B", quantization="Q4_K_M", n_ctx=4096, nextn_layers=0,
                             assistant="Gemma 4 E4B assistant")
     status.show_pair(gemma, None)
     assert "←  Gemma 4 E4B assistant (Gemma 4 assistant, on the target's KV cache)" in status.model_label.text()
-    status.show_pair(SimpleNamespace(name="SmolLM2", quantization="Q4_1", n_ctx=2048), None)  # older facts
+    status.show_pair(SimpleNamespace(name="SmolLM2", quantization="Q4_1", n_ctx=2048, nextn_layers=0, assistant=""), None)
     assert "no draft model" in status.model_label.text()
     # The demo draft's GGUF calls itself "… AWQ": it is a Q4_K_M GGUF, and shown as one.
-    status.show_pair(SimpleNamespace(name="Qwen2.5 Coder 1.5B Instruct GGUF", quantization="Q4_K_M", n_ctx=4096),
+    status.show_pair(SimpleNamespace(name="Qwen2.5 Coder 1.5B Instruct GGUF", quantization="Q4_K_M", n_ctx=4096,
+                                     nextn_layers=0, assistant=""),
                      SimpleNamespace(name="Qwen2.5 Coder 0.5B Instruct AWQ", quantization="Q4_K_M"))
     assert status.model_label.text().startswith(
         "Qwen2.5 Coder 1.5B Instruct (Q4_K_M)  ←  Qwen2.5 Coder 0.5B Instruct (Q4_K_M)  ·")

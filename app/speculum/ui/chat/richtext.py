@@ -23,7 +23,7 @@ from PySide6.QtWidgets import QLabel, QMessageBox, QWidget
 
 MARKDOWN = QTextDocument.MarkdownFeature(QTextDocument.MarkdownDialectGitHub.value
                                          | QTextDocument.MarkdownNoHTML.value)
-ALT_TEXT = getattr(QTextFormat, "ImageAltText", None)  # Qt 6.8 and later keep an image's alt text
+ALT_TEXT = getattr(QTextFormat, "ImageAltText", None)  # library: Qt 6.8 and later keep an image's alt text
 
 
 def _blank_image() -> QImage:

@@ -108,9 +108,9 @@ class LoadStatus(QStatusBar):
         pair = f"{shown_name(target.name)} ({target.quantization})"
         if draft:
             pair += f"  ←  {shown_name(draft.name)} ({draft.quantization})"
-        elif getattr(target, "nextn_layers", 0):  # (facts pickled by an older engine have none)
+        elif target.nextn_layers:
             pair += "  ←  built-in (its own MTP head)"
-        elif getattr(target, "assistant", ""):
+        elif target.assistant:
             pair += f"  ←  {target.assistant} (Gemma 4 assistant, on the target's KV cache)"
         else:
             pair += "  ·  no draft model (prompt lookup only)"

@@ -18,7 +18,7 @@ from ...models.gguf import is_assistant, nextn_layers
 from .modelchoices import ModelChoice, local_models
 from ..chat.richtext import escaped_tooltip
 from ..servepanel import ServePanel
-from ..look import BUILT_IN, BUILT_IN_MTP, MODE_NAMES  # noqa: F401 (BUILT_IN*: the pair picker's, re-exported)
+from ..look import BUILT_IN, BUILT_IN_MTP, MODE_NAMES
 from ..settings import Settings
 
 NO_DRAFT = "(no draft model)"
