@@ -292,3 +292,35 @@ def test_a_call_in_a_fenced_block_over_several_lines_streams_as_tool_use():
     arguments = "".join(d["delta"]["partial_json"] for d in data if d["type"] == "content_block_delta")
     assert json.loads(arguments) == {"file_path": "/w/notes.txt", "limit": 100}
     assert data[-2]["delta"]["stop_reason"] == "tool_use" and data[-1]["type"] == "message_stop"
+
+
+def test_a_tools_schema_the_grammar_cannot_hold_is_relaxed():
+    """Claude Code's own tools: TaskCreate's propertyNames, TaskOutput's minimum on a number,
+    WebFetch's format 'uri', Workflow's maxLength of 524,288 and its any-value 'args'."""
+    from speculum.server.anthropic_request import enforceable
+
+    schema = {"type": "object", "properties": {
+        "metadata": {"type": "object", "propertyNames": {"type": "string"}, "additionalProperties": {}},
+        "timeout": {"type": "number", "minimum": 0, "description": "seconds"},
+        "url": {"type": "string", "format": "uri"},
+        "script": {"type": "string", "maxLength": 524288},
+        "args": {"description": "any value"},
+        "count": {"type": "integer", "minimum": 1, "maximum": 9}}, "required": ["url"],
+        "additionalProperties": False}
+    kept = enforceable(schema)
+    assert kept["properties"]["metadata"] == {"type": "object", "additionalProperties": {}}
+    assert kept["properties"]["timeout"] == {"type": "number", "description": "seconds"}
+    assert kept["properties"]["url"] == {"type": "string"} and kept["properties"]["script"] == {"type": "string"}
+    assert kept["properties"]["args"] == {} and kept["properties"]["count"] == schema["properties"]["count"]
+    assert kept["required"] == ["url"] and kept["additionalProperties"] is False
+
+
+@pytest.mark.qwen
+def test_a_tool_the_grammar_cannot_hold_is_served_relaxed_and_refused_when_strict(qwen):
+    tool = {"name": "TaskCreate", "input_schema": {"type": "object", "properties": {
+        "subject": {"type": "string"}, "metadata": {"type": "object", "propertyNames": {"type": "string"}}}}}
+    body = {"model": QWEN, "messages": ASK, "tools": [tool]}
+    counted = post(qwen, "/v1/messages/count_tokens", body)
+    assert counted.status_code == 200 and counted.json()["input_tokens"] > 0
+    strict = post(qwen, "/v1/messages/count_tokens", {**body, "tools": [{**tool, "strict": True}]})
+    assert "'propertyNames'" in _error(strict, 400, "invalid_request_error")

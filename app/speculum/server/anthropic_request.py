@@ -6,10 +6,13 @@ it does not apply to a local model, or refused with a 400 that names it.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from typing import TYPE_CHECKING, Any
 
+from ..engine.grammar.keywords import ANNOTATIONS, check_node
+from ..engine.grammar.schema import prepare, schema_gbnf
 from .errors import BadRequest
 from .params import chat_request
 from .service import Completion
@@ -187,11 +190,72 @@ def _tools(tools: Any) -> list[dict] | None:
                              code="unsupported_parameter")
         if not isinstance(tool.get("input_schema"), dict):
             raise BadRequest(f"'{at}.input_schema' must be a JSON schema object.", param=f"{at}.input_schema")
-        function = {"name": tool.get("name"), "parameters": tool["input_schema"]}
+        schema = tool["input_schema"] if tool.get("strict") is True else enforceable(tool["input_schema"])
+        function = {"name": tool.get("name"), "parameters": schema}
         if isinstance(tool.get("description"), str):
             function["description"] = tool["description"]
         functions.append({"type": "function", "function": function})
     return functions
+
+
+# Where a schema holds schemas: one, a list of them, or a map of names to them.
+_ONE = ("items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames", "additionalItems",
+        "unevaluatedItems", "unevaluatedProperties")
+_LIST = ("anyOf", "oneOf", "allOf", "prefixItems")
+_MAP = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
+
+
+def enforceable(schema: dict) -> dict:
+    """``_enforceable``, remembered: an agent sends the same tools every turn."""
+    return json.loads(_enforceable(json.dumps(schema, sort_keys=True)))
+
+
+@functools.lru_cache(maxsize=256)
+def _enforceable(schema_text: str) -> str:
+    return json.dumps(_enforceable_schema(json.loads(schema_text)))
+
+
+def _enforceable_schema(schema: dict) -> dict:
+    """A tool's input schema as its calls' grammar can hold them to: itself, or without what no
+    grammar here enforces (``relaxed``), or any object. Anthropic holds a tool's calls to its
+    schema only with ``strict: true``; without it, Claude Code's TaskCreate (``propertyNames``)
+    and TaskOutput (a ``minimum`` on a number) would have every request refused."""
+    for candidate in (schema, relaxed(schema)):
+        try:
+            schema_gbnf(candidate)  # (the converter too: it refuses what prepare lets by)
+            return candidate
+        except ValueError:
+            continue
+    return {"type": "object"}
+
+
+def relaxed(schema: Any) -> Any:
+    """``schema`` without the keywords a grammar here would refuse where they stand (a superset
+    of what it allows: calls still follow everything else)."""
+    if not isinstance(schema, dict):
+        return schema
+    if schema and all(key in ANNOTATIONS for key in schema):
+        return {}  # any value, described (the converter knows no schema of annotations alone)
+    kind = schema.get("type")
+    kept = {"type": kind} if "type" in schema else {}
+    for key, value in schema.items():
+        if key == "type":
+            continue
+        holds = key in _ONE or key in _LIST or key in _MAP  # (its schemas are relaxed in turn)
+        probe = {**{k: v for k, v in kept.items() if not (k in _ONE or k in _LIST or k in _MAP)
+                    and (k != "type" or isinstance(v, str))}, key: value}
+        try:
+            check_node(probe, "") if holds else prepare(probe, "", "probe")  # (prepare: counts, patterns too)
+        except (ValueError, TypeError):
+            continue  # refused here: left out
+        if key in _ONE:
+            value = relaxed(value)
+        elif key in _LIST and isinstance(value, list):
+            value = [relaxed(item) for item in value]
+        elif key in _MAP and isinstance(value, dict):
+            value = {name: relaxed(item) for name, item in value.items()}
+        kept[key] = value
+    return kept
 
 
 def _tool_choice(choice: Any) -> tuple[Any, bool]:
