@@ -9,8 +9,10 @@ drafter and probability.
 
 from __future__ import annotations
 
+import math
+
 from PySide6.QtCore import QEvent, Qt
-from PySide6.QtGui import QColor, QFont, QTextCharFormat, QTextCursor, QTextFormat
+from PySide6.QtGui import QColor, QFont, QTextCharFormat, QTextCursor, QTextFormat, QTextLayout
 from PySide6.QtWidgets import QTextEdit, QToolTip
 
 from ...engine.vocabulary import Finish
@@ -162,12 +164,20 @@ class SpeculationView(OpaqueScrollArea, QTextEdit):
         if self._following:
             self.verticalScrollBar().setValue(high)
 
+    def _row_height(self) -> int:
+        """A row's height as the text layout makes it (16 pixels where the font metrics said 15)."""
+        probe = QTextLayout("X", self.font())
+        probe.beginLayout()
+        line = probe.createLine()
+        probe.endLayout()
+        return max(1, math.ceil(line.height()))
+
     def resizeEvent(self, event) -> None:
         """Whole rows only: the viewport a whole number of rows and one document margin tall, so
         scrolled to its end the view shows the bottom margin under its last row, and no clipped
         row at its top. (A scroll area's resizeEvent is its viewport's.)"""
         super().resizeEvent(event)
-        row = self.fontMetrics().height()
+        row = self._row_height()
         room = self.height() - 2 * self.frameWidth() - int(self.document().documentMargin())
         spare = room % row if room > row else 0
         if self.viewportMargins().bottom() != spare:
