@@ -19,7 +19,7 @@ from PySide6.QtCore import QObject, Qt, QTimer, Signal, Slot
 
 from ..engine.llama import profiles
 from ..engine.backend import usable_cores
-from ..engine.vocabulary import Device
+from ..engine.vocabulary import Device, Mode
 from ..engine_process import EngineProcess, describe_exit
 # The window imports the protocol's request and result types from here.
 from ..protocol import (Asker, CycleEvent, Decoded, Event, Failed, Finished, Generate,  # noqa: F401
@@ -371,9 +371,9 @@ class Engine(QObject):
         if self._process is not None:
             self._process.stop.set()
 
-    def serve(self, port: int, mode: str, host: str = "127.0.0.1", api_key: str | None = None) -> None:
+    def serve(self, port: int, mode: Mode | str, host: str = "127.0.0.1", api_key: str | None = None) -> None:
         """Serve the loaded models over the OpenAI API from the engine process."""
-        if self._process is None or not self._process.send(Serve(host, port, api_key, mode)):
+        if self._process is None or not self._process.send(Serve(host, port, api_key, Mode(mode))):
             self.worker.serveFailed.emit("The engine is not running. Load a model first.")
 
     def stop_serving(self) -> None:
