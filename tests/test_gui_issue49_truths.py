@@ -323,3 +323,20 @@ def test_the_stats_keep_their_rows_when_the_pane_is_a_few_pixels_short(qtbot):
         qtbot.waitUntil(lambda: column.height() == need - short, timeout=5_000)
         qtbot.waitUntil(lambda: readout.height() >= readout.minimumSizeHint().height(), timeout=5_000)
         assert not column.verticalScrollBar().isVisible()
+
+
+def test_a_first_token_that_came_with_the_prompt_is_no_plain_step():
+    # Its row came with the prompt's last chunk: no target pass of its own, a millisecond of the
+    # loop's time. Counted as a plain step it made plain decoding 892 tok/s, and the next
+    # answer's speedup 0.01× "measured".
+    from speculum.protocol import is_plain_step
+    from speculum.runner import PlainRate
+
+    first = cycle(0, "none", [], 0, [7])
+    first.verify_s, first.overhead_s = 0.0, 0.0011
+    step = timed(cycle(1, "none", [], 0, [8]), 0.1)
+    assert not is_plain_step(first) and is_plain_step(step)
+    rate = PlainRate()
+    for c in (first, step):
+        rate.observe(c)
+    assert rate.tokens_per_s == pytest.approx(10.0)

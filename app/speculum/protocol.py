@@ -126,7 +126,10 @@ OWN_PLAIN_STEPS = 2  # plain steps an answer needs before they are its yardstick
 
 
 def is_plain_step(cycle) -> bool:
-    return cycle.source == Source.NONE and len(cycle.emitted) == 1 and cycle.seconds > 0
+    """A target pass that wrote one token with nothing drafted. Not a first token whose row came
+    with the prompt's last chunk (no pass of its own): timed at its loop's millisecond, it read as
+    plain decoding at 892 tok/s, and the next answer's speedup as 0.01×."""
+    return cycle.source == Source.NONE and len(cycle.emitted) == 1 and cycle.verify_s > 0
 
 
 def _ago(seconds: float) -> str:
