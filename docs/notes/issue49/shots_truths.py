@@ -20,6 +20,8 @@ from speculum.ui.mainwindow import MainWindow
 QUESTION = ("Copy this text exactly, twice:\nThe quick brown fox jumps over the lazy dog. "
             "Pack my box with five dozen liquor jugs. How vexingly quick daft zebras jump.")
 
+STORY = "Write a long story about a lighthouse keeper and the sea, with many storms."
+
 
 def wait(signal, seconds: float = 300) -> None:
     loop = QEventLoop()
@@ -50,14 +52,19 @@ def main(model: str, out: Path) -> None:
     w = open_window(model)
     w.generation_form.n_ctx.setValue(1024)
     w.model_bar.mode_combo.setCurrentIndex(w.model_bar.mode_combo.findData("auto"))
-    w.generation_form.max_tokens.setValue(160)
-    for question in (QUESTION, "Now write it once more, then a long story about why the fox jumps."):
+    for question in (QUESTION, "Now write it once more."):
         w.chat.input.setPlainText(question)
         w.send(question)
         wait(w.generationFinished)
     settle()
-    w.speculation_pane.stats.grab().save(str(out / "stats-one-plain-speed.png"))
-    w.grab().save(str(out / "window-answer.png"))
+    w.speculation_pane.stats.grab().save(str(out / "truths-stats-one-plain-speed.png"))
+    w.grab().save(str(out / "truths-window-answer.png"))
+
+    # A long answer, for the live view after a restart.
+    w.new_conversation()
+    w.generation_form.max_tokens.setValue(160)
+    w.send(STORY)
+    wait(w.generationFinished)
 
     # A long document, stopped while its first part is read.
     w.new_conversation()
@@ -70,16 +77,16 @@ def main(model: str, out: Path) -> None:
     w.summarise()
     wait(w.generationFinished)
     settle()
-    w.grab().save(str(out / "stopped-document-reading.png"))
+    w.grab().save(str(out / "truths-stopped-document-reading.png"))
     w.close()
 
     # Started again: the live view shows the last answer's cycles, from a whole row.
     again = MainWindow(autoload=False)
     again.setGeometry(QApplication.primaryScreen().availableGeometry())
     again.show()
-    again.open_conversation(next(c.id for c in again.conversations.conversations if c.document == ""))
+    again.open_conversation(next(c.id for c in again.conversations.conversations if c.title == STORY[:48] + "…"))
     settle(800)
-    again.speculation_pane.grab().save(str(out / "live-view-after-restart.png"))
+    again.speculation_pane.grab().save(str(out / "truths-live-view-after-restart.png"))
     again.close()
     app.quit()
 
