@@ -6,8 +6,9 @@ import sys
 import numpy as np
 import pytest
 
-from speculum.engine.llama.model import LlamaModel
+from speculum.engine.llama.model import LlamaModel, backend_label
 from speculum.engine.settings import LoadOptions
+from speculum.engine.vocabulary import Device
 from speculum.errors import SpeculumError
 from speculum.models.gguf import check_gguf_file
 from ggufgen import write_gguf
@@ -156,3 +157,14 @@ def test_cli_bad_gguf_is_one_line_and_exit_2(tmp_path, smollm_path):
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("speculum: ") and message in lines[0], (case, proc.stderr)
         assert "Traceback" not in proc.stderr
+
+
+def test_where_a_model_runs_is_an_enum_and_the_label_shown_is_made_from_it():
+    """Code routes on ``ModelFacts.device``; ``backend`` is only words for the user."""
+    assert Device.of_gpu("Metal") is Device.METAL and Device.of_gpu("cuda") is Device.CUDA
+    assert Device.of_gpu("Kompute") is Device.GPU  # a GPU backend not named: its label keeps ggml's name
+    assert Device.of_gpu("RPC") is Device.GPU and Device.of_gpu("CPU") is Device.GPU  # (never from a GPU's name)
+    assert backend_label(Device.GPU, "Kompute", ()) == "Kompute"
+    assert backend_label(Device.CPU, "CUDA", ()) == "CPU"  # a GPU build with no layer on it
+    assert backend_label(Device.RPC, None, ("10.0.0.2:50052",)) == "RPC 10.0.0.2:50052"
+    assert backend_label(Device.RPC, "CUDA", ("10.0.0.2:50052",)) == "RPC 10.0.0.2:50052 + CUDA"

@@ -25,6 +25,7 @@ from speculum.engine.llama.model import LlamaModel
 from speculum.engine.llama.native import gpu_backend
 from speculum.engine.loading import load_decoder
 from speculum.engine.settings import LoadOptions
+from speculum.engine.vocabulary import Device
 from speculum.engine.rpc.address import WorkerAddress, parse_worker
 from speculum.errors import SpeculumError
 from speculum.rpc_worker import exposure_warning
@@ -232,6 +233,7 @@ def test_smollm_greedy_tokens_are_the_local_ones_on_one_and_two_workers(smollm_p
             assert remote.target.flash_attn is False, on  # the workers said they compute on a CPU
             assert remote.target.facts.backend == f"RPC {','.join(w.name for w in on)}"  # no token shown
             assert remote.draft.facts.backend == "CPU"  # the draft stays on this machine
+            assert remote.target.facts.device == Device.RPC and remote.draft.facts.device == Device.CPU
             for mode, tokens in expected.items():
                 got, cycles = generate(remote, prompt, max_tokens=40, policy=mode, k=4)
                 assert got == tokens, (len(on), mode)
@@ -297,7 +299,7 @@ def test_the_output_layer_stays_here_so_only_hidden_states_cross_the_network(smo
     relay = CountingRelay(worker.port)
     try:
         with LlamaModel(smollm_path, LoadOptions(n_ctx=256, n_threads=1, rpc=(relay.endpoint,))) as model:
-            assert model.facts.backend == f"RPC {relay.endpoint}"
+            assert model.facts.backend == f"RPC {relay.endpoint}" and model.facts.device == Device.RPC
             logits = model.decode(model.tokenize("The capital of France is"))
             before, steps = relay.from_worker, 8
             for _ in range(steps):
