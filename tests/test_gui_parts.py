@@ -20,7 +20,8 @@ from speculum.ui.chat.answer import StagedCycle, answer_so_far, cycle_records, s
 from speculum.ui.speculation.tokenview import SpeculationView, token_runs
 from speculum.ui.speculation.stats import StatsPanel
 from speculum.ui.chat.transcript import Transcript, settled_length
-from speculum.ui.worker import CycleBatcher, StatsSnapshot, replay_snapshots, ui_cpu_budget
+from speculum.protocol import StatsSnapshot, replay_snapshots
+from speculum.ui.worker import CycleBatcher, ui_cpu_budget
 
 
 def words(text: str) -> int:
@@ -504,10 +505,12 @@ def test_batcher_wakes_the_ui_once_per_frame_and_stretches_costly_frames(qtbot):
 
 
 def test_ui_cpu_budget_is_tight_only_when_llama_fills_every_core():
-    facts = lambda backend, threads: SimpleNamespace(backend=backend, n_threads=threads)  # noqa: E731
-    assert ui_cpu_budget(facts("CPU", 2), cores=2) < 0.05
-    assert ui_cpu_budget(facts("CPU", 4), cores=8) > 0.1
-    assert ui_cpu_budget(facts("CUDA", 8), cores=8) > 0.1
+    from speculum.engine.vocabulary import Device
+
+    facts = lambda device, threads: SimpleNamespace(device=device, n_threads=threads)  # noqa: E731
+    assert ui_cpu_budget(facts(Device.CPU, 2), cores=2) < 0.05
+    assert ui_cpu_budget(facts(Device.CPU, 4), cores=8) > 0.1
+    assert ui_cpu_budget(facts(Device.CUDA, 8), cores=8) > 0.1
 
 
 def test_stats_readout_keeps_its_height_and_copies_as_text(qtbot):

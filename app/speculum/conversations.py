@@ -70,7 +70,7 @@ class Conversation:
         """The conversation as JSON text, for its file. Saved after every question and answer, on
         the UI thread: each answer's cycle records (most of the file, and never changed once
         the answer is finished) are encoded once and their text reused."""
-        head = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "messages"}
+        head = {f.name: vars(self)[f.name] for f in fields(self) if f.name != "messages"}
         messages = ",".join(_message_text(m) for m in self.messages)
         return paths.json_text(head)[:-1] + ',"messages":[' + messages + "]}"
 
@@ -104,8 +104,8 @@ class Conversation:
 
 
 def _message_text(m: Message) -> str:
-    rest = paths.json_text({f.name: getattr(m, f.name) for f in fields(Message) if f.name != "cycles"})
-    cached = getattr(m, "_cycles_text", None)  # (the list, its length, its text)
+    rest = paths.json_text({f.name: vars(m)[f.name] for f in fields(Message) if f.name != "cycles"})
+    cached = vars(m).get("_cycles_text")  # (the list, its length, its text), once encoded
     if cached is None or cached[0] is not m.cycles or cached[1] != len(m.cycles):
         cached = (m.cycles, len(m.cycles), paths.json_text(m.cycles))
         m._cycles_text = cached  # not a field: never compared, shown or saved

@@ -9,7 +9,7 @@ from PySide6.QtWidgets import (QDoubleSpinBox, QFormLayout, QGroupBox, QLabel, Q
 from ..engine.rpc import client as rpc  # addresses only: this module loads no llama.cpp
 from .look import BUILT_IN_MTP
 from .settings import Settings
-from .worker import GenerationRequest
+from ..protocol import GenerationRequest
 
 
 class GenerationForm(QWidget):

@@ -21,12 +21,10 @@ from ..engine.llama import profiles
 from ..engine.backend import usable_cores
 from ..engine.vocabulary import Device, Mode
 from ..engine_process import EngineProcess, describe_exit
-# The window imports the protocol's request and result types from here.
-from ..protocol import (Asker, CycleEvent, Decoded, Event, Failed, Finished, Generate,  # noqa: F401
-                        GenerationRequest, GenerationResult, Load, Loaded, LoadFailed, LoadProgress, LoadRequest,
-                        Measuring, PlainRateMeasured, PostponeMeasuring, ProfileChosen, PromptProgress, Ready,
-                        ServeFailed, Serve, ServingAt, SetPlainRate, StageChanged, Started, StatsSnapshot,
-                        StopServing, WorkerLost, replay_pace, replay_snapshots, snapshot_of)
+from ..protocol import (Asker, CycleEvent, Decoded, Event, Failed, Finished, Generate, GenerationRequest, Load,
+                        Loaded, LoadFailed, LoadProgress, LoadRequest, Measuring, PlainRateMeasured,
+                        PostponeMeasuring, ProfileChosen, PromptProgress, Ready, ServeFailed, Serve, ServingAt,
+                        SetPlainRate, StageChanged, Started, StopServing, WorkerLost)
 from .. import yielding
 
 # The engine's idle measurement of this machine waits this long after the user's last keystroke

@@ -13,7 +13,7 @@ from ...conversations import Conversation, Message
 from ...engine.vocabulary import Finish
 from .answer import (AnswerKind, LiveAnswer, cycle_records, document_copies, document_question, extend_answer,
                      finished_answer, stages_scope, with_stages)
-from ..worker import GenerationRequest
+from ...protocol import GenerationRequest
 
 # While generating (the speculation view updates every frame, see worker.FRAME_MS):
 ANSWER_UPDATE_MS = 200  # the Markdown answer

@@ -12,7 +12,7 @@ from ...conversations import Conversation
 from .. import look
 from ..chat.answer import StagedCycle, answer_so_far, plain_basis, stages_scope, staged_cycles
 from .replay import ReplayBar
-from ..worker import replay_pace, replay_snapshots
+from ...protocol import replay_pace, replay_snapshots
 
 IDLE_CAPTION = "Replay: finish a generation, then step through its cycles."
 
