@@ -14,6 +14,9 @@ a conversation continued under its key is found already, and a key adds nothing 
 
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
 import re
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -26,8 +29,12 @@ from starlette.routing import Route
 from .api import CLIENT_GONE, Api, _until_disconnected, error
 from .params import chat_request, json_body
 from .responses_out import Answer, ResponseStream
-from .service import BadRequest, Completion, Delta
+from .errors import BadRequest
+from .service import Completion, Delta
 
+log = logging.getLogger("speculum.serve")
+
+FIRST_WAIT_S = 1.0  # a stream's first piece awaited this long before its events begin (a 429 stays a 429)
 KEPT = 64  # responses kept for previous_response_id (a Codex turn's history is ~100 kB: a few MB at most)
 
 # Responses' own parameters that the chat path implements under another name or shape.
@@ -50,9 +57,20 @@ SKIPPED_ITEMS = {"reasoning"}  # another model's reasoning, resent: nothing the 
 
 def routes(api: Api) -> list[Route]:
     responses = Responses(api)
-    return [Route("/v1/responses", api.guarded(responses.create), methods=["POST"]),
-            Route("/v1/responses/input_tokens", api.guarded(responses.input_tokens), methods=["POST"]),
-            Route("/v1/responses/{response_id}", api.guarded(responses.retrieve), methods=["GET"])]
+    return [Route("/v1/responses", _logged(api.guarded(responses.create)), methods=["POST"]),
+            Route("/v1/responses/input_tokens", _logged(api.guarded(responses.input_tokens)), methods=["POST"]),
+            Route("/v1/responses/{response_id}", _logged(api.guarded(responses.retrieve)), methods=["GET"])]
+
+
+def _logged(route):
+    """A route whose refusals are logged: an agent that fails shows why in the server's log."""
+    async def logged(request: Request) -> Response:
+        response = await route(request)
+        if response.status_code >= 400 and isinstance(response, JSONResponse):
+            log.warning("%s %s: %d %s", request.method, request.url.path, response.status_code,
+                        json.loads(response.body)["error"]["message"])
+        return response
+    return logged
 
 
 @dataclass
@@ -100,10 +118,15 @@ class Responses:
             whole = answer.finish(done)
             self.keep(read, answer, whole)
             return JSONResponse(whole)
-        try:  # the first piece is awaited here, so a busy server still answers 429
-            first = await pieces.__anext__()
-        except StopAsyncIteration:
-            return Response(status_code=CLIENT_GONE)
+        # The first piece is awaited a moment here, so a busy server still answers 429; then the
+        # events begin while the prompt is read.
+        first = asyncio.ensure_future(pieces.__anext__())
+        await asyncio.wait({first}, timeout=FIRST_WAIT_S)
+        if first.done():
+            try:
+                first.result()
+            except StopAsyncIteration:
+                return Response(status_code=CLIENT_GONE)
         stream = ResponseStream(answer, first, pieces, lambda whole: self.keep(read, answer, whole))
         return StreamingResponse(stream.events(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -9,6 +9,7 @@ text or of a call's arguments always join to what the ``.done`` events and the f
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -16,10 +17,14 @@ import uuid
 from typing import AsyncIterator, Callable
 
 from ..errors import SpeculumError
-from .service import Completion, Delta, Done, WorkerLost
+from .api import _close
+from .errors import WorkerLost
+from .service import Completion, Done
 from .tools import CallStream, parse_calls
 
 log = logging.getLogger("speculum.serve")
+
+KEEP_ALIVE_S = 10.0  # while the prompt is read, a comment this often
 
 
 def _id(prefix: str) -> str:
@@ -114,9 +119,9 @@ class ResponseStream:
     """An answer as Responses' server-sent events: created, in progress, each item added, its
     text or arguments in deltas, done, and the response completed (or incomplete, or failed)."""
 
-    def __init__(self, answer: Answer, first, pieces: AsyncIterator, on_done: Callable[[dict], None]):
+    def __init__(self, answer: Answer, step: asyncio.Future, pieces: AsyncIterator, on_done: Callable[[dict], None]):
         self.answer = answer
-        self.first = first
+        self.step = step  # the first piece, awaited
         self.pieces = pieces
         self.on_done = on_done  # with the finished response object (to keep it)
         self.calls = CallStream(answer.tools) if answer.tools is not None else None
@@ -130,26 +135,32 @@ class ResponseStream:
         return f"event: {kind}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
     async def events(self):
-        answer = self.answer
+        answer, step = self.answer, self.step
         try:
             yield self.event("response.created", response=answer.response())
             yield self.event("response.in_progress", response=answer.response())
-            piece = self.first
-            while isinstance(piece, Delta):
-                for event in self.feed(piece.text):
-                    yield event
+            while True:
+                while not step.done():  # (a long prompt is read: minutes on a CPU for an agent's first turn)
+                    await asyncio.wait({step}, timeout=KEEP_ALIVE_S)
+                    if not step.done():
+                        yield ": reading the prompt\n\n"  # an SSE comment: clients skip it, connections stay up
                 try:
-                    piece = await self.pieces.__anext__()
+                    piece = step.result()
                 except StopAsyncIteration:  # the client left: no more to say
                     return
                 except Exception as exc:  # noqa: BLE001 - the request fails, the stream still ends properly
                     log.error("A streamed response failed: %s", exc, exc_info=not isinstance(exc, SpeculumError))
                     yield self.failed(exc)
                     return
-            for event in self.end(piece):
-                yield event
+                if isinstance(piece, Done):
+                    for event in self.end(piece):
+                        yield event
+                    return
+                for event in self.feed(piece.text):
+                    yield event
+                step = asyncio.ensure_future(self.pieces.__anext__())
         finally:
-            await self.pieces.aclose()  # the model's turn passes on as soon as the answer is out
+            await asyncio.shield(_close(step, self.pieces))  # the model's turn passes on as soon as the answer is out
 
     def feed(self, text: str) -> list[str]:
         said, calls = self.calls.feed(text) if self.calls is not None else (text, [])
