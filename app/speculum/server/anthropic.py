@@ -22,7 +22,7 @@ from starlette.routing import Route
 from ..errors import SpeculumError
 from .anthropic_request import message_request
 from .api import CLIENT_GONE, Api, _close, _until_disconnected, error
-from .errors import ANTHROPIC_PATHS, BadRequest, WorkerLost, shaped_for
+from .errors import ANTHROPIC_PATHS, BadRequest, WorkerUnreachable, shaped_for
 from .params import json_body
 from .service import Completion, Delta, Done
 from .tools import CallStream, ToolUse, parse_calls
@@ -145,7 +145,7 @@ class Answer:
     def failure(self, exc: Exception) -> str:
         """A generation that failed midway: Anthropic's error event (the stream then ends)."""
         kind = ("invalid_request_error" if isinstance(exc, BadRequest) else
-                "overloaded_error" if isinstance(exc, WorkerLost) else "api_error")
+                "overloaded_error" if isinstance(exc, WorkerUnreachable) else "api_error")
         message = str(exc) if isinstance(exc, SpeculumError) else f"{exc.__class__.__name__}: {exc}"
         return _sse("error", {"error": {"type": kind, "message": f"The answer failed midway: {message}"}})
 

@@ -25,7 +25,8 @@ from starlette.routing import Route
 from ..errors import SpeculumError
 from .guard import Guard
 from .params import PromptBound, chat_request, json_body, text_request
-from .service import BadRequest, Busy, Completion, Delta, Done, ServedModel, ServerState, WorkerLost
+from .errors import BadRequest, Busy, WorkerUnreachable
+from .service import Completion, Delta, Done, ServedModel, ServerState
 from .tools import CallStream, parse_calls
 
 log = logging.getLogger("speculum.serve")
@@ -88,7 +89,7 @@ class Api:
                              headers={"Retry-After": str(exc.retry_after)})
             except BadRequest as exc:
                 return error(400, str(exc), param=exc.param, code=exc.code)
-            except WorkerLost as exc:  # this request ends; the server serves again once the worker is back
+            except WorkerUnreachable as exc:  # this request ends; the server serves again once the worker is back
                 return error(503, str(exc), kind="server_error", code="worker_lost", headers={"Retry-After": "5"})
             except SpeculumError as exc:  # the engine's own failure, in plain words: this request ends
                 return error(500, str(exc), kind="server_error")
@@ -119,7 +120,7 @@ class Api:
             body["message"] = served.state_message
         if served.state == ServerState.READY:
             return JSONResponse(body)
-        retry = {} if served.state == ServerState.LOAD_FAILED else {"Retry-After": "5"}  # (load_failed: the server ends)
+        retry = {} if served.state == ServerState.LOAD_FAILED else {"Retry-After": "5"}  # (load_failed: it ends)
         return JSONResponse(body, status_code=503, headers=retry)
 
     def _card(self) -> dict:
@@ -231,7 +232,7 @@ class Reply:
         message = str(exc) if isinstance(exc, SpeculumError) else f"{exc.__class__.__name__}: {exc}"
         body = {"error": {"message": f"The answer failed midway: {message}", "type": "server_error",
                           "param": None,
-                          "code": "worker_lost" if isinstance(exc, WorkerLost) else "generation_failed"}}
+                          "code": "worker_lost" if isinstance(exc, WorkerUnreachable) else "generation_failed"}}
         return [f"data: {json.dumps(body)}\n\n", "data: [DONE]\n\n"]
 
     def last(self, done: Done, usage: bool, offset: int = 0) -> list[str]:

@@ -23,8 +23,9 @@ class BadRequest(SpeculumError):
         self.code = code
 
 
-class WorkerLost(SpeculumError):
-    """An RPC worker holding the target's layers was lost: this request ends (503), the server stays."""
+class WorkerUnreachable(SpeculumError):
+    """The RPC worker holding the target's layers was lost and is not back: this request ends (503),
+    the server stays. (``protocol.WorkerLost`` is the event that tells the window so.)"""
 
 
 # --- Anthropic's error shape, for the routes of its Messages API ---------------------------------------

@@ -18,7 +18,7 @@ from typing import AsyncIterator, Callable
 
 from ..errors import SpeculumError
 from .api import _close
-from .errors import WorkerLost
+from .errors import WorkerUnreachable
 from .service import Completion, Done
 from .tools import CallStream, parse_calls
 
@@ -181,7 +181,7 @@ class ResponseStream:
 
     def failed(self, exc: Exception) -> str:
         message = str(exc) if isinstance(exc, SpeculumError) else f"{exc.__class__.__name__}: {exc}"
-        code = "worker_lost" if isinstance(exc, WorkerLost) else "server_error"
+        code = "worker_lost" if isinstance(exc, WorkerUnreachable) else "server_error"
         failure = {"code": code, "message": f"The answer failed midway: {message}"}
         return self.event("response.failed", response=self.answer.response(status="failed", failure=failure))
 

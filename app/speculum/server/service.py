@@ -23,7 +23,7 @@ from ..engine.stats import Stats
 from ..engine.vocabulary import Finish, Mode, Source, Word
 from ..errors import ContextFullError
 from ..protocol import Asker, CycleEvent, Decoded, Event, Failed, Finished, PlainBasis, Started, snapshot_of
-from .errors import BadRequest, Busy, WorkerLost  # noqa: F401 (re-exported: the API answers them)
+from .errors import BadRequest, Busy, WorkerUnreachable
 from .pace import Pace
 
 if TYPE_CHECKING:
@@ -226,7 +226,7 @@ class ServedModel:
         threads, self._engine_threads = self._engine_threads, {}
         for ident, fail in threads.items():
             self._parked.add(ident)
-            fail(WorkerLost(message))
+            fail(WorkerUnreachable(message))
         self._parked.add(threading.get_ident())
         threading.Event().wait()
 
@@ -260,7 +260,7 @@ class ServedModel:
             done: asyncio.Future = loop.create_future()
 
             def settle(outcome) -> None:  # on the loop, whether or not the request that asked still waits
-                if isinstance(outcome, WorkerLost):
+                if isinstance(outcome, WorkerUnreachable):
                     pass  # lost again while loading: worker_lost says so
                 elif isinstance(outcome, BaseException):  # the worker is still away: say so, keep waiting
                     self.state = ServerState.WORKER_LOST
@@ -310,7 +310,7 @@ class ServedModel:
             self._waiting -= 1
         try:
             if self.state == ServerState.WORKER_LOST:  # lost while this one waited: never enter the given-up models
-                raise WorkerLost(self.state_message)
+                raise WorkerUnreachable(self.state_message)
             async for piece in self._generate(completion):
                 yield piece
         finally:
