@@ -289,6 +289,7 @@ def test_an_empty_models_folder_opens_on_how_to_get_a_model(qtbot, open_window, 
     assert not w.model_bar.load_button.isEnabled()  # nothing to load
     step.copy_button.click()
     assert QGuiApplication.clipboard().text() == DEMO_COMMAND and step.copy_button.text() == "Copied"
+    qtbot.waitUntil(lambda: step.copy_button.text() == "Copy", timeout=5_000)
     w.send("Hello")
     assert "no model yet" in w.chat.banner.text()
     # Open… takes a GGUF from anywhere and loads it: the step goes.
@@ -401,3 +402,22 @@ def test_tab_walks_the_window_in_layout_order_with_a_visible_focus_on_every_stop
     assert replay.play in seen and w.model_bar.serve_panel.switch in seen
     assert w.model_bar.widgetForAction(w.model_bar.document_toggle) in seen
     assert RING.name() == "#2f6fdf"
+
+
+def test_a_model_got_through_the_models_dialog_ends_the_first_step(qtbot, open_window, tmp_path, monkeypatch,
+                                                                   smollm_path):
+    from speculum.ui.library.models_dialog import ModelsDialog
+
+    folder = tmp_path / "models"
+    monkeypatch.setenv("SPECULUM_MODELS_DIR", str(folder))
+    w = open_window()
+    assert w.get_model.isVisible() and w.model_bar.target_combo.count() == 0
+    w.get_model.models_button.click()
+    dialog = w.findChild(ModelsDialog)
+    qtbot.waitUntil(lambda: dialog.isVisible(), timeout=10_000)
+    folder.mkdir(exist_ok=True)
+    shutil.copy(smollm_path, folder / "SmolLM2-copy.gguf")  # as a download would leave it
+    dialog.reject()  # closed without "Use this pair": the picker still looks again
+    qtbot.waitUntil(lambda: not w.get_model.isVisible(), timeout=5_000)
+    assert w.model_bar.target_combo.currentData() == str(folder / "SmolLM2-copy.gguf")
+    assert w.model_bar.load_button.isEnabled()

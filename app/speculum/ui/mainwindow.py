@@ -138,6 +138,7 @@ class MainWindow(QMainWindow):
         bar.load_button.clicked.connect(self.load_pair)
         self.load_status.cancel_button.clicked.connect(self.cancel_load)
         bar.pairReady.connect(self._on_pair_ready)
+        bar.modelsChanged.connect(self.show_get_model)
         bar.target_combo.currentIndexChanged.connect(self.update_controls)  # Load needs a target
         self.get_model.modelsRequested.connect(bar.open_models_dialog)
         self.get_model.openRequested.connect(self.open_model)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import QTimer, Signal
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (QFileDialog, QFrame, QHBoxLayout, QLabel, QLineEdit, QPushButton, QVBoxLayout,
                                QWidget)
 
 from ... import paths
+from ..chat.codeblocks import COPIED_MS
 from ..chat.richtext import plain_label
 
 DEMO_COMMAND = "pip install 'speculum[demo]' && speculum models install-demo"
@@ -68,3 +69,4 @@ class GetModelStep(QFrame):
     def copy_command(self) -> None:
         QGuiApplication.clipboard().setText(DEMO_COMMAND)
         self.copy_button.setText("Copied")
+        QTimer.singleShot(COPIED_MS, self.copy_button, lambda: self.copy_button.setText("Copy"))

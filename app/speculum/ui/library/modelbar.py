@@ -82,6 +82,7 @@ class PairCombo(QComboBox):
 class ModelBar(QToolBar):
     changed = Signal()  # the user picked another mode: the settings are worth saving
     pairReady = Signal(str, str)  # the Models dialog has a pair on disk: target path, draft path ("" for none)
+    modelsChanged = Signal()  # the picker was filled anew from the library
     error = Signal(str)
 
     def __init__(self, parent=None):
@@ -205,7 +206,7 @@ class ModelBar(QToolBar):
         self.mode_combo.setCurrentIndex(index)
         self._applying = False
 
-    def refresh_models(self, target: str = "", draft: str = "") -> None:
+    def refresh_models(self, target: str = "", draft: str | None = None) -> None:
         """Fill the pair picker from the library, keeping (or setting) the chosen pair."""
         target = target or (self.target_combo.currentData() or "")
         draft = draft if draft is not None else (self.draft_combo.currentData() or "")
@@ -223,6 +224,7 @@ class ModelBar(QToolBar):
             if len(self._choices) > 1 and "demo target" in self._choices[0].label:
                 draft = draft or self._choices[1].path
         self.select_pair(target, draft or None)
+        self.modelsChanged.emit()
 
     def has_models(self) -> bool:
         """Whether the picker has any model to offer (else the window shows how to get one)."""
@@ -261,4 +263,5 @@ class ModelBar(QToolBar):
             self.error.emit(f"The model library could not open: {exc}")
             return
         dialog.pair_ready.connect(self.pairReady)
+        dialog.finished.connect(lambda _result: self.refresh_models())  # downloaded, deleted: what is there now
         dialog.open()
