@@ -74,7 +74,8 @@ class Answer:
 
     def whole(self, text: str, done: Done) -> dict:
         content, calls = parse_calls(text, self.tools) if self.tools is not None else (text, [])
-        blocks = [{"type": "text", "text": content if calls else text}] if (content if calls else text) else []
+        shown = content if calls else text  # (the text outside the calls)
+        blocks = [{"type": "text", "text": shown}] if shown else []
         blocks += [{"type": "tool_use", "id": call.id, "name": call.name, "input": json.loads(call.arguments)}
                    for call in calls]
         return {**self.head, "content": blocks, "stop_reason": _stop_reason(done, bool(calls)),
