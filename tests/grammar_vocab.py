@@ -40,7 +40,7 @@ class LlamaVocab:
     """A loaded vocab-only GGUF: its ``llama_vocab`` handle lives as long as this object."""
 
     def __init__(self, path: Path):
-        from speculum.engine import llama  # noqa: F401  (llama.cpp initialised, its log captured)
+        from speculum.engine.llama import native  # noqa: F401  (llama.cpp initialised, its log captured)
         import llama_cpp as lc
         params = lc.llama_model_default_params()
         params.vocab_only = True

@@ -229,21 +229,6 @@ class ModelTurn:
         self.lock.release()
 
 
-class ModelTurn:
-    """The models' turn lock (``ServedModel.turn``), telling when a request's engine thread asks for it."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.asked = threading.Event()
-
-    def __enter__(self):
-        self.asked.set()
-        self.lock.acquire()
-
-    def __exit__(self, *exc):
-        self.lock.release()
-
-
 def test_requests_queue_in_order_and_a_full_queue_answers_429(server):
     s = server(mode="off", max_waiting=1)
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 8}
