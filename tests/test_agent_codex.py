@@ -1,0 +1,128 @@
+"""The real Codex CLI (`@openai/codex`, from npm) as a client of the Responses API: `codex exec`
+of a one-tool task against the API on the demo pair (Qwen2.5-Coder 1.5B with its 0.5B draft).
+
+Codex is pointed at the server as a custom provider (`wire_api = "responses"`). Its default
+request (Codex 0.171) is 40k characters: a 17k-character base prompt, skills, multi-agent tools
+in a `namespace` and `web_search`, which this server refuses by name. The flags below keep it to
+6.5k characters (1,284 tokens: a one-line base prompt, three function tools), so its first turn
+is read in seconds on an idle 2-core CPU (minutes on a busy one: the idle timeout is raised)
+and the next turns read only their new tokens from the prompt cache.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import uvicorn
+
+from speculum.server import listen
+from speculum.server.api import create_app
+from speculum.server.service import ServedModel
+
+pytestmark = pytest.mark.qwen
+
+QWEN = "qwen-demo"
+NPM_PREFIX = Path.home() / ".cache" / "speculum-dev" / "npm"
+SECRET = "4172"
+CODEX_TIMEOUT_S = 1500  # measured: 431 s at a load average of 20 on 2 cores, most of it the first prompt
+
+
+def codex_binary() -> str:
+    """Codex CLI: on PATH, or installed from npm into a cache of the tests' own."""
+    found = shutil.which("codex") or (str(NPM_PREFIX / "bin" / "codex") if (NPM_PREFIX / "bin" / "codex").exists()
+                                      else None)
+    if found:
+        return found
+    if shutil.which("npm") is None or shutil.which("node") is None:
+        pytest.skip("Node.js (node and npm) is not installed: Codex CLI comes from npm (@openai/codex).")
+    subprocess.run(["npm", "install", "--global", "--prefix", str(NPM_PREFIX), "@openai/codex"], check=True,
+                   timeout=600, capture_output=True)
+    return str(NPM_PREFIX / "bin" / "codex")
+
+
+class Statuses:
+    """The app with every answer's status noted, as a server's access log shows them."""
+
+    def __init__(self, app):
+        self.app = app
+        self.seen: list[tuple[str, str, int]] = []
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def noting(message):
+            if message["type"] == "http.response.start":
+                self.seen.append((scope["method"], scope["path"], message["status"]))
+            await send(message)
+
+        await self.app(scope, receive, noting)
+
+
+@pytest.fixture(scope="module")
+def served(qwen_pair):
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    app = Statuses(create_app(ServedModel(qwen_pair, QWEN, mode="draft"), bind_host="127.0.0.1"))
+    server = uvicorn.Server(listen.config(app, "127.0.0.1", port))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.02)
+    yield app, f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(30)
+
+
+def codex_command(codex: str, url: str, workdir: Path, instructions: Path, last: Path, task: str) -> list[str]:
+    provider = (f'{{name="Speculum", base_url="{url}/v1", wire_api="responses", '
+                # A first turn read for minutes on a busy CPU says nothing meanwhile (Codex's default: 5 min).
+                'stream_idle_timeout_ms=1800000}')
+    return [codex, "exec", "--skip-git-repo-check", "--cd", str(workdir), "--model", QWEN, "--sandbox", "read-only",
+            "-c", "model_provider=speculum", "-c", f"model_providers.speculum={provider}",
+            # Small requests: one line of instructions instead of 17k characters; no multi-agent or goal tools
+            # (11k and 3k characters of JSON), no image tool, no skills, no web search (a built-in tool).
+            "-c", f"model_instructions_file={instructions}", "--disable", "multi_agent", "--disable", "goals",
+            "--disable", "view_image", "--disable", "skill_search", "-c", "skills.bundled.enabled=false",
+            "-c", "web_search=disabled", "--output-last-message", str(last), task]
+
+
+def test_codex_exec_runs_a_tool_and_answers(served, tmp_path):
+    codex = codex_binary()
+    app, url = served
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    (workdir / "secret.txt").write_text(f"The secret number is {SECRET}.\n")
+    instructions = tmp_path / "instructions.md"
+    instructions.write_text("You are a coding agent on the user's machine. Run shell commands with the exec_command "
+                            "tool. Then answer the user in one sentence.\n")
+    last = tmp_path / "last.txt"
+    home = tmp_path / "codex-home"
+    home.mkdir()
+    env = {**os.environ, "CODEX_HOME": str(home), "NO_COLOR": "1"}
+    env.pop("OPENAI_API_KEY", None)
+    env.pop("OPENAI_BASE_URL", None)
+    started = time.monotonic()
+    run = subprocess.run(codex_command(codex, url, workdir, instructions, last,
+                                       "Run `cat secret.txt` and tell me the secret number it holds."),
+                         env=env, capture_output=True, text=True, timeout=CODEX_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    took = time.monotonic() - started
+    report = f"codex exec took {took:.0f} s, rc {run.returncode}; requests: {app.seen}\n{run.stdout[-3000:]}\n" \
+             f"{run.stderr[-3000:]}"
+    assert run.returncode == 0, report
+    responses = [s for m, p, s in app.seen if p == "/v1/responses"]
+    assert len(responses) >= 2, report  # the call, then the answer to its output
+    assert all(status < 400 for _, _, status in app.seen), report
+    assert "cat secret.txt" in run.stdout + run.stderr, report  # Codex ran the command the model asked for
+    assert SECRET in last.read_text(), report
