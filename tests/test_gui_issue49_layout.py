@@ -421,3 +421,27 @@ def test_a_model_got_through_the_models_dialog_ends_the_first_step(qtbot, open_w
     qtbot.waitUntil(lambda: not w.get_model.isVisible(), timeout=5_000)
     assert w.model_bar.target_combo.currentData() == str(folder / "SmolLM2-copy.gguf")
     assert w.model_bar.load_button.isEnabled()
+
+
+def test_a_banners_buttons_are_tab_stops_where_they_are_seen(qtbot):
+    from PySide6.QtWidgets import QLineEdit
+
+    from speculum.ui.banner import Banner
+
+    window = QWidget()
+    layout = QVBoxLayout(window)
+    above, banner, below = QLineEdit(), Banner(), QLineEdit()
+    for widget in (above, banner, below):
+        layout.addWidget(widget)
+    qtbot.addWidget(window)
+    window.show()
+    banner.show_message("The engine stopped.", actions=[("Reload with the safe profile", lambda: None),
+                                                        ("Reload", lambda: None)])
+    above.setFocus()
+    qtbot.waitUntil(lambda: above.hasFocus(), timeout=2_000)
+    order = []
+    for _ in range(4):
+        qtbot.keyClick(QApplication.focusWidget(), Qt.Key_Tab)
+        focus = QApplication.focusWidget()
+        order.append(focus.text() if focus is not below else "below")
+    assert order == ["Reload with the safe profile", "Reload", "✕", "below"]

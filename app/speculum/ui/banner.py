@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QToolButton
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QToolButton, QWidget
 
 
 class Banner(QFrame):
@@ -16,7 +16,7 @@ class Banner(QFrame):
         self.label.setTextFormat(Qt.PlainText)  # messages quote file and model names
         self.label.setWordWrap(True)
         self.label.setTextInteractionFlags(Qt.TextSelectableByMouse)
-        close = QToolButton(text="✕", toolTip="Dismiss")
+        self.close_button = close = QToolButton(text="✕", toolTip="Dismiss")
         close.clicked.connect(self.hide)
         self.actions_row = QHBoxLayout()
         layout = QHBoxLayout(self)
@@ -34,11 +34,16 @@ class Banner(QFrame):
         self.label.setText(text)
         while self.actions_row.count():
             self.actions_row.takeAt(0).widget().deleteLater()
+        # Made now, the buttons would come last in the window's Tab order: put them where they are seen.
+        before = self.close_button.previousInFocusChain()
         for label, callback in actions:
             button = QPushButton(label, objectName="bannerAction")
             button.clicked.connect(self.hide)
             button.clicked.connect(callback)
             self.actions_row.addWidget(button, 0, Qt.AlignTop)
+            QWidget.setTabOrder(before, button)
+            before = button
+        QWidget.setTabOrder(before, self.close_button)
         self.show()
 
     def action_labels(self) -> list[str]:
