@@ -445,3 +445,28 @@ def test_a_banners_buttons_are_tab_stops_where_they_are_seen(qtbot):
         focus = QApplication.focusWidget()
         order.append(focus.text() if focus is not below else "below")
     assert order == ["Reload with the safe profile", "Reload", "✕", "below"]
+
+
+def test_copy_buttons_are_tab_stops_right_after_the_transcript(qtbot):
+    from PySide6.QtWidgets import QLineEdit
+
+    window = QWidget()
+    layout = QVBoxLayout(window)
+    view, after = Transcript(), QLineEdit()
+    layout.addWidget(view)
+    layout.addWidget(after)
+    qtbot.addWidget(window)
+    window.resize(520, 420)
+    window.show()
+    view.show_messages([Message("user", "Two blocks"),
+                        Message("assistant", "```\na = 1\n```\n\nand\n\n```\nb = 2\n```")])
+    qtbot.waitUntil(lambda: sum(b.isVisible() for b in view.copy_buttons.buttons) == 2, timeout=5_000)
+    view.setFocus()
+    qtbot.waitUntil(view.hasFocus, timeout=2_000)
+    stops = []
+    for _ in range(3):
+        qtbot.keyClick(QApplication.focusWidget(), Qt.Key_Tab)
+        stops.append(QApplication.focusWidget())
+    assert stops == [*[b for b in view.copy_buttons.buttons if b.isVisible()], after]
+    qtbot.keyClick(stops[1], Qt.Key_Space)
+    assert QGuiApplication.clipboard().text() == "b = 2"

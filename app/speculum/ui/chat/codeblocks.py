@@ -13,7 +13,7 @@ from __future__ import annotations
 from PySide6.QtCore import QEvent, QObject, QPoint, Qt, QTimer
 from PySide6.QtGui import (QColor, QFontDatabase, QGuiApplication, QTextBlock, QTextBlockFormat, QTextCharFormat,
                            QTextCursor, QTextDocument, QTextFormat)
-from PySide6.QtWidgets import QTextEdit, QToolButton
+from PySide6.QtWidgets import QTextEdit, QToolButton, QWidget
 
 CODE_BACKGROUND = QColor("#f2f4f7")
 HEAD_BACKGROUND = QColor("#e4e7ec")
@@ -164,6 +164,8 @@ class CopyButtons(QObject):
             button = QToolButton(view.viewport(), text="Copy", objectName="codeCopy",
                                  toolTip="Copy this code block", cursor=Qt.PointingHandCursor)
             button.clicked.connect(lambda _=False, b=button: self.copy(b))
+            # Tab stops right after the transcript, top to bottom (made later, they came last).
+            QWidget.setTabOrder(self.buttons[-1] if self.buttons else view, button)
             self.buttons.append(button)
         offset = view.verticalScrollBar().value()
         for i, button in enumerate(self.buttons):
