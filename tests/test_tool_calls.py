@@ -116,3 +116,26 @@ def test_a_call_cut_short_by_max_tokens_is_a_call_whole_and_streamed(text):
     assert content is None and calls[-1].name == "get_weather" and calls[-1].arguments == '{"city": "Par'
     for size in (1, 4, 1000):
         assert _streamed(text, size) == ("", [c.arguments for c in calls])
+
+
+# Shapes from Claude Code's own tools (a captured request): each enforced, none a 400.
+AGENT_TOOLS = [
+    ("WebFetch", {"type": "object", "properties": {"url": {"type": "string", "format": "uri"},
+                                                   "prompt": {"type": "string"}}, "required": ["url", "prompt"],
+                  "additionalProperties": False, "$schema": "http://json-schema.org/draft-07/schema#"}),
+    ("TaskOutput", {"type": "object", "properties": {"timeout": {"type": "number", "minimum": 0, "maximum": 600000}}}),
+    ("Read", {"type": "object", "properties": {"offset": {"type": "integer", "minimum": 0,
+                                                          "maximum": 9007199254740991},
+                                               "limit": {"type": "integer", "exclusiveMinimum": 0}}}),
+    ("TaskCreate", {"type": "object", "properties": {"metadata": {"type": "object", "propertyNames": {"type": "string"},
+                                                                  "additionalProperties": {}}}}),
+    ("Workflow", {"type": "object", "properties": {"script": {"type": "string", "maxLength": 524288},
+                                                   "args": {"description": "any JSON value"}}}),
+]
+
+
+def test_an_agents_tool_schemas_build_one_grammar():
+    body = {"tools": [{"type": "function", "function": {"name": name, "parameters": schema}}
+                      for name, schema in AGENT_TOOLS]}
+    grammar = tools.tool_use(body, "{% if tools %}<tool_call>{% endif %}").grammar()
+    assert isinstance(grammar, LazyGrammar) and "Workflow" in grammar.grammar.gbnf

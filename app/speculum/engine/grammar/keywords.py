@@ -4,9 +4,9 @@
 ValueError naming it and where it stands in the schema, never ignored. The table is README's
 (section "Structured answers and tools: JSON-schema keywords").
 
-Integer ranges (``minimum``, ``maximum``, ``exclusiveMinimum``, ``exclusiveMaximum`` on an
-integer) are written here as digit grammars (``integer_range``): llama-cpp-python's converter
-ignores them.
+Ranges (``minimum``, ``maximum``, ``exclusiveMinimum``, ``exclusiveMaximum``) are written here
+as digit grammars, for integers (``integer_range``) and for numbers between whole bounds
+(``number_range``, no exponent): llama-cpp-python's converter ignores them.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ REFUSED = {
     "if": "conditional schemas are not enforced", "then": "conditional schemas are not enforced",
     "else": "conditional schemas are not enforced",
     "patternProperties": "property names by pattern are not enforced",
-    "propertyNames": "property-name schemas are not enforced",
+    "propertyNames": "property-name schemas are not enforced (but {\"type\": \"string\"}, what every name is)",
     "dependentRequired": "dependencies between properties are not enforced",
     "dependentSchemas": "dependencies between properties are not enforced",
     "dependencies": "dependencies between properties are not enforced",
@@ -47,6 +47,9 @@ REFUSED = {
 }
 TYPES = frozenset({"string", "number", "integer", "boolean", "null", "object", "array"})
 FORMATS = frozenset({"date", "time", "date-time", "uuid", "uuid1", "uuid2", "uuid3", "uuid4", "uuid5"})
+# Formats enforced as a pattern of their practical form (a scheme and no blanks; one "@" and a dot).
+FORMAT_PATTERNS = {"uri": r"^[A-Za-z][A-Za-z0-9+.-]*:\S+$", "email": r"^[^\s@]+@[^\s@]+\.[^\s@]+$",
+                   "hostname": r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$"}
 # Keywords that speak of one type of value only (JSON schema applies them to that type alone).
 FOR_TYPE = {"minLength": "string", "maxLength": "string", "pattern": "string", "format": "string",
             "items": "array", "prefixItems": "array", "minItems": "array", "maxItems": "array",
@@ -70,7 +73,8 @@ def check_node(node: dict, where: str) -> None:
     for key, value in node.items():
         if key in REFUSED:
             if (key == "uniqueItems" and value is False) or (key == "multipleOf" and value == 1
-                                                             and node.get("type") == "integer"):
+                                                             and node.get("type") == "integer") \
+                    or (key == "propertyNames" and value in ({}, {"type": "string"})):  # what every name is
                 continue
             raise refuse(key, where, REFUSED[key])
         if key not in ENFORCED and key not in ANNOTATIONS and not key.startswith("x-"):
@@ -92,9 +96,9 @@ def check_node(node: dict, where: str) -> None:
     for key in ("minLength", "maxLength", "pattern", "format"):
         if key in node and kind != "string":
             raise refuse(key, where, "it needs \"type\": \"string\" beside it")
-    if "format" in node and node["format"] not in FORMATS:
+    if "format" in node and node["format"] not in FORMATS and node["format"] not in FORMAT_PATTERNS:
         raise refuse("format", where, f"the format {str(node['format'])[:40]!r} is not enforced (these are: "
-                                      f"{', '.join(sorted(FORMATS))})")
+                                      f"{', '.join(sorted(FORMATS | set(FORMAT_PATTERNS)))})")
     for key in ("minItems", "maxItems"):
         if key in node and ("prefixItems" in node or kind != "array"):
             raise refuse(key, where, "it needs \"type\": \"array\" and 'items' (not 'prefixItems') beside it")
@@ -102,13 +106,14 @@ def check_node(node: dict, where: str) -> None:
         raise refuse("items", where, "items after 'prefixItems' are not enforced")
     for key in RANGE:
         if key in node:
-            if kind != "integer":
-                raise refuse(key, where, "only integer ranges are enforced (this one is on "
-                                         f"{'a number' if kind == 'number' else 'no integer type'})")
+            if kind not in ("integer", "number"):
+                raise refuse(key, where, "a range needs \"type\": \"integer\" or \"number\" beside it")
             value = node[key]
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
                     or abs(value) >= 10 ** MAX_DIGITS:
                 raise refuse(key, where, f"its bound must be a number of at most {MAX_DIGITS} digits")
+            if kind == "number" and value != int(value):
+                raise refuse(key, where, "a number's range is enforced between whole bounds only")
 
 
 def integer_bounds(node: dict) -> tuple[int | None, int | None]:
@@ -168,4 +173,44 @@ def _same_length(a: str, b: str) -> str:
     if int(b[0]) - int(a[0]) > 1:
         out.append(f"[{int(a[0]) + 1}-{int(b[0]) - 1}]{tail}")
     out.append(f'"{b[0]}" ({_same_length("0" * n, b[1:])})' if n else f'"{b[0]}"')
+    return " | ".join(f"({x})" for x in out)
+
+
+def number_range(node: dict) -> str:
+    """A GBNF expression for the JSON numbers (no exponent) within ``node``'s whole bounds."""
+    low, high = node.get("minimum"), node.get("maximum")
+    low_open, high_open = "exclusiveMinimum" in node, "exclusiveMaximum" in node
+    if low_open:
+        low = node["exclusiveMinimum"] if low is None or node["exclusiveMinimum"] >= low else low
+        low_open = low == node["exclusiveMinimum"]
+    if high_open:
+        high = node["exclusiveMaximum"] if high is None or node["exclusiveMaximum"] <= high else high
+        high_open = high == node["exclusiveMaximum"]
+    low, high = (None if low is None else int(low)), (None if high is None else int(high))
+    if low is not None and high is not None and (low > high or (low == high and (low_open or high_open))):
+        raise ValueError(f"the number range from {low} to {high} is empty")
+    parts = []
+    if high is None or high > 0 or (high == 0 and not high_open):  # x >= 0: its magnitude from max(low, 0)
+        parts.append(_magnitude(max(low, 0) if low is not None else 0, high,
+                                low_open and low is not None and low >= 0, high_open))
+    if low is None or low < 0:  # x < 0: "-" and a magnitude from max(-high, 0) to -low
+        parts.append('"-" (' + _magnitude(max(-high, 0) if high is not None else 0, -low if low is not None else None,
+                                          high_open and high is not None and high <= 0, low_open) + ")")
+    return " | ".join(f"({p})" for p in parts)
+
+
+_FRACTION, _NONZERO_FRACTION, _ZERO_FRACTION = '("." [0-9]+)', '("." [0-9]* [1-9] [0-9]*)', '("." "0"+)'
+
+
+def _magnitude(low: int, high: int | None, low_open: bool, high_open: bool) -> str:
+    """Unsigned decimals m with low <= m <= high (strict where open; high None: no end)."""
+    out = [f'({_natural(low, low)}) {_NONZERO_FRACTION}' if low_open else f"({_natural(low, low)}) {_FRACTION}?"]
+    if high is None or high > low + 1:  # whole parts strictly between, any fraction
+        out.append(f"({_natural(low + 1, None if high is None else high - 1)}) {_FRACTION}?")
+    if high is not None and high > low and not high_open:
+        out.append(f"({_natural(high, high)}) {_ZERO_FRACTION}?")
+    if high is not None and high == low and high_open:
+        raise ValueError("the number range is empty")
+    if high is not None and high == low:  # the one whole number itself
+        out = [f"({_natural(low, low)}) {_ZERO_FRACTION}?"]
     return " | ".join(f"({x})" for x in out)

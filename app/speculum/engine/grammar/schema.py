@@ -23,6 +23,10 @@ MAX_SCHEMA_CHARS = 100_000
 MAX_SCHEMA_DEPTH = 64
 _COUNTS = ("minItems", "maxItems", "minLength", "maxLength", "minProperties", "maxProperties")
 _COUNT_CHARS = 24  # grammar text the converter writes per counted item, about (a rule name and brackets)
+# An upper count this large is taken as no bound (Claude Code's tools give a script a maxLength of
+# 524,288): written out it would be a grammar far past MAX_GRAMMAR_CHARS, and an answer that long
+# would fill a local context many times. README's table says so. Counts from MAX_COUNT up to it: refused.
+UNBOUNDED_FROM = 100_000
 _ANY_VALUE = {"type": "value"}  # the converter's rule for any JSON value (it reads {} as any object)
 
 
@@ -133,8 +137,9 @@ class _Preparer:
         return f"{self.prefix}-{name}"
 
     def _node(self, node, where: str):
-        if node is True or node == {}:
-            return dict(_ANY_VALUE)
+        if node is True or (isinstance(node, dict) and all(k in keywords.ANNOTATIONS or k.startswith("x-")
+                                                             for k in node)):
+            return dict(_ANY_VALUE)  # no constraint: any value
         if not isinstance(node, dict):
             raise ValueError(f"The JSON schema {keywords._at(where)} must be an object (or true).")
         node = _merged_all_of(node, where)
@@ -162,10 +167,14 @@ class _Preparer:
                 out[key] = self._ref(value, where)
             elif key == "pattern" and isinstance(value, str):
                 out[key] = converter_pattern(value, at)
+            elif _unbounded(key, value):
+                continue
             else:
                 out[key] = value
-        if out.get("type") == "integer" and any(k in out for k in keywords.RANGE):
-            return self._integer_range(out, where)
+        if out.get("type") in ("integer", "number") and any(k in out for k in keywords.RANGE):
+            return self._range(out, where)
+        if out.get("format") in keywords.FORMAT_PATTERNS:  # the converter knows no such format: a pattern
+            out["pattern"] = converter_pattern(keywords.FORMAT_PATTERNS[out.pop("format")], _join(where, "format"))
         return out
 
     def _ref(self, ref, where: str) -> str:
@@ -177,10 +186,10 @@ class _Preparer:
         self.root_used = True
         return "#/$defs/" + "/".join([self._def_name("root"), *parts])
 
-    def _integer_range(self, node: dict, where: str) -> dict:
-        low, high = keywords.integer_bounds(node)
+    def _range(self, node: dict, where: str) -> dict:
         try:
-            expression = keywords.integer_range(low, high)
+            expression = (keywords.integer_range(*keywords.integer_bounds(node)) if node["type"] == "integer"
+                          else keywords.number_range(node))
         except ValueError as exc:
             raise keywords.refuse(next(k for k in keywords.RANGE if k in node), where, str(exc)) from None
         name = f"speculum-int-{re.sub(r'[^A-Za-z0-9-]', '-', self.prefix)}-{len(self.rules)}"
@@ -234,6 +243,8 @@ def _check_size(schema, where: str) -> None:
             for key, value in node.items():
                 at = _join(path, str(key))
                 if key in _COUNTS and not isinstance(value, (dict, list)):
+                    if _unbounded(key, value):
+                        continue
                     if _too_many(value):
                         raise ValueError(f"The JSON schema's {at} of {value} is more than the {MAX_COUNT:,} "
                                          "a grammar enforces.")
@@ -244,6 +255,12 @@ def _check_size(schema, where: str) -> None:
                     raise ValueError(f"The JSON schema's counts and patterns (up to {at}) would write a grammar "
                                      f"of more than {MAX_GRAMMAR_CHARS:,} characters.")
                 stack.append((value, depth + 1, at))
+
+
+def _unbounded(key: str, value) -> bool:
+    """Whether an upper count is so large it is taken as none (``UNBOUNDED_FROM``)."""
+    return key in ("maxLength", "maxItems") and isinstance(value, int) and not isinstance(value, bool) \
+        and value >= UNBOUNDED_FROM
 
 
 def _too_many(value) -> bool:
