@@ -14,8 +14,10 @@ from langchain_core.messages import HumanMessage, ToolMessage
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel
 from pydantic_ai import Agent
+from pydantic_ai.exceptions import UsageLimitExceeded
 from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
+from pydantic_ai.usage import UsageLimits
 
 from speculum.server.service import ServedModel
 from live_server import LiveServer
@@ -62,8 +64,10 @@ def test_openai_tool_call_auto_then_the_result_answered(live):
     assert "paris" in _city(call.function.arguments).lower()
     result = {"role": "tool", "tool_call_id": call.id, "content": '{"temperature_c": 21, "sky": "clear"}'}
     follow = ASK_WEATHER + [choice.message.model_dump(exclude_none=True), result]
-    answer = client.chat.completions.create(model=MODEL, messages=follow, tools=[WEATHER], max_tokens=40,
-                                            temperature=0)
+    # Shown the tool again, the 1.5B model calls it again (greedy): the result is answered without it.
+    # (Its earlier "answer" here was a call in doubled braces, unparsed, that happened to hold "21".)
+    answer = client.chat.completions.create(model=MODEL, messages=follow, tools=[WEATHER], tool_choice="none",
+                                            max_tokens=40, temperature=0)
     assert answer.choices[0].finish_reason in ("stop", "length") and not answer.choices[0].message.tool_calls
     assert "21" in answer.choices[0].message.content
 
@@ -107,9 +111,10 @@ def test_langchain_bind_tools(live):
     message = llm.invoke([HumanMessage("What is the weather in Paris right now? Use the tool.")])
     assert message.tool_calls and message.tool_calls[0]["name"] == "get_weather"
     assert "paris" in message.tool_calls[0]["args"]["city"].lower()
-    # The result sent back is answered in words.
-    answer = llm.invoke([HumanMessage("What is the weather in Paris right now? Use the tool."), message,
-                         ToolMessage("sunny, 21 C", tool_call_id=message.tool_calls[0]["id"])])
+    # The result sent back is answered in words (by the model without the tool: with it, the 1.5B
+    # model calls again).
+    answer = _chat_model(live).invoke([HumanMessage("What is the weather in Paris right now? Use the tool."),
+                                       message, ToolMessage("sunny, 21 C", tool_call_id=message.tool_calls[0]["id"])])
     assert answer.content and not answer.tool_calls
 
 
@@ -130,3 +135,57 @@ def test_pydantic_ai_default_structured_output(live):
     agent = Agent(model, output_type=Person, retries=0)
     result = agent.run_sync(ASK_PERSON, model_settings={"max_tokens": 48, "temperature": 0})
     assert isinstance(result.output, Person) and result.output.age == 31 and "Ann" in result.output.name
+
+
+class Ingredient(BaseModel):
+    name: str
+    grams: int
+
+
+class Recipe(BaseModel):
+    title: str
+    ingredients: list[Ingredient]
+
+
+ASK_RECIPE = "Pancakes: 200 grams of flour and 300 grams of milk. Extract the recipe."
+
+
+def _recipe_ok(recipe) -> None:
+    assert isinstance(recipe, Recipe) and recipe.ingredients
+    assert all(isinstance(i, Ingredient) and i.grams > 0 for i in recipe.ingredients)
+
+
+def test_instructor_tools_mode_with_nested_models(live):
+    # The forced call's schema refers to #/$defs/Ingredient: resolved in the tool's own schema.
+    client = instructor.from_openai(live.client(), mode=instructor.Mode.TOOLS)
+    recipe = client.chat.completions.create(model=MODEL, response_model=Recipe, max_retries=0, max_tokens=96,
+                                            temperature=0, messages=[{"role": "user", "content": ASK_RECIPE}])
+    _recipe_ok(recipe)
+
+
+def test_pydantic_ai_default_output_with_nested_models(live):
+    model = OpenAIChatModel(MODEL, provider=OpenAIProvider(base_url=live.url + "/v1", api_key="none"))
+    agent = Agent(model, output_type=Recipe, retries=0, system_prompt="You extract recipes.")
+    _recipe_ok(agent.run_sync(ASK_RECIPE, model_settings={"max_tokens": 96, "temperature": 0}).output)
+
+
+def test_pydantic_ai_tool_plain_with_a_system_prompt_calls_its_tool(live):
+    model = OpenAIChatModel(MODEL, provider=OpenAIProvider(base_url=live.url + "/v1", api_key="none"))
+    agent = Agent(model, system_prompt="You are a helpful assistant. Use the tools you have.", retries=0)
+    asked = []
+
+    @agent.tool_plain
+    def get_weather(city: str) -> str:
+        """The current weather in a city."""
+        asked.append(city)
+        return "sunny, 21 C"
+
+    # The 1.5B model may call again after the result (greedy, it asks once more): the run is
+    # bounded; what is asserted is that the call with a system prompt is made, and read as one.
+    try:
+        result = agent.run_sync("What is the weather in Paris right now?", usage_limits=UsageLimits(request_limit=3),
+                                model_settings={"max_tokens": 64, "temperature": 0, "parallel_tool_calls": False})
+    except UsageLimitExceeded:
+        result = None
+    assert asked and "paris" in asked[0].lower()
+    assert result is None or '"name"' not in result.output  # no call leaked into the answer
