@@ -340,3 +340,14 @@ def test_a_first_token_that_came_with_the_prompt_is_no_plain_step():
     for c in (first, step):
         rate.observe(c)
     assert rate.tokens_per_s == pytest.approx(10.0)
+
+
+def test_a_stopped_reading_of_a_document_in_one_piece_names_its_counts():
+    from speculum.protocol import PartPrompt, StatsSnapshot
+    from speculum.ui.chat.answer import stopped_note
+
+    whole = StatsSnapshot(prompt_tokens=792, prompt_total=3559, prompt_reused=0)
+    assert stopped_note("", whole, document=True) == "Stopped while reading (792 of 3,559 tokens read; Summarise resumes)"
+    assert stopped_note("", whole) == "Stopped while reading the prompt (792 of 3,559 tokens read); nothing was written."
+    part = StatsSnapshot(prompt_tokens=900, prompt_total=4000, part_prompt=PartPrompt("Part 2 of 5", 100, 700, 28))
+    assert stopped_note("", part, document=True) == "Stopped while reading part 2 of 5 (128 of 700 tokens read; Summarise resumes)"
