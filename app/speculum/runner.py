@@ -13,6 +13,7 @@ import time
 from typing import Callable
 
 from . import summarise
+from .engine.chat import chat_tokens
 from .engine.loading import load_decoder
 from .engine.sampling import SamplingParams
 from .engine.stats import Stats
@@ -195,7 +196,7 @@ class EngineRunner:
     def _generation(self, request: GenerationRequest, messages: list[dict]):
         target = self.decoder.target
         # Continuing an answer: its tokens follow the prompt as written, so the KV cache holds them all.
-        prompt = target.tokenize(target.apply_chat_template(messages)) + list(request.continues)
+        prompt = chat_tokens(target, messages) + list(request.continues)  # the user's text stays text
         sampling = SamplingParams(temperature=request.temperature, top_p=request.top_p)
         return self.decoder.generate(prompt, max_tokens=self._limit(request), sampling=sampling,
                                      policy=request.mode, k=request.k,

@@ -18,6 +18,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, AsyncIterator, Callable
 
+from ..engine.chat import chat_tokens
 from ..engine.sampling import SamplingParams
 from ..engine.stats import Stats
 from ..engine.vocabulary import Finish, Mode, Source, Word
@@ -183,9 +184,8 @@ class ServedModel:
     # -- prompts --
 
     def chat_prompt(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
-        target = self.decoder.target
-        return target.tokenize(target.apply_chat_template(messages, tools=tools) if tools else
-                               target.apply_chat_template(messages))
+        # A client's text is text: only the template's own scaffolding makes special tokens.
+        return chat_tokens(self.decoder.target, messages, tools)
 
     def predicted_tokens(self, prediction: str | None) -> list[int]:
         """The prediction as the model would write it: plain text, no BOS, specials not parsed."""
@@ -194,9 +194,11 @@ class ServedModel:
         target = self.decoder.target  # no answer is longer than the context: neither need its draft be
         return target.tokenize(prediction, add_special=False, parse_special=False)[: target.n_ctx]
 
-    def text_prompt(self, text: str) -> list[int]:
+    def text_prompt(self, text: str, parse_special: bool = False) -> list[int]:
+        """A completions prompt: its text as text, special tokens' names read only when asked."""
         target = self.decoder.target
-        return ([target.bos] if target.add_bos and target.bos >= 0 else []) + target.tokenize(text)
+        return ([target.bos] if target.add_bos and target.bos >= 0 else []) + target.tokenize(
+            text, parse_special=parse_special)
 
     def check_fits(self, completion: Completion) -> None:
         n_ctx = self.decoder.target.n_ctx
