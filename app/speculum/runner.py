@@ -163,7 +163,7 @@ class EngineRunner:
         """Serve the loaded pair over HTTP; API clients' cycles are reported like the window's own."""
         from pathlib import Path
 
-        from .server.serving import Engine, ServeOptions, serve
+        from .server.serving import ServeOptions, SharedEngine, serve
 
         self.stop_serving()
         if self.decoder is None:
@@ -171,7 +171,7 @@ class EngineRunner:
             return
         options = ServeOptions(Path(self.target_path).stem, mode=Mode(mode), host=host, port=port, api_key=api_key)
         # (the plain rate is read when asked: a load or the window's SetPlainRate replaces self.plain)
-        serving = serve(options, self.decoder, Engine(self.turn, self.report, lambda: self.plain.basis()))
+        serving = serve(options, self.decoder, SharedEngine(self.turn, self.report, lambda: self.plain.basis()))
         try:
             serving.start()
         except SpeculumError as exc:

@@ -34,7 +34,7 @@ class ServeOptions:
 
 
 @dataclass(frozen=True)
-class Engine:
+class SharedEngine:
     """The engine the API shares with the window, when it does: its turn lock, what the window
     is told of each request, and the plain decoding rate measured there (the speedup's basis)."""
 
@@ -54,7 +54,7 @@ class Serving(listen.Serving):
                          max_connections=options.max_connections)
 
 
-def serve(options: ServeOptions, decoder=None, shared: Engine | None = None, workers: tuple[str, ...] = (),
+def serve(options: ServeOptions, decoder=None, shared: SharedEngine | None = None, workers: tuple[str, ...] = (),
           reload: Callable[[], object] | None = None) -> Serving:
     """The API over ``decoder``, not yet listening. Without a decoder /health says it is loading
     (and requests get 503) until ``serving.served.loaded(decoder)``. Under --rpc, ``workers`` and
