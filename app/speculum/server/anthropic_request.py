@@ -11,7 +11,7 @@ import json
 import re
 from typing import TYPE_CHECKING, Any
 
-from ..engine.grammar.keywords import ANNOTATIONS, check_node
+from ..engine.grammar.keywords import check_node
 from ..engine.grammar.schema import prepare, schema_gbnf
 from .errors import BadRequest
 from .params import chat_request
@@ -206,27 +206,26 @@ _MAP = ("properties", "$defs", "definitions", "patternProperties", "dependentSch
 
 
 def enforceable(schema: dict) -> dict:
-    """``_enforceable``, remembered: an agent sends the same tools every turn."""
-    return json.loads(_enforceable(json.dumps(schema, sort_keys=True)))
+    """A tool's input schema as its calls' grammar can hold them to: itself, or without what no
+    grammar here enforces (``relaxed``), or any object. Anthropic holds a tool's calls to its
+    schema only with ``strict: true``; without it, a keyword the grammar refuses (``uniqueItems``,
+    ``multipleOf``, ...) would have every request that offers the tool refused."""
+    kept = _enforceable(json.dumps(schema))  # (remembered: an agent sends the same tools every turn)
+    return schema if kept is None else json.loads(kept)
 
 
 @functools.lru_cache(maxsize=256)
-def _enforceable(schema_text: str) -> str:
-    return json.dumps(_enforceable_schema(json.loads(schema_text)))
-
-
-def _enforceable_schema(schema: dict) -> dict:
-    """A tool's input schema as its calls' grammar can hold them to: itself, or without what no
-    grammar here enforces (``relaxed``), or any object. Anthropic holds a tool's calls to its
-    schema only with ``strict: true``; without it, Claude Code's TaskCreate (``propertyNames``)
-    and TaskOutput (a ``minimum`` on a number) would have every request refused."""
+def _enforceable(schema_text: str) -> str | None:
+    """The schema to use instead, as JSON text; None: the schema itself (key order kept: the
+    model is shown, and writes, the properties in it)."""
+    schema = json.loads(schema_text)
     for candidate in (schema, relaxed(schema)):
         try:
             schema_gbnf(candidate)  # (the converter too: it refuses what prepare lets by)
-            return candidate
         except ValueError:
             continue
-    return {"type": "object"}
+        return None if candidate is schema else json.dumps(candidate)
+    return json.dumps({"type": "object"})
 
 
 def relaxed(schema: Any) -> Any:
@@ -234,8 +233,6 @@ def relaxed(schema: Any) -> Any:
     of what it allows: calls still follow everything else)."""
     if not isinstance(schema, dict):
         return schema
-    if schema and all(key in ANNOTATIONS for key in schema):
-        return {}  # any value, described (the converter knows no schema of annotations alone)
     kind = schema.get("type")
     kept = {"type": kind} if "type" in schema else {}
     for key, value in schema.items():
