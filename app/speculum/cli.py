@@ -10,14 +10,18 @@ import json
 import platform
 import sys
 import threading
+from typing import TYPE_CHECKING
 
 from . import __version__, paths
-from .engine.vocabulary import Device, Mode
+from .engine.vocabulary import Device, Mode, Role
 from .errors import SpeculumError
 from .models import commands as models_commands
 from .options import (BenchOptions, DoctorOptions, GenerateOptions, ModelOptions, ModelsAdd, ModelsCheck,
                       ModelsDownload, ModelsInstallDemo, ModelsList, ModelsRemove, Options, RpcWorkerOptions,
                       SelfTestOptions, ServeCommand, TuneOptions, WindowOptions, parse)
+
+if TYPE_CHECKING:
+    from .server.serving import Serving
 
 # Each command imports what it runs, inside it: the engine and bench modules cost ~0.23 s
 # of imports (numpy, jinja2, GGUF headers; measured with -X importtime), which the window's
@@ -239,14 +243,14 @@ def cmd_serve(command: ServeCommand) -> int:
     return 1 if failed.is_set() else 0
 
 
-def _load_served(models: ModelOptions, serving, failed: threading.Event) -> None:
+def _load_served(models: ModelOptions, serving: Serving, failed: threading.Event) -> None:
     """Load the pair for a server already listening; a failure is said on /health for a
     moment, then the server exits (the process ends non-zero)."""
     import time
 
     served = serving.served
 
-    def progress(role: str, fraction: float) -> bool:
+    def progress(role: Role, fraction: float) -> bool:
         served.loading(f"Loading the {role} model: {fraction:.0%}.")
         return not serving.stopping  # Ctrl-C while loading cancels the load
 
