@@ -23,13 +23,28 @@ from dataclasses import replace
 from typing import Callable
 
 from .engine.llama import profiles
+from .engine.vocabulary import Word
 from .protocol import (Batch, Command, CycleEvent, Event, Generate, Load, LoadProgress, PostponeMeasuring,
                        ProfileChosen, Quit, Ready, Serve, SetPlainRate, StopServing, WorkerLost)
 
-# Test-only fault injection, read by the engine process alone: "load", "first_decode" or
-# "mid_generation" makes it crash there with a real segmentation fault.
+# Test-only fault injection, read by the engine process alone: a CrashPoint's value makes it
+# crash there with a real segmentation fault.
 CRASH_SWITCH = "SPECULUM_TEST_CRASH"
 MID_GENERATION_CYCLE = 4  # the cycle at which "mid_generation" crashes (earlier ones reach the window)
+
+
+class CrashPoint(Word):
+    """Where CRASH_SWITCH makes the engine process crash."""
+
+    NONE = ""
+    LOAD = "load"  # at the first tensor read
+    FIRST_DECODE = "first_decode"  # at the first cycle after a load
+    MID_GENERATION = "mid_generation"  # at cycle MID_GENERATION_CYCLE
+
+    @classmethod
+    def from_environment(cls) -> "CrashPoint":
+        asked = os.environ.get(CRASH_SWITCH, "")
+        return next((point for point in cls if point.value == asked), cls.NONE)
 
 # Cycles that come faster than this go down the pipe together: each message wakes the
 # window's reader thread, and on a machine whose cores all decode, every wake-up is decoding
@@ -115,7 +130,7 @@ class _EngineLoop:
         from .runner import EngineRunner
 
         self.conn, self.stop = conn, stop
-        self.crash_at = os.environ.get(CRASH_SWITCH, "")
+        self.crash_at = CrashPoint.from_environment()
         self.outbox = Outbox(conn.send)
         self.report(Ready(native.gpu_backend(), cpu_settings.in_effect()))
         rpc.on_worker_lost(self.worker_lost)
@@ -132,7 +147,7 @@ class _EngineLoop:
         }
 
     def report(self, event: Event) -> None:
-        if self.crash_at == "load" and isinstance(event, LoadProgress) and event.fraction > 0:
+        if self.crash_at == CrashPoint.LOAD and isinstance(event, LoadProgress) and event.fraction > 0:
             _crash()
         self.outbox.report(event)
 
@@ -144,9 +159,9 @@ class _EngineLoop:
             os._exit(3)
 
     def on_cycle(self, cycle) -> None:
-        if self.crash_at == "first_decode" and self.fresh:
+        if self.crash_at == CrashPoint.FIRST_DECODE and self.fresh:
             _crash()
-        if self.crash_at == "mid_generation" and cycle.index == MID_GENERATION_CYCLE:
+        if self.crash_at == CrashPoint.MID_GENERATION and cycle.index == MID_GENERATION_CYCLE:
             _crash()
         self.fresh = False
         if self.to_remember is not None:

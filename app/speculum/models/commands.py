@@ -70,6 +70,8 @@ class DownloadLine:
         self._step = -1  # the tenth of the total last printed (plain lines)
 
     def __call__(self, p) -> None:
+        from .download import Phase  # (here: `speculum models` starts without the download machinery)
+
         now = time.monotonic()
         key = (p.file_index, p.phase)
         if self.tty:
@@ -79,7 +81,7 @@ class DownloadLine:
                     f"total {human_bytes(p.done)} / {human_bytes(p.total)} {100 * p.fraction:5.1f}%  "
                     f"{human_bytes(p.speed)}/s  ETA {human_time(p.eta)} ")
             self.out.write(line)
-            if p.phase == "done":
+            if p.phase == Phase.DONE:
                 self.out.write("\n")
         else:
             # one line per file event, and one per 10% of the total

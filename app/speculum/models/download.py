@@ -35,6 +35,7 @@ from huggingface_hub import constants
 from huggingface_hub.utils import hf_raise_for_status, http_stream_backoff
 
 from .. import paths
+from ..engine.vocabulary import Word
 from ..errors import SpeculumError
 from .filelock import CancelRequested, FileLock
 from .remote import HubRef, RemoteFile, hub_error, offline, request_headers, resolve
@@ -75,6 +76,16 @@ class CancelToken:
         return self._event.is_set()
 
 
+class Phase(Word):
+    """Where a file of a download stands (a progress report's ``phase``)."""
+
+    CHECKING = "checking"
+    DOWNLOADING = "downloading"
+    VERIFYING = "verifying"  # hashing what is on disk
+    ASSEMBLING = "assembling"  # the offline demo pair, put together from its packages
+    DONE = "done"
+
+
 @dataclass(frozen=True)
 class FileRequest:
     ref: HubRef
@@ -92,7 +103,7 @@ class DownloadProgress:
     total: int
     speed: float  # bytes per second over the last seconds
     eta: float | None  # seconds left, None while unknown
-    phase: str  # "checking", "downloading", "verifying", "done"
+    phase: Phase
 
     @property
     def fraction(self) -> float:
@@ -178,7 +189,7 @@ class _Tracker:
     speed: float = 0.0
     last_emit: int = -PROGRESS_STEP
 
-    def emit(self, index: int, file_done: int, phase: str, force: bool = False) -> None:
+    def emit(self, index: int, file_done: int, phase: Phase, force: bool = False) -> None:
         if self.progress is None or (not force and self.done - self.last_emit < PROGRESS_STEP):
             return
         self.last_emit = self.done
@@ -309,7 +320,7 @@ def _transfer(staged: _Staged, index: int, tracker: _Tracker, cancel: CancelToke
                         staged.counted += len(chunk)
                         tracker.done += len(chunk)
                         tracker.moved += len(chunk)
-                        tracker.emit(index, have, "downloading")
+                        tracker.emit(index, have, Phase.DOWNLOADING)
                 if have < remote.size:
                     raise httpx2.RemoteProtocolError("the connection closed before the file ended")
             except httpx2.TransportError as exc:
@@ -354,7 +365,7 @@ def _matches(remote: RemoteFile, expected_sha256: str | None, size: int, sha256:
 def _verify(staged: _Staged, index: int, tracker: _Tracker, cancel: CancelToken | None) -> None:
     """Hash the .part as it is on disk (what joins the library is what was checked). Holding its lock."""
     remote = staged.remote
-    size, got, git = _hash_file(staged.part, remote, lambda n: tracker.emit(index, n, "verifying", force=True),
+    size, got, git = _hash_file(staged.part, remote, lambda n: tracker.emit(index, n, Phase.VERIFYING, force=True),
                                 cancel)
     if not _matches(remote, staged.expected_sha256, size, got, git):
         staged.part.unlink(missing_ok=True)
@@ -377,7 +388,7 @@ def _reverify(staged: _Staged, index: int, tracker: _Tracker, root: Path, cancel
         except OSError:
             continue
         size, got, git = _hash_file(_inside(path, root), remote,
-                                    lambda n: tracker.emit(index, n, "verifying", force=True), cancel)
+                                    lambda n: tracker.emit(index, n, Phase.VERIFYING, force=True), cancel)
         if _matches(remote, staged.expected_sha256, size, got, git, need_hash=True):
             write_stamp(path, got, repo=remote.ref.repo, path=remote.ref.path, revision=remote.ref.revision,
                         commit=remote.commit)
@@ -397,12 +408,12 @@ def _fetch(staged: _Staged, index: int, tracker: _Tracker, root: Path, cancel: C
             tracker.done += staged.have - staged.counted
             staged.counted = staged.have
             if not staged.verified:
-                tracker.emit(index, staged.have, "downloading", force=True)
+                tracker.emit(index, staged.have, Phase.DOWNLOADING, force=True)
                 _transfer(staged, index, tracker, cancel)
                 _verify(staged, index, tracker, cancel)
     tracker.done += staged.remote.size - staged.counted
     staged.counted = staged.remote.size
-    tracker.emit(index, staged.remote.size, "done", force=True)
+    tracker.emit(index, staged.remote.size, Phase.DONE, force=True)
 
 
 def _commit(staged: list[_Staged], root: Path, staging: Path, cancel: CancelToken | None) -> list[_Staged]:

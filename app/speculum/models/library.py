@@ -24,7 +24,7 @@ from . import bundled, catalog
 from .catalog import MTP, SHARD_RE, CatalogModel, CatalogPair, shard_names
 from .compat import Compatibility, check_headers, drafts_for_itself
 from .download import (
-    STAGING, CancelToken, DiskUsage, DownloadProgress, FileRequest, Progress, download,
+    STAGING, CancelToken, DiskUsage, DownloadProgress, FileRequest, Phase, Progress, download,
     library_path, staged_bytes,
 )
 from .gguf import VOCAB_KEYS, check_gguf_file, nextn_layers
@@ -416,5 +416,5 @@ def _assembly_progress(progress: Progress | None, model: bundled.BundledModel, i
 
     def report(done: int, size: int) -> None:
         progress(DownloadProgress(model.filename, index + 1, count, done, size, offset + done, total, 0.0,
-                                  None, "assembling"))
+                                  None, Phase.ASSEMBLING))
     return report
