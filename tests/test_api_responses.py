@@ -127,6 +127,9 @@ def test_previous_response_id_continues_a_kept_response(smol):
         assert str(KEPT) in body["message"] and "not kept" in body["message"]
 
 
+LONG = "hello " * 1200  # more tokens than SmolLM2's context here (1,024)
+
+
 @pytest.mark.parametrize("change, param, named", [
     ({"tools": [{"type": "web_search"}]}, "tools[0]", "web_search"),
     ({"tools": [{"type": "file_search", "vector_store_ids": ["v"]}]}, "tools[0]", "file_search"),
@@ -139,7 +142,7 @@ def test_previous_response_id_continues_a_kept_response(smol):
     ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object", "properties": {
         "a": {"type": "string", "pattern": "\\bword"}}}}}}, "text.format", "text.format"),
     ({"input": [{"role": "tool", "content": "x"}]}, "input[0].role", "role"),
-    ({"input": "x" * 1200 * 40}, "input", "1,024"),
+    ({"input": LONG}, "input", "context holds 1,024"),
 ])
 def test_what_cannot_be_done_is_a_400_naming_it(smol, change, param, named):
     reply = httpx.post(smol.url + "/v1/responses", json={"model": SMOL, "input": "Hi", **change}, timeout=60)
@@ -149,12 +152,19 @@ def test_what_cannot_be_done_is_a_400_naming_it(smol, change, param, named):
     assert named in error["message"]
 
 
+def test_input_tokens_counts_an_input_longer_than_the_context(smol):
+    assert _count(smol, input=LONG) > 1024
+
+
 # --- function tools, on the demo pair ---------------------------------------------------------------------
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "The current weather in a city.",
            "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}},
                           "required": ["city"], "additionalProperties": False}, "strict": True}
 ASK_WEATHER = "What is the weather in Paris right now? Use the tool."
+# Without a word on when to stop, the 1.5B model calls the tool again once it has the result.
+WEATHER_INSTRUCTIONS = ("You answer questions about the weather. Call get_weather once; once its result is in the "
+                        "conversation, answer the user in one sentence from it.")
 
 
 @pytest.fixture(scope="module")
@@ -174,16 +184,16 @@ def _city(arguments: str) -> str:
 def test_function_call_then_its_output_answered(qwen):
     client = qwen.client()
     asked = [{"role": "user", "content": ASK_WEATHER}]
-    response = client.responses.create(model=QWEN, input=asked, tools=[WEATHER], max_output_tokens=48, temperature=0,
-                                       store=False)
+    response = client.responses.create(model=QWEN, instructions=WEATHER_INSTRUCTIONS, input=asked, tools=[WEATHER],
+                                       max_output_tokens=48, temperature=0, store=False)
     calls = [item for item in response.output if item.type == "function_call"]
     assert len(calls) == 1 and calls[0].name == "get_weather" and calls[0].call_id and calls[0].status == "completed"
     assert "paris" in _city(calls[0].arguments).lower()
     # Codex's way: the whole conversation sent again, the call and its output as items.
     follow = asked + [item.model_dump(exclude_none=True) for item in response.output] + [
         {"type": "function_call_output", "call_id": calls[0].call_id, "output": '{"temperature_c": 21, "sky": "clear"}'}]
-    answer = client.responses.create(model=QWEN, input=follow, tools=[WEATHER], max_output_tokens=40, temperature=0,
-                                     store=False)
+    answer = client.responses.create(model=QWEN, instructions=WEATHER_INSTRUCTIONS, input=follow, tools=[WEATHER],
+                                     max_output_tokens=40, temperature=0, store=False)
     assert [item.type for item in answer.output] == ["message"] and "21" in answer.output_text
 
 
@@ -210,7 +220,7 @@ def test_function_call_streamed_arguments_join_to_the_call(qwen):
 
 @pytest.mark.qwen
 def test_openai_agents_default_model_calls_its_tool(qwen):
-    from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+    from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
 
     set_tracing_disabled(True)  # (traces would go to OpenAI's servers)
     asked = []
@@ -223,8 +233,9 @@ def test_openai_agents_default_model_calls_its_tool(qwen):
 
     model = OpenAIResponsesModel(model=QWEN, openai_client=openai.AsyncOpenAI(
         base_url=qwen.url + "/v1", api_key="none", max_retries=0, timeout=300))
-    agent = Agent(name="Weather", instructions="You answer questions about the weather with the get_weather tool.",
-                  model=model, tools=[get_weather])
+    # max_tokens: its max_output_tokens (absent, an answer may fill the context's room).
+    agent = Agent(name="Weather", instructions=WEATHER_INSTRUCTIONS, model=model, tools=[get_weather],
+                  model_settings=ModelSettings(max_tokens=60))
     result = Runner.run_sync(agent, ASK_WEATHER, max_turns=3)
     assert asked and "paris" in asked[0].lower()
     assert "21" in result.final_output

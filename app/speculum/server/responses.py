@@ -137,7 +137,7 @@ class Responses:
             return loading
         body = await json_body(request)
         body.pop("stream", None)
-        completion = self.completion(self.read(body))
+        completion = self.completion(self.read(body), counting=True)
         return JSONResponse({"object": "response.input_tokens", "input_tokens": len(completion.prompt)})
 
     async def retrieve(self, request: Request) -> Response:
@@ -190,8 +190,9 @@ class Responses:
             chat["response_format"] = _format(text.get("format"))
         return Asked(body, chat, history, at)
 
-    def completion(self, read: Asked) -> Completion:
-        """The chat path's completion for the request, at most the context's room long."""
+    def completion(self, read: Asked, counting: bool = False) -> Completion:
+        """The chat path's completion for the request, at most the context's room long (``counting``:
+        only its prompt is wanted, which may be longer than the context)."""
         served = self.api.served
         n_ctx = served.decoder.target.n_ctx
         asked = read.body.get("max_output_tokens")
@@ -200,7 +201,8 @@ class Responses:
         read.chat["max_tokens"] = min(asked or n_ctx, n_ctx)
         try:
             completion = chat_request(served, read.chat, self.api.bound)
-            served.check_fits(completion)
+            if not counting:
+                served.check_fits(completion)
         except BadRequest as exc:
             raise _in_responses_terms(exc, read.sources) from None
         # Asking for more than fits is never an error (agents ask for their model's maximum); a
