@@ -28,7 +28,7 @@ from .errors import BadRequest, Busy, WorkerUnreachable
 from .pace import Pace
 
 if TYPE_CHECKING:
-    from ..engine.grammar import Grammar
+    from ..engine.grammar.state import Grammar
     from .tools import ToolUse
 
 # How an API request's cycles are labelled beside the window's own.
