@@ -28,7 +28,7 @@ from starlette.routing import Route
 
 from .api import CLIENT_GONE, Api, _until_disconnected, error
 from .params import chat_request, json_body
-from .responses_out import Answer, ResponseStream
+from .responses_out import Answer, ItemType, ResponseStream
 from .errors import BadRequest
 from .service import Completion, Delta
 
@@ -52,7 +52,6 @@ OFF = {"background": (None, False), "conversation": (None,), "max_tool_calls": (
 
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 TEXT_PARTS = {"input_text", "output_text", "text", "refusal"}
-SKIPPED_ITEMS = {"reasoning"}  # another model's reasoning, resent: nothing the model here can read
 
 
 def routes(api: Api) -> list[Route]:
@@ -166,7 +165,7 @@ class Responses:
         history, sources = self._earlier(body.get("previous_response_id"))
         items = body.get("input")
         if isinstance(items, str):
-            items = [{"type": "message", "role": "user", "content": items}]
+            items = [{"type": ItemType.MESSAGE, "role": "user", "content": items}]
         if not isinstance(items, list) or (not items and not history):
             raise BadRequest("'input' must be a non-empty string or list of items.", param="input")
         for i, item in enumerate(items):
@@ -243,14 +242,14 @@ def _item(item: Any, at: str, messages: list[dict], sources: list[str]) -> None:
     """Add one input item to the chat ``messages`` (``sources``: where each came from)."""
     if not isinstance(item, dict):
         raise BadRequest(f"'{at}' must be an object.", param=at)
-    kind = item.get("type", "message")
-    if kind == "message":
+    kind = item.get("type", ItemType.MESSAGE)
+    if kind == ItemType.MESSAGE:
         role = ROLES.get(item.get("role"))
         if role is None:
             raise BadRequest(f"'{at}.role' must be user, assistant, system or developer.", param=f"{at}.role")
         messages.append({"role": role, "content": _content(item.get("content"), f"{at}.content")})
         sources.append(at)
-    elif kind == "function_call":
+    elif kind == ItemType.FUNCTION_CALL:
         for name in ("call_id", "name", "arguments"):
             if not isinstance(item.get(name), str):
                 raise BadRequest(f"'{at}.{name}' must be a string.", param=f"{at}.{name}")
@@ -262,13 +261,13 @@ def _item(item: Any, at: str, messages: list[dict], sources: list[str]) -> None:
         else:
             messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
             sources.append(at)
-    elif kind == "function_call_output":
+    elif kind == ItemType.FUNCTION_CALL_OUTPUT:
         if not isinstance(item.get("call_id"), str):
             raise BadRequest(f"'{at}.call_id' must name the call this output answers.", param=f"{at}.call_id")
         messages.append({"role": "tool", "tool_call_id": item["call_id"],
                          "content": _content(item.get("output"), f"{at}.output")})
         sources.append(at)
-    elif kind not in SKIPPED_ITEMS:
+    elif kind != ItemType.REASONING:  # another model's reasoning, resent: nothing the model here can read
         raise BadRequest(f"'{at}' is an item of type '{str(kind)[:64]}', which this server does not take: "
                          "only message, function_call and function_call_output items.", param=at,
                          code="unsupported_parameter")

@@ -16,6 +16,7 @@ import time
 import uuid
 from typing import AsyncIterator, Callable
 
+from ..engine.vocabulary import Word
 from ..errors import SpeculumError
 from .api import _close
 from .errors import WorkerUnreachable
@@ -25,23 +26,40 @@ from .tools import CallStream, parse_calls
 log = logging.getLogger("speculum.serve")
 
 KEEP_ALIVE_S = 10.0  # while the prompt is read, a comment this often
+CUT_SHORT = "length"  # the chat path's finish_reason when max tokens ended the answer
+
+
+class ItemType(Word):
+    """The input and output items this server reads and writes."""
+    MESSAGE = "message"
+    FUNCTION_CALL = "function_call"
+    FUNCTION_CALL_OUTPUT = "function_call_output"
+    REASONING = "reasoning"  # another model's, resent by a client: skipped
+
+
+class Status(Word):
+    """A response's status, and its items' (in progress, then completed)."""
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+    INCOMPLETE = "incomplete"
+    FAILED = "failed"
 
 
 def _id(prefix: str) -> str:
     return prefix + uuid.uuid4().hex[:24]
 
 
-def message_item(text: str, status: str = "completed") -> dict:
-    return {"type": "message", "id": _id("msg_"), "status": status, "role": "assistant",
-            "content": [_text_part(text)] if status == "completed" else []}
+def message_item(text: str, status: Status = Status.COMPLETED) -> dict:
+    return {"type": ItemType.MESSAGE, "id": _id("msg_"), "status": status, "role": "assistant",
+            "content": [_text_part(text)] if status == Status.COMPLETED else []}
 
 
 def _text_part(text: str) -> dict:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-def call_item(call_id: str, name: str, arguments: str, status: str = "completed") -> dict:
-    return {"type": "function_call", "id": _id("fc_"), "call_id": call_id, "name": name, "arguments": arguments,
+def call_item(call_id: str, name: str, arguments: str, status: Status = Status.COMPLETED) -> dict:
+    return {"type": ItemType.FUNCTION_CALL, "id": _id("fc_"), "call_id": call_id, "name": name, "arguments": arguments,
             "status": status}
 
 
@@ -71,15 +89,16 @@ class Answer:
         self.output += [call_item(call.id, call.name, call.arguments) for call in calls]
         return self.response(done)
 
-    def response(self, done: Done | None = None, status: str | None = None, failure: dict | None = None) -> dict:
+    def response(self, done: Done | None = None, status: Status | None = None, failure: dict | None = None) -> dict:
         """The response object as it stands: in progress (no ``done``), finished, or failed."""
         body, sampling = self.body, self.completion.sampling
         if status is None:
-            status = "in_progress" if done is None else "incomplete" if done.finish_reason == "length" else "completed"
+            status = Status.IN_PROGRESS if done is None else \
+                Status.INCOMPLETE if done.finish_reason == CUT_SHORT else Status.COMPLETED
         fmt = (body.get("text") or {}).get("format") or {"type": "text"}
         whole = {"id": self.id, "object": "response", "created_at": self.created, "status": status,
                  "background": False, "error": failure,
-                 "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+                 "incomplete_details": {"reason": "max_output_tokens"} if status == Status.INCOMPLETE else None,
                  "instructions": body.get("instructions"), "max_output_tokens": body.get("max_output_tokens"),
                  "max_tool_calls": None, "model": self.model_id, "output": self.output if done is not None else [],
                  "parallel_tool_calls": body.get("parallel_tool_calls") is not False,
@@ -97,10 +116,10 @@ class Answer:
 
     def messages(self) -> list[dict]:
         """The answer as the chat template takes it again, for a response that continues it."""
-        texts = [p["text"] for item in self.output if item["type"] == "message" for p in item["content"]]
+        texts = [p["text"] for item in self.output if item["type"] == ItemType.MESSAGE for p in item["content"]]
         calls = [{"id": item["call_id"], "type": "function",
                   "function": {"name": item["name"], "arguments": item["arguments"]}}
-                 for item in self.output if item["type"] == "function_call"]
+                 for item in self.output if item["type"] == ItemType.FUNCTION_CALL]
         message = {"role": "assistant", "content": "".join(texts) if texts or not calls else None}
         if calls:
             message["tool_calls"] = calls
@@ -176,14 +195,14 @@ class ResponseStream:
             events += self._text("", force=True) + self._close()
         whole = self.answer.response(done)
         self.on_done(whole)
-        kind = "response.incomplete" if whole["status"] == "incomplete" else "response.completed"
+        kind = "response.incomplete" if whole["status"] == Status.INCOMPLETE else "response.completed"
         return events + [self.event(kind, response=whole)]
 
     def failed(self, exc: Exception) -> str:
         message = str(exc) if isinstance(exc, SpeculumError) else f"{exc.__class__.__name__}: {exc}"
         code = "worker_lost" if isinstance(exc, WorkerUnreachable) else "server_error"
         failure = {"code": code, "message": f"The answer failed midway: {message}"}
-        return self.event("response.failed", response=self.answer.response(status="failed", failure=failure))
+        return self.event("response.failed", response=self.answer.response(status=Status.FAILED, failure=failure))
 
     # -- items --
 
@@ -193,7 +212,7 @@ class ResponseStream:
         events = []
         if self.message is None:
             events += self._close()
-            self.message = message_item("", status="in_progress")
+            self.message = message_item("", status=Status.IN_PROGRESS)
             events.append(self._added(self.message))
             events.append(self.event("response.content_part.added", item_id=self.message["id"],
                                      output_index=len(self.answer.output) - 1, content_index=0,
@@ -213,7 +232,7 @@ class ResponseStream:
         function = delta.get("function") or {}
         if "id" in delta:
             events += self._close()
-            self.call = call_item(delta["id"], function.get("name", ""), "", status="in_progress")
+            self.call = call_item(delta["id"], function.get("name", ""), "", status=Status.IN_PROGRESS)
             events.append(self._added(self.call))
         fragment = function.get("arguments") or ""
         if fragment and self.call is not None:
@@ -225,7 +244,7 @@ class ResponseStream:
     def _added(self, item: dict) -> str:
         self.answer.output.append(item)
         return self.event("response.output_item.added", output_index=len(self.answer.output) - 1,
-                          item=dict(item, content=[]) if item["type"] == "message" else dict(item))
+                          item=dict(item, content=[]) if item["type"] == ItemType.MESSAGE else dict(item))
 
     def _close(self) -> list[str]:
         """The item being written, done."""
@@ -238,12 +257,12 @@ class ResponseStream:
                                      content_index=0, text=part["text"], logprobs=[]))
             events.append(self.event("response.content_part.done", item_id=item["id"], output_index=index,
                                      content_index=0, part=part))
-            item["status"] = "completed"
+            item["status"] = Status.COMPLETED
             events.append(self.event("response.output_item.done", output_index=index, item=item))
         if self.call is not None:
             item, self.call = self.call, None
             events.append(self.event("response.function_call_arguments.done", item_id=item["id"],
                                      output_index=index, name=item["name"], arguments=item["arguments"]))
-            item["status"] = "completed"
+            item["status"] = Status.COMPLETED
             events.append(self.event("response.output_item.done", output_index=index, item=item))
         return events
