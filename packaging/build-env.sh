@@ -11,12 +11,15 @@ pip_install() { "$VENV/bin/python" -m pip install -q --disable-pip-version-check
 
 # pip's wheel cache does not know which backend a cached llama-cpp-python wheel was
 # built for: compile it ourselves, bypassing the cache, and remember the flags.
+# It is built from the source packaging/llama_cpp_source.py edits (the row-invariance switch).
 STAMP="$VENV/.llama-cmake-args"
-if [ "$(cat "$STAMP" 2>/dev/null)" != "$CMAKE_ARGS" ]; then
+EDITS=$("$VENV/bin/python" -c 'import hashlib, sys; print(hashlib.sha256(open(sys.argv[1], "rb").read()).hexdigest()[:16])' \
+    "$REPO/packaging/llama_cpp_source.py")
+if [ "$(cat "$STAMP" 2>/dev/null)" != "$CMAKE_ARGS edits=$EDITS" ]; then
     echo "==> compiling llama-cpp-python ($CMAKE_ARGS): several minutes, longer for CUDA"
-    CMAKE_ARGS="$CMAKE_ARGS" pip_install --no-cache-dir --force-reinstall --no-deps \
-        -c "$REPO/packaging/constraints.txt" llama-cpp-python
-    echo "$CMAKE_ARGS" > "$STAMP"
+    SOURCE=$("$VENV/bin/python" "$REPO/packaging/llama_cpp_source.py" "$CACHE/llama-cpp-source")
+    CMAKE_ARGS="$CMAKE_ARGS" pip_install --no-cache-dir --force-reinstall --no-deps "$SOURCE"
+    echo "$CMAKE_ARGS edits=$EDITS" > "$STAMP"
 fi
 echo "==> installing Speculum's dependencies and PyInstaller"
 pip_install -c "$REPO/packaging/constraints.txt" "$REPO" pyinstaller pyinstaller-hooks-contrib

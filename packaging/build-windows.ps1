@@ -52,17 +52,23 @@ if (-not (Test-Path $VenvPy)) {
 }
 
 # pip's wheel cache does not know which backend a cached llama-cpp-python wheel was built
-# for: compile it ourselves, bypassing the cache, and remember the flags.
+# for: compile it ourselves, bypassing the cache, from the source packaging/llama_cpp_source.py
+# edits (the row-invariance switch), and remember the flags and the edits.
 $Stamp = Join-Path $Venv ".llama-cmake-args"
+$Editor = Join-Path $Repo "packaging\llama_cpp_source.py"
+$Edits = (Get-FileHash -Algorithm SHA256 $Editor).Hash.Substring(0, 16).ToLower()
+$Want = "$CmakeArgs edits=$Edits"
 $Built = if (Test-Path $Stamp) { (Get-Content $Stamp -Raw).Trim() } else { "" }
-if ($Built -ne $CmakeArgs) {
+if ($Built -ne $Want) {
     Write-Host "==> compiling llama-cpp-python ($CmakeArgs); several minutes, much longer for CUDA"
+    $Source = (& $VenvPy $Editor (Join-Path $Cache "llama-cpp-source")).Trim()
+    if ($LASTEXITCODE -ne 0) { throw "fetching llama-cpp-python's source failed" }
     $env:CMAKE_ARGS = $CmakeArgs
     Invoke-Native "compiling llama-cpp-python" {
-        & $VenvPy -m pip install -q --disable-pip-version-check --no-cache-dir --force-reinstall --no-deps -c $Constraints llama-cpp-python
+        & $VenvPy -m pip install -q --disable-pip-version-check --no-cache-dir --force-reinstall --no-deps $Source
     }
     Remove-Item Env:CMAKE_ARGS
-    Set-Content -Path $Stamp -Value $CmakeArgs
+    Set-Content -Path $Stamp -Value $Want
 }
 Write-Host "==> installing Speculum's dependencies and PyInstaller"
 Invoke-Native "installing dependencies" {

@@ -46,13 +46,19 @@ if echo 'int main(void){return 0;}' | "${CC:-cc}" $NO_AMX -x c - -o /dev/null 2>
     LLAMA_CMAKE_ARGS="$LLAMA_CMAKE_ARGS -DCMAKE_C_FLAGS=\"$NO_AMX\" -DCMAKE_CXX_FLAGS=\"$NO_AMX\""
 fi
 # pip's wheel cache does not know the flags a cached llama-cpp-python wheel was built with
-# (an older one may hold AMX kernels): compile it here, bypassing the cache, once per flag set.
+# (an older one may hold AMX kernels), nor Speculum's edit to its ggml (the row-invariance
+# switch: packaging/llama_cpp_source.py): compile it here from the edited source, bypassing the
+# cache, once per flag set and edit.
 install_llama_cpp() {
-    local stamp="$VENV/.llama-cmake-args"
-    if [ "$(cat "$stamp" 2>/dev/null)" != "$LLAMA_CMAKE_ARGS" ]; then
-        echo "==> compiling llama.cpp (llama-cpp-python) without AMX kernels, with RPC: about 6 minutes on 2 cores"
-        CMAKE_ARGS="$LLAMA_CMAKE_ARGS" pip_install --no-cache-dir --force-reinstall --no-deps "llama-cpp-python>=0.3.36,<0.4"
-        echo "$LLAMA_CMAKE_ARGS" > "$stamp"
+    local stamp="$VENV/.llama-cmake-args" edits want source
+    edits=$("$VENV/bin/python" -c 'import hashlib, sys; print(hashlib.sha256(open(sys.argv[1], "rb").read()).hexdigest()[:16])' \
+        "$REPO/packaging/llama_cpp_source.py")
+    want="$LLAMA_CMAKE_ARGS edits=$edits"
+    if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+        echo "==> compiling llama.cpp (llama-cpp-python, with Speculum's row-invariance switch) without AMX kernels, with RPC: about 6 minutes on 2 cores"
+        source=$("$VENV/bin/python" "$REPO/packaging/llama_cpp_source.py" "$CACHE/llama-cpp-source")
+        CMAKE_ARGS="$LLAMA_CMAKE_ARGS" pip_install --no-cache-dir --force-reinstall --no-deps "$source"
+        echo "$want" > "$stamp"
     fi
 }
 install_llama_cpp

@@ -31,6 +31,10 @@ if TYPE_CHECKING:
 def _load(models: ModelOptions, progress=None):
     """The pair, loaded in this process with the engine profile this machine remembers: the
     decoder and the profile's name (``progress(role, fraction)`` returning False cancels)."""
+    if models.exact is not None:  # first: ggml reads its switch once, when llama.cpp loads
+        from .engine.llama import cpu_settings
+
+        cpu_settings.choose_exact(models.exact)
     from .engine.llama import profiles
     from .engine.loading import load_decoder
 
@@ -184,6 +188,7 @@ def cmd_doctor(options: DoctorOptions) -> int:
         ("Threads", str(native.default_threads())),
         ("Thread wait", _thread_wait(cpu_settings.in_effect())),
         ("Tiled matmul", _tiled_matmul(cpu_settings.in_effect())),
+        ("Exact speculation", _row_invariance(cpu_settings.in_effect(), cpu_settings.build_has_row_switch(), gpu)),
         ("Flash attention", ("llama.cpp's choice (on the GPU)" if gpu else
          "off for the target (verification passes run faster without it on the CPU), "
          "llama.cpp's choice for draft models and MTP heads") +
@@ -209,6 +214,24 @@ def cmd_doctor(options: DoctorOptions) -> int:
         print("speculum: warning: this llama.cpp has AMX kernels, which crash on CPUs with AMX; "
               "bash scripts/setup-env.sh builds one without them.", file=sys.stderr)
     return 0
+
+
+def _row_invariance(setting: dict, built: bool, gpu: str | None) -> str:
+    """The doctor's line on whether speculative output is plain decoding's, bit for bit."""
+    from .engine.llama import cpu_settings
+
+    if not built:
+        return ("not in this llama.cpp build (no row-invariance switch): a verify pass may compute a row "
+                "unlike a single step, so at a near tie speculative output can part from plain decoding; "
+                "bash scripts/setup-env.sh builds it with the switch")
+    on = cpu_settings.rows_invariant_asked(setting)
+    where = (f"; on {gpu} the GPU's kernels are not covered by the switch (unmeasured)" if gpu else "")
+    state = ("on: every row computed by one kernel whatever its pass, so speculative output equals "
+             "plain decoding token for token (speculum --self-test checks it on a model)" if on else
+             "off: faster verify passes and prompt reading, but at a near tie speculative output can part "
+             "from plain decoding; --exact turns it on")
+    return f"{state} ({cpu_settings.ROW_INVARIANT}={setting.get(cpu_settings.ROW_INVARIANT)}, " \
+           f"set by {setting.get('invariant_source')}){where}"
 
 
 # How long a server whose models failed to load still answers /health (why) before it exits.

@@ -32,6 +32,7 @@ class ModelOptions:
     draft: str | None
     load: LoadOptions  # as the user asked; the engine profile this machine remembers is applied at load
     rpc_timeout: str | None  # seconds an RPC worker may stay silent; checked by rpc.set_read_timeout, in words
+    exact: bool | None = None  # --exact / --no-exact: the row-invariance switch (None: the default)
 
 
 @dataclass(frozen=True)
@@ -190,7 +191,7 @@ def _models(given: dict, n_ctx: int | None = None) -> ModelOptions:
                        draft_gpu_layers=given["draft_gpu_layers"],
                        flash_attn={"on": True, "off": False}.get(given["flash_attn"]), rpc=rpc, tensor_split=split,
                        prompt_cache_mib=mib, ngram_memory=not given["no_ngram_memory"])
-    return ModelOptions(given["target"], given["draft"], load, given["rpc_timeout"])
+    return ModelOptions(given["target"], given["draft"], load, given["rpc_timeout"], given["exact"])
 
 
 def _sampling(given: dict) -> SamplingOptions:
@@ -238,6 +239,10 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto",
                    help="flash attention (default auto: off for a target on the CPU, where verification "
                         "passes run faster without it; llama.cpp's choice elsewhere)")
+    p.add_argument("--exact", action=argparse.BooleanOptionalAction, default=None,
+                   help="compute every row of a pass with one kernel (llama.cpp built by scripts/setup-env.sh), so "
+                        "speculative output equals plain decoding token for token, at a cost in verify passes "
+                        "and prompt reading on the CPU (see README); default: off")
     p.add_argument("--cache-ram", type=int, metavar="MIB",
                    help="memory for the KV state of recent prompts (default: a quarter of free memory, "
                         "at most 8192; 0: none)")

@@ -30,6 +30,7 @@ from typing import Callable, Sequence, TextIO
 import speculum
 
 from . import __version__
+from .engine.exactness import RowCheck, check_rows
 from .engine.vocabulary import Device, Mode
 from .errors import SpeculumError
 from .models.gguf import check_gguf_file
@@ -40,6 +41,7 @@ PROMPT = ("Copy this list exactly, one item per line, and nothing else: apple, b
           "date, elderberry, fig, grape, honeydew, kiwi, lemon, mango, nectarine, orange, papaya.")
 MAX_TOKENS = 64
 N_CTX = 1024
+ROW_CHECK_PASS = 4  # rows of the pass compared with single steps
 
 # Largest logit difference measured between batch shapes on CPU (design.md, "Numerics").
 TIE_MARGIN = 0.5
@@ -83,6 +85,7 @@ class SelfTestResult:
     verdict: Verdict
     notes: list[str] = field(default_factory=list)
     device: Device = Device.CPU  # where the layers run (``backend`` is its label)
+    rows: RowCheck | None = None  # a 4-row pass against 4 single steps (engine/exactness.py)
 
     @property
     def passed(self) -> bool:
@@ -186,6 +189,7 @@ def run_self_test(model_path: str | Path) -> SelfTestResult:
         speculative = _generate(decoder, prompt, Mode.LOOKUP)
         # Last: replaying moves the KV cache under the decoder, which is not used after this.
         verdict = compare(plain.tokens, speculative.tokens, _replay_plain(target, prompt, plain.tokens))
+        rows = check_rows(target, prompt[:-1], (prompt[-1:] + plain.tokens)[:ROW_CHECK_PASS])
         notes = []
         if speculative.drafted == 0:
             notes.append("prompt lookup found nothing to draft, so only plain decoding was exercised")
@@ -193,7 +197,7 @@ def run_self_test(model_path: str | Path) -> SelfTestResult:
         return SelfTestResult(
             model=path.name, backend=facts.backend, gpu_layers=facts.n_gpu_layers,
             build_gpu=gpu_backend(), modules=modules, plain=plain, speculative=speculative,
-            verdict=verdict, notes=notes, device=facts.device,
+            verdict=verdict, notes=notes, device=facts.device, rows=rows,
         )
     finally:
         target.close()
@@ -206,6 +210,15 @@ def _rate(run: Run) -> str:
     return line
 
 
+def _rows(check: RowCheck) -> str:
+    if check.invariant:
+        return (f"pass-size invariant: a {check.pass_size}-row pass equals {check.pass_size} single steps bit "
+                f"for bit, so speculative output is plain decoding's token for token")
+    return (f"not pass-size invariant: {check.identical} of {check.pass_size} rows of a {check.pass_size}-row pass "
+            f"equal their single steps (up to {check.max_difference:.3g} apart), so at a near tie speculative "
+            f"output can part from plain decoding (--exact, where this build has the switch)")
+
+
 def report(result: SelfTestResult, out: TextIO) -> None:
     layers = "all layers" if result.gpu_layers >= 10**6 else f"{result.gpu_layers} layers"
     where = "CPU" if result.device == Device.CPU else f"{result.backend} ({layers} on the GPU)"
@@ -215,6 +228,8 @@ def report(result: SelfTestResult, out: TextIO) -> None:
     print(f"modules    {len(result.modules)} speculum modules import", file=out)
     print(f"plain      {_rate(result.plain)}", file=out)
     print(f"lookup     {_rate(result.speculative)}", file=out)
+    if result.rows is not None:
+        print(f"rows       {_rows(result.rows)}", file=out)
     for note in result.notes:
         print(f"note       {note}", file=out)
     v = result.verdict

@@ -9,6 +9,10 @@ it takes per context. Verification sends small batches, and these three decide w
   this once, when loaded: ``apply`` runs before llama_cpp is imported (``native``).
 - ggml's tiled K-quant matmul (``TILED_MATMUL``): on with AVX-512, off elsewhere, until
   ``tuning`` has measured both on this machine; from then on the measurement decides.
+- Row invariance (``ROW_INVARIANT``): Speculum's switch in its llama.cpp build
+  (packaging/llama_cpp_source.py) under which a row's logits do not depend on how many rows
+  share its pass, so verified drafts give exactly plain decoding's tokens. ``EXACT_BY_DEFAULT``
+  says whether it is on unless the user chose (docs/notes/issue46-exact.md has its cost).
 - Flash attention (``attention``): off for a target that verifies on the CPU (ggml's path for
   2-16 query rows walks the whole cache per row), llama.cpp's choice elsewhere, and kept
   where its attention scores would not fit ``KQ_BUDGET``.
@@ -32,6 +36,8 @@ from ... import paths
 SPIN_COUNT = 1_000  # libgomp spin iterations before a waiting thread sleeps (see scripts/bench_load.py)
 USER_SETTINGS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 TILED_MATMUL = "GGML_CPU_TILED_MM"  # ggml's switch for its tiled K-quant matmul (see above)
+ROW_INVARIANT = "GGML_CPU_ROW_INVARIANT"  # Speculum's build's switch: one kernel per row whatever the pass
+EXACT_BY_DEFAULT = False  # see docs/notes/issue46-exact.md: what the switch costs here
 KQ_BUDGET = 256 * 2**20  # bytes of attention scores a context without flash attention may reserve
 UBATCHES = (512, 256, 128)  # micro-batch sizes it may take to stay within that
 
@@ -62,6 +68,24 @@ def llama_cpp_uses_libgomp() -> bool:
     for library in sorted((Path(spec.origin).parent / "lib").glob("libggml-cpu*.so*")):
         try:
             return b"libgomp.so" in library.read_bytes()
+        except OSError:
+            continue
+    return False
+
+
+def build_has_row_switch() -> bool:
+    """Whether the installed llama.cpp's CPU backend has Speculum's row-invariance switch (its
+    name is in the library's strings), read without loading it."""
+    try:
+        spec = importlib.util.find_spec("llama_cpp")
+    except (ImportError, ValueError):
+        return False
+    if spec is None or spec.origin is None:
+        return False
+    for library in sorted((Path(spec.origin).parent / "lib").glob("*ggml-cpu*")):
+        try:
+            if ROW_INVARIANT.encode() in library.read_bytes():
+                return True
         except OSError:
             continue
     return False
@@ -156,15 +180,22 @@ def attention(chosen: bool | None, verifies: bool, on_cpu: bool, mtp: bool,
 
 
 # Where a setting in effect came from (``apply``; the doctor names it).
-FROM_USER = "the user's environment"
+FROM_USER = "the user's environment or command line"
 FROM_MEASUREMENT = "a measurement on this machine"  # the tiled matmul only (engine/llama/tuning.py)
 FROM_SPECULUM = "Speculum"
 
 
+def choose_exact(exact: bool, environ=os.environ) -> None:
+    """The command line's --exact / --no-exact: before llama.cpp loads (ggml reads it once)."""
+    environ[ROW_INVARIANT] = "1" if exact else "0"
+
+
 def apply(environ=os.environ) -> dict:
-    """Set the wait policy and the tiled matmul for this process unless the user chose them;
-    what is in effect."""
+    """Set the wait policy, the tiled matmul and row invariance for this process unless the user
+    chose them; what is in effect."""
     if not _in_effect:
+        invariant_chosen = ROW_INVARIANT in environ
+        environ.setdefault(ROW_INVARIANT, "1" if EXACT_BY_DEFAULT else "0")
         chosen = {k: environ[k] for k in USER_SETTINGS if k in environ}
         if not chosen:
             environ["GOMP_SPINCOUNT"] = str(SPIN_COUNT)
@@ -182,6 +213,8 @@ def apply(environ=os.environ) -> dict:
             "tiled_source": FROM_USER if tiled_chosen else
                             FROM_MEASUREMENT if measured else FROM_SPECULUM,
             "tiled_measured": {k: measured.get(k) for k in ("decided_by", "model", "at")} if measured else None,
+            ROW_INVARIANT: environ[ROW_INVARIANT],
+            "invariant_source": FROM_USER if invariant_chosen else FROM_SPECULUM,
         })
     return dict(_in_effect)
 
@@ -229,6 +262,12 @@ def remember(entry: dict) -> None:
     memory = _memory()
     memory[key()] = entry
     paths.write_json_atomic(paths.data_dir() / TUNING_FILE, memory, indent=1)
+
+
+def rows_invariant_asked(setting: dict) -> bool:
+    """Whether the row-invariance switch is on in ``setting`` (as ggml reads it: atoi != 0)."""
+    digits = re.match(r"\s*[+-]?\d+", setting.get(ROW_INVARIANT) or "")
+    return digits is not None and int(digits.group()) != 0
 
 
 def tiled_matmul_on(setting: dict) -> bool:
