@@ -105,10 +105,10 @@ def test_codex_exec_runs_a_tool_and_answers(served, tmp_path):
     workdir.mkdir()
     (workdir / "secret.txt").write_text(f"The secret number is {SECRET}.\n")
     instructions = tmp_path / "instructions.md"
-    # Without a word on when to stop, the 1.5B model goes on calling tools (write_stdin) after the output.
-    instructions.write_text("You are a coding agent on the user's machine. Run a shell command with the exec_command "
-                            "tool once; once its output is in the conversation, answer the user in one sentence from "
-                            "it, without calling another tool.\n")
+    # The 1.5B model is particular: told only to answer, it goes on calling tools (write_stdin) after the output;
+    # told of the output "in the conversation", it makes up an answer without calling at all.
+    instructions.write_text("You are a coding agent on the user's machine. Run shell commands with the exec_command "
+                            "tool. Then answer the user in one sentence from the command's output.\n")
     last = tmp_path / "last.txt"
     home = tmp_path / "codex-home"
     home.mkdir()
