@@ -101,7 +101,7 @@ def main() -> int:
     from speculum.engine.prompts import build_messages
     from speculum.engine.loading import load_decoder
     from speculum.engine.settings import LoadOptions
-    from speculum.server.api import create_app
+    from speculum.server.app import create_app
     from speculum.protocol import CycleEvent
     from speculum.server.service import ServedModel
 

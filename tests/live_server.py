@@ -14,7 +14,7 @@ import uvicorn
 from speculum.engine.loading import load_decoder
 from speculum.engine.settings import LoadOptions
 from speculum.server import listen
-from speculum.server.api import create_app
+from speculum.server.app import create_app
 from speculum.server.service import ServedModel
 
 MODEL = "smol"

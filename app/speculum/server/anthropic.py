@@ -21,15 +21,15 @@ from starlette.routing import Route
 
 from ..errors import SpeculumError
 from .anthropic_request import message_request
-from .api import CLIENT_GONE, Api, _close, _until_disconnected, error
+from .api import Api, error
 from .errors import ANTHROPIC_PATHS, BadRequest, WorkerUnreachable, shaped_for
 from .params import json_body
 from .service import Completion, Delta, Done
+from .streaming import CLIENT_GONE, Paced, first_piece, until_disconnected
 from .tools import CallStream, ToolUse, parse_calls
 
 log = logging.getLogger("speculum.serve")
 
-FIRST_WAIT_S = 1.0  # a stream's first piece awaited this long before its events begin (a 429 stays a 429)
 PING_S = 10.0  # while the prompt is read (minutes on a CPU for an agent's first turn), a ping this often
 
 
@@ -197,18 +197,14 @@ class Messages:
         served = self.api.served
         completion.client = request.client.host if request.client is not None else ""
         answer = Answer(served.model_id, completion)
-        pieces = _until_disconnected(request, served.run(completion))
+        pieces = until_disconnected(request, served.run(completion))
         if body.get("stream") is not True:
             return await _whole(answer, pieces)
         # The first piece is awaited a moment here, so a busy server still answers 429; then the
         # events begin, and pings keep the client waiting while a long prompt is read.
-        first = asyncio.ensure_future(pieces.__anext__())
-        await asyncio.wait({first}, timeout=FIRST_WAIT_S)
-        if first.done():
-            try:
-                first.result()
-            except StopAsyncIteration:
-                return Response(status_code=CLIENT_GONE)
+        first = await first_piece(pieces)
+        if first is None:
+            return Response(status_code=CLIENT_GONE)
         return StreamingResponse(_events(answer, first, pieces), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
@@ -245,30 +241,20 @@ async def _whole(answer: Answer, pieces) -> Response:
     return JSONResponse(answer.whole("".join(text), done))
 
 
-async def _events(answer: Answer, step: asyncio.Future, pieces):
+async def _events(answer: Answer, first: asyncio.Future, pieces):
+    paced = Paced(first, pieces, PING_S)
     try:
         for event in answer.start():
             yield event
-        while True:
-            while not step.done():
-                await asyncio.wait({step}, timeout=PING_S)
-                if not step.done():
-                    yield answer.ping()
-            try:
-                piece = step.result()
-            except StopAsyncIteration:  # the client left: no more to say
-                return
-            except Exception as exc:  # noqa: BLE001 - the request fails, the stream still ends properly
-                log.error("A streamed answer failed: %s", exc, exc_info=not isinstance(exc, SpeculumError))
-                yield answer.failure(exc)
-                return
-            if isinstance(piece, Done):
-                for event in answer.end(piece):
+        try:
+            async for piece in paced:
+                events = ([answer.ping()] if piece is None else answer.end(piece) if isinstance(piece, Done)
+                          else answer.piece(piece.text))
+                for event in events:
                     yield event
-                return
-            for event in answer.piece(piece.text):
-                yield event
-            step = asyncio.ensure_future(pieces.__anext__())
+        except Exception as exc:  # noqa: BLE001 - the request fails, the stream still ends properly
+            log.error("A streamed answer failed: %s", exc, exc_info=not isinstance(exc, SpeculumError))
+            yield answer.failure(exc)
     finally:
-        await asyncio.shield(_close(step, pieces))  # the model's turn passes on as soon as the answer is out
+        await paced.close()
 

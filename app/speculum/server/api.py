@@ -1,4 +1,4 @@
-"""The HTTP side of `speculum serve`: OpenAI's routes, shapes and errors, over ``ServedModel``.
+"""OpenAI's routes, shapes and errors over ``ServedModel`` (server/app.py assembles the application).
 
 Every failure a client can cause is a 4xx in OpenAI's error shape
 (``{"error": {"message", "type", "param", "code"}}``); anything else is a 500 in the same
@@ -9,54 +9,28 @@ request's body and parameters are read, in ``params``.
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import json
 import logging
 import time
 import uuid
 
-from starlette.applications import Starlette
-from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
 
 from ..errors import SpeculumError
-from .guard import Guard
 from .params import PromptBound, chat_request, json_body, text_request
+from .streaming import CLIENT_GONE, until_disconnected
 from .errors import BadRequest, Busy, WorkerUnreachable
 from .service import Completion, Delta, Done, ServedModel, ServerState
 from .tools import CallStream, parse_calls
 
 log = logging.getLogger("speculum.serve")
 
-CLIENT_GONE = 499  # (nginx's code: never seen by the client, which has left)
-
-
 def error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
           code: str | None = None, headers: dict | None = None) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}},
                         status_code=status, headers=headers)
-
-
-def create_app(served: ServedModel, api_key: str | None = None, cors_origins: list[str] | None = None,
-               bind_host: str | None = "127.0.0.1") -> Starlette:
-    """The API over ``served``. ``bind_host``: where it listens (on loopback, only loopback
-    host names are served); ``cors_origins``: web pages allowed to call it."""
-    api = Api(served, api_key)
-    routes = [Route("/health", api.health, methods=["GET"]),
-              Route("/v1/models", api.guarded(api.models), methods=["GET"]),
-              Route("/v1/models/{model_id:path}", api.guarded(api.model), methods=["GET"]),
-              Route("/v1/chat/completions", api.guarded(api.chat), methods=["POST"]),
-              Route("/v1/completions", api.guarded(api.completions), methods=["POST"])]
-    from .anthropic import Messages  # (here: it builds on this module)
-    routes += Messages(api).routes()
-    from . import responses  # (it builds on this module: imported once the module is whole)
-    routes += responses.routes(api)
-    return Starlette(routes=routes,
-                     middleware=[Middleware(Guard, bind_host=bind_host, cors_origins=cors_origins or ())],
-                     exception_handlers={404: _not_found, 405: _not_found, Exception: _failed})
 
 
 class Api:
@@ -155,7 +129,7 @@ class Api:
         self.served.check_fits(completion)
         completion.client = request.client.host if request.client is not None else ""
         reply = Reply(self.served.model_id, chat, completion, self.served.decoder.target)
-        pieces = _until_disconnected(request, self.served.run(completion))
+        pieces = until_disconnected(request, self.served.run(completion))
         if body.get("stream") is not True:
             return await _whole(reply, pieces)
         # The first piece is awaited here, so a busy server still answers 429; a client that
@@ -318,44 +292,9 @@ async def _events(reply: Reply, first, pieces, usage: bool):
         await pieces.aclose()  # the model's turn passes on as soon as the answer is out
 
 
-async def _not_found(request: Request, exc) -> Response:
+async def not_found(request: Request, exc) -> Response:
     return error(404, f"No route {request.method} {request.url.path[:200]}.", code="not_found")
 
 
-async def _failed(request: Request, exc: Exception) -> Response:
+async def failed(request: Request, exc: Exception) -> Response:
     return error(500, f"The server failed on this request: {exc.__class__.__name__}: {exc}", kind="server_error")
-
-
-async def _until_disconnected(request: Request, pieces):
-    """The pieces of an answer until the client leaves; then the generation is stopped (and
-    its prompt's reading, within a chunk) before the pieces are closed."""
-    watcher = asyncio.ensure_future(_wait_disconnect(request))
-    step = None
-    try:
-        while True:
-            step = asyncio.ensure_future(pieces.__anext__())
-            await asyncio.wait({step, watcher}, return_when=asyncio.FIRST_COMPLETED)
-            if not step.done():  # the client left
-                return
-            try:
-                yield step.result()
-            except StopAsyncIteration:
-                return
-    finally:
-        watcher.cancel()
-        await asyncio.shield(_close(step, pieces))  # to the end, even when the response is cancelled
-
-
-async def _close(step, pieces) -> None:
-    """End a generation: the step in flight first (closing a generator that runs fails)."""
-    if step is not None and not step.done():
-        step.cancel()
-        await asyncio.gather(step, return_exceptions=True)
-    await pieces.aclose()
-
-
-async def _wait_disconnect(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return

@@ -14,7 +14,6 @@ a conversation continued under its key is found already, and a key adds nothing 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import re
@@ -26,15 +25,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from .api import CLIENT_GONE, Api, _until_disconnected, error
+from .api import Api, error
 from .params import chat_request, json_body
 from .responses_out import Answer, ItemType, ResponseStream
 from .errors import BadRequest
 from .service import Completion, Delta
+from .streaming import CLIENT_GONE, first_piece, until_disconnected
 
 log = logging.getLogger("speculum.serve")
 
-FIRST_WAIT_S = 1.0  # a stream's first piece awaited this long before its events begin (a 429 stays a 429)
 KEPT = 64  # responses kept for previous_response_id (a Codex turn's history is ~100 kB: a few MB at most)
 
 # Responses' own parameters that the chat path implements under another name or shape.
@@ -104,7 +103,7 @@ class Responses:
         served = self.api.served
         completion.client = request.client.host if request.client is not None else ""
         answer = Answer(read.body, served.model_id, completion)
-        pieces = _until_disconnected(request, served.run(completion))
+        pieces = until_disconnected(request, served.run(completion))
         if read.body.get("stream") is not True:
             done = None
             async for piece in pieces:
@@ -119,13 +118,9 @@ class Responses:
             return JSONResponse(whole)
         # The first piece is awaited a moment here, so a busy server still answers 429; then the
         # events begin while the prompt is read.
-        first = asyncio.ensure_future(pieces.__anext__())
-        await asyncio.wait({first}, timeout=FIRST_WAIT_S)
-        if first.done():
-            try:
-                first.result()
-            except StopAsyncIteration:
-                return Response(status_code=CLIENT_GONE)
+        first = await first_piece(pieces)
+        if first is None:
+            return Response(status_code=CLIENT_GONE)
         stream = ResponseStream(answer, first, pieces, lambda whole: self.keep(read, answer, whole))
         return StreamingResponse(stream.events(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -18,9 +18,9 @@ from typing import AsyncIterator, Callable
 
 from ..engine.vocabulary import Word
 from ..errors import SpeculumError
-from .api import _close
 from .errors import WorkerUnreachable
 from .service import Completion, Done
+from .streaming import Paced
 from .tools import CallStream, parse_calls
 
 log = logging.getLogger("speculum.serve")
@@ -154,32 +154,21 @@ class ResponseStream:
         return f"event: {kind}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
     async def events(self):
-        answer, step = self.answer, self.step
+        answer, paced = self.answer, Paced(self.step, self.pieces, KEEP_ALIVE_S)
         try:
             yield self.event("response.created", response=answer.response())
             yield self.event("response.in_progress", response=answer.response())
-            while True:
-                while not step.done():  # (a long prompt is read: minutes on a CPU for an agent's first turn)
-                    await asyncio.wait({step}, timeout=KEEP_ALIVE_S)
-                    if not step.done():
-                        yield ": reading the prompt\n\n"  # an SSE comment: clients skip it, connections stay up
-                try:
-                    piece = step.result()
-                except StopAsyncIteration:  # the client left: no more to say
-                    return
-                except Exception as exc:  # noqa: BLE001 - the request fails, the stream still ends properly
-                    log.error("A streamed response failed: %s", exc, exc_info=not isinstance(exc, SpeculumError))
-                    yield self.failed(exc)
-                    return
-                if isinstance(piece, Done):
-                    for event in self.end(piece):
+            try:
+                async for piece in paced:  # (a long prompt is read: minutes on a CPU for an agent's first turn)
+                    events = ([": reading the prompt\n\n"] if piece is None  # an SSE comment: clients skip it
+                              else self.end(piece) if isinstance(piece, Done) else self.feed(piece.text))
+                    for event in events:
                         yield event
-                    return
-                for event in self.feed(piece.text):
-                    yield event
-                step = asyncio.ensure_future(self.pieces.__anext__())
+            except Exception as exc:  # noqa: BLE001 - the request fails, the stream still ends properly
+                log.error("A streamed response failed: %s", exc, exc_info=not isinstance(exc, SpeculumError))
+                yield self.failed(exc)
         finally:
-            await asyncio.shield(_close(step, self.pieces))  # the model's turn passes on as soon as the answer is out
+            await paced.close()
 
     def feed(self, text: str) -> list[str]:
         said, calls = self.calls.feed(text) if self.calls is not None else (text, [])

@@ -14,7 +14,7 @@ from typing import Callable
 from ..engine.vocabulary import Mode
 from ..protocol import Event, PlainBasis
 from . import listen
-from .api import create_app
+from .app import create_app
 from .service import ServedModel
 
 
