@@ -55,40 +55,33 @@ def _libgomp_loaded() -> bool | None:
         return None
 
 
-def llama_cpp_uses_libgomp() -> bool:
-    """Whether the installed llama.cpp's CPU backend is linked to libgomp, read from its files
-    without loading it (it must not be loaded before the setting is made)."""
+def _cpu_backend_bytes(pattern: str) -> bytes | None:
+    """The first readable file of the installed llama.cpp's CPU backend matching ``pattern``,
+    read without loading it (it must not be loaded before the settings are made)."""
     try:
         spec = importlib.util.find_spec("llama_cpp")
     except (ImportError, ValueError):
-        return False
+        return None
     if spec is None or spec.origin is None:
-        return False
-    # One file says it: every CPU variant (and each soname copy of it) links the same runtime.
-    for library in sorted((Path(spec.origin).parent / "lib").glob("libggml-cpu*.so*")):
+        return None
+    for library in sorted((Path(spec.origin).parent / "lib").glob(pattern)):
         try:
-            return b"libgomp.so" in library.read_bytes()
+            return library.read_bytes()
         except OSError:
             continue
-    return False
+    return None
+
+
+def llama_cpp_uses_libgomp() -> bool:
+    """Whether the installed llama.cpp's CPU backend is linked to libgomp."""
+    # One file says it: every CPU variant (and each soname copy of it) links the same runtime.
+    return b"libgomp.so" in (_cpu_backend_bytes("libggml-cpu*.so*") or b"")
 
 
 def build_has_row_switch() -> bool:
     """Whether the installed llama.cpp's CPU backend has Speculum's row-invariance switch (its
-    name is in the library's strings), read without loading it."""
-    try:
-        spec = importlib.util.find_spec("llama_cpp")
-    except (ImportError, ValueError):
-        return False
-    if spec is None or spec.origin is None:
-        return False
-    for library in sorted((Path(spec.origin).parent / "lib").glob("*ggml-cpu*")):
-        try:
-            if ROW_INVARIANT.encode() in library.read_bytes():
-                return True
-        except OSError:
-            continue
-    return False
+    name is among the library's strings)."""
+    return ROW_INVARIANT.encode() in (_cpu_backend_bytes("*ggml-cpu*") or b"")
 
 
 def cpu_name() -> str:
@@ -180,7 +173,7 @@ def attention(chosen: bool | None, verifies: bool, on_cpu: bool, mtp: bool,
 
 
 # Where a setting in effect came from (``apply``; the doctor names it).
-FROM_USER = "the user's environment or command line"
+FROM_USER = "the user's environment"
 FROM_MEASUREMENT = "a measurement on this machine"  # the tiled matmul only (engine/llama/tuning.py)
 FROM_SPECULUM = "Speculum"
 
