@@ -54,6 +54,19 @@ class LlamaVocab:
             self._lc.llama_model_free(self._model)
 
 
+class CharModel:
+    """What the grammar code reads of a model: a real llama.cpp vocabulary of ``pieces`` (a
+    vocab-only GGUF at ``path``), and a tokenizer of one token a piece (characters, here)."""
+
+    def __init__(self, path: Path, pieces: list[str]):
+        self.pieces = pieces
+        self.vocab = LlamaVocab(write_vocab(path, pieces))
+        self.llama_vocab, self.n_vocab = self.vocab.handle, len(pieces)
+
+    def tokenize(self, text, add_special=False, parse_special=True):
+        return [self.pieces.index(c) for c in text]
+
+
 class JsonSynthetic(SyntheticModel):
     """The synthetic model over ``PIECES``, with the vocabulary a grammar reads them by."""
 

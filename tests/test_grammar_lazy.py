@@ -7,7 +7,7 @@ so a clone walked down a draft and dropped leaves the answer's state as it was."
 import numpy as np
 import pytest
 
-from grammar_vocab import LlamaVocab, write_vocab
+from grammar_vocab import CharModel
 from speculum.engine.grammar.lazy import LazyGrammar, Trigger
 from speculum.engine.grammar.state import Grammar
 
@@ -18,19 +18,9 @@ EOS = 2
 GRAMMAR = Grammar('root ::= "<call>" "{" [a-z]+ "}" | "{" "\\"" [a-z]+ "\\"" "}"')
 
 
-class CharModel:
-    """What a lazy grammar reads of a model: its vocabulary, and a tokenizer (one token a character)."""
-
-    def __init__(self, vocab: LlamaVocab):
-        self.vocab, self.llama_vocab, self.n_vocab = vocab, vocab.handle, len(PIECES)
-
-    def tokenize(self, text, add_special=False, parse_special=True):
-        return [PIECES.index(c) for c in text]
-
-
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    return CharModel(LlamaVocab(write_vocab(tmp_path_factory.mktemp("vocab") / "lazy.gguf", PIECES)))
+    return CharModel(tmp_path_factory.mktemp("vocab") / "lazy.gguf", PIECES)
 
 
 def lazy(model):

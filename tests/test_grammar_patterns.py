@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from grammar_vocab import LlamaVocab, write_vocab
+from grammar_vocab import CharModel
 from speculum.engine.grammar.schema import schema_grammar
 
 CHARS = [chr(c) for c in range(32, 127)] + ["é", "\n"]
@@ -16,16 +16,9 @@ PIECES = ["<unk>", "<s>", "</s>"] + CHARS
 EOS = 2
 
 
-class CharModel:
-    """What ``Grammar.start`` reads of a model: one token per character."""
-
-    def __init__(self, vocab: LlamaVocab):
-        self.vocab, self.llama_vocab, self.n_vocab = vocab, vocab.handle, len(PIECES)
-
-
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    return CharModel(LlamaVocab(write_vocab(tmp_path_factory.mktemp("vocab") / "chars.gguf", PIECES)))
+    return CharModel(tmp_path_factory.mktemp("vocab") / "chars.gguf", PIECES)
 
 
 def takes(model, pattern: str, json_text: str) -> bool:
