@@ -24,8 +24,8 @@ from .anthropic_request import message_request
 from .api import Api, error
 from .errors import ANTHROPIC_PATHS, BadRequest, WorkerUnreachable, shaped_for
 from .params import json_body
-from .service import Completion, Delta, Done
-from .streaming import CLIENT_GONE, Paced, first_piece, until_disconnected
+from .service import Completion, Done
+from .streaming import CLIENT_GONE, Paced, collected, first_piece, until_disconnected
 from .tools import CallStream, ToolUse, parse_calls
 
 log = logging.getLogger("speculum.serve")
@@ -230,15 +230,10 @@ def _refusal(request: Request, response: Response) -> Response:
 
 
 async def _whole(answer: Answer, pieces) -> Response:
-    text, done = [], None
-    async for piece in pieces:
-        if isinstance(piece, Delta):
-            text.append(piece.text)
-        else:
-            done = piece
+    text, done = await collected(pieces)
     if done is None:  # the client went away
         return Response(status_code=CLIENT_GONE)
-    return JSONResponse(answer.whole("".join(text), done))
+    return JSONResponse(answer.whole(text, done))
 
 
 async def _events(answer: Answer, first: asyncio.Future, pieces):

@@ -29,8 +29,8 @@ from .api import Api, error
 from .params import chat_request, json_body
 from .responses_out import Answer, ItemType, ResponseStream
 from .errors import BadRequest
-from .service import Completion, Delta
-from .streaming import CLIENT_GONE, first_piece, until_disconnected
+from .service import Completion
+from .streaming import CLIENT_GONE, collected, first_piece, until_disconnected
 
 log = logging.getLogger("speculum.serve")
 
@@ -105,12 +105,8 @@ class Responses:
         answer = Answer(read.body, served.model_id, completion)
         pieces = until_disconnected(request, served.run(completion))
         if read.body.get("stream") is not True:
-            done = None
-            async for piece in pieces:
-                if isinstance(piece, Delta):
-                    answer.text(piece.text)
-                else:
-                    done = piece
+            text, done = await collected(pieces)
+            answer.text(text)
             if done is None:  # the client went away
                 return Response(status_code=CLIENT_GONE)
             whole = answer.finish(done)

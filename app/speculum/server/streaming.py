@@ -9,7 +9,7 @@ from typing import AsyncIterator
 
 from starlette.requests import Request
 
-from .service import Done
+from .service import Delta, Done
 
 CLIENT_GONE = 499  # (nginx's code: never seen by the client, which has left)
 FIRST_WAIT_S = 1.0  # a stream's first piece awaited this long before its events begin (a 429 stays a 429)
@@ -48,6 +48,17 @@ async def _wait_disconnect(request: Request) -> None:
         message = await request.receive()
         if message["type"] == "http.disconnect":
             return
+
+
+async def collected(pieces: AsyncIterator) -> tuple[str, Done | None]:
+    """An answer given whole: its text, and its Done (None when the client went away)."""
+    text, done = [], None
+    async for piece in pieces:
+        if isinstance(piece, Delta):
+            text.append(piece.text)
+        else:
+            done = piece
+    return "".join(text), done
 
 
 async def first_piece(pieces: AsyncIterator) -> asyncio.Future | None:
