@@ -67,6 +67,7 @@ class Step:
     row: str | None
     messages: Callable[[list[str]], list[dict]]
     max_tokens: int
+    json_schema: dict | None = None  # sent as response_format: the answer follows it
 
 
 @dataclass
@@ -201,12 +202,14 @@ class Server:
         shutil.rmtree(self.data, ignore_errors=True)
 
 
-def chat(url: str, messages: list[dict], max_tokens: int) -> Result:
+def chat(url: str, messages: list[dict], max_tokens: int, json_schema: dict | None = None) -> Result:
     """One streamed, greedy chat request; times measured here, in the client."""
     import httpx
 
     body = {"model": "bench", "messages": messages, "max_tokens": max_tokens, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True}}
+    if json_schema is not None:
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "answer", "schema": json_schema}}
     pieces: list[str] = []
     usage: dict = {}
     start = time.perf_counter()
@@ -239,8 +242,8 @@ def cases(prompts, max_tokens: int | None) -> list[list[Step]]:
     out = []
     for p in prompts:
         n = max_tokens or p.max_tokens
-        out.append([Step(f"{p.name}, first time", lambda _a, p=p: p.messages(), n),
-                    Step(f"{p.name}, again", lambda _a, p=p: p.messages(), n)])
+        out.append([Step(f"{p.name}, first time", lambda _a, p=p: p.messages(), n, p.json_schema),
+                    Step(f"{p.name}, again", lambda _a, p=p: p.messages(), n, p.json_schema)])
     by_name = {p.name: p for p in prompts}
     first = by_name.get("verbatim-extraction") or prompts[0]
     n = max_tokens or first.max_tokens
@@ -277,7 +280,7 @@ def run_round(configs: list[Config], steps_of: list[list[Step]], table: Table, l
                 order = servers[turn % len(servers):] + servers[:turn % len(servers)]
                 for server in order:
                     name = server.config.name
-                    result = chat(server.url, step.messages(answers[name]), step.max_tokens)
+                    result = chat(server.url, step.messages(answers[name]), step.max_tokens, step.json_schema)
                     answers[name].append(result.text)
                     if step.row is not None:
                         table.add(step.row, name, result)

@@ -19,6 +19,7 @@ from .engine.policy.costs import CURVE_BATCH
 from .engine.decoder import Decoder
 from .engine.drafting.copycursor import Spelling
 from .engine.drafting.lookup import PromptLookup
+from .engine.grammar.schema import schema_grammar
 from .engine.prompts import build_messages
 from .engine.sampling import SamplingParams
 from .engine.stats import Stats
@@ -37,9 +38,15 @@ class BenchPrompt:
     temperature: float = 0.0
     max_tokens: int = 128
     seed: int = 0
+    history: list[dict] = field(default_factory=list)  # earlier turns of the conversation
+    json_schema: dict | None = None  # the answer constrained to it (a grammar), as response_format asks
 
     def messages(self) -> list[dict]:
-        return build_messages(self.user, self.system, self.document)
+        return build_messages(self.user, self.system, self.document, self.history)
+
+    def grammar(self):
+        """The grammar the answer follows (None: free text)."""
+        return schema_grammar(self.json_schema) if self.json_schema is not None else None
 
 
 def load_prompts(path: str | None = None) -> list[BenchPrompt]:
@@ -55,9 +62,13 @@ def load_prompts(path: str | None = None) -> list[BenchPrompt]:
             doc = d.get("document")
             if doc is None and d.get("document_file"):
                 doc = read_document(file.parent / d["document_file"])
+            history = [{"role": str(m["role"]), "content": str(m["content"])} for m in d.get("history", [])]
+            schema = d.get("json_schema")
+            if schema is not None and not isinstance(schema, dict):
+                raise TypeError("json_schema must be an object")
             prompts.append(BenchPrompt(d["name"], d["user"], d.get("system"), doc,
                                        float(d.get("temperature", 0.0)), int(d.get("max_tokens", 128)),
-                                       int(d.get("seed", 0))))
+                                       int(d.get("seed", 0)), history, schema))
         except (ValueError, KeyError, TypeError) as exc:
             raise SpeculumError(f"{file}:{n}: not a valid prompt line ({exc}).") from None
     return prompts
@@ -70,7 +81,8 @@ def run_one(decoder: Decoder, prompt_tokens: list[int], mode: Mode, prompt: Benc
     (tokens, seconds); into ``choices``, what each cycle chose, as ``priced_speedup`` reads it)."""
     sampling = SamplingParams(temperature=prompt.temperature, seed=prompt.seed)
     output: list[int] = []
-    generation = decoder.generate(prompt_tokens, max_tokens=max_tokens, sampling=sampling, policy=mode, k=k)
+    generation = decoder.generate(prompt_tokens, max_tokens=max_tokens, sampling=sampling, policy=mode, k=k,
+                                  grammar=prompt.grammar())
     for cycle in generation:
         output += cycle.emitted
         if passes is not None:
