@@ -9,7 +9,7 @@ import shutil
 
 import httpx
 import pytest
-from PySide6.QtCore import QPoint, QRect, Qt
+from PySide6.QtCore import QPoint, QRect, QSize, Qt
 from PySide6.QtGui import QColor, QGuiApplication
 from PySide6.QtWidgets import QApplication, QLabel, QToolButton, QVBoxLayout, QWidget
 
@@ -148,6 +148,56 @@ def test_the_speculation_pane_fits_a_1366x768_screen_without_a_scroll_bar(qtbot,
     qtbot.waitUntil(lambda: right.height() > 600, timeout=5_000)
     assert not right.verticalScrollBar().isVisible(), (right.height(), right.widget().minimumSizeHint().height())
     assert right.widget().height() == right.height()
+
+
+def _cut_off(column) -> list:
+    """The right column's widgets (those seen) that are not wholly inside its viewport, or that
+    the layout gave less height than they need; empty when the pane fits."""
+    pane, box = column.widget(), QRect(QPoint(0, 0), column.viewport().size())
+    cut = []
+    for child in pane.findChildren(QWidget):
+        if not child.isVisible():
+            continue
+        rect = QRect(child.mapTo(column.viewport(), QPoint(0, 0)), child.size())
+        parent = child.parentWidget()
+        laid_out = parent.layout() is not None and parent.layout().indexOf(child) >= 0
+        need = child.minimumHeight() or child.minimumSizeHint().height()
+        if not box.contains(rect) or (laid_out and child.height() < need):
+            cut.append((type(child).__name__, child.objectName(), rect, need))
+    return cut
+
+
+@pytest.mark.parametrize("screen", [QRect(0, 0, 1280, 720), None], ids=["first-start-window", "window-1280x720"])
+def test_the_right_pane_fits_at_1280x720_nothing_cut_off_and_no_scroll(qtbot, open_window, screen):
+    # At 1280x720 the speculation pane needed ~60 px more than its column had: it scrolled, and
+    # the stats' chart sat below the column's bottom edge.
+    from speculum.engine.cycle import PolicyReport
+    from speculum.protocol import StatsSnapshot
+    from speculum.ui.panes import first_geometry
+    from speculum.ui.speculation.replaycontroller import describe_step
+    from speculum.ui.chat.answer import StagedCycle
+
+    from test_gui_parts import cycle
+
+    w = open_window()
+    w.resize(first_geometry(screen).size() if screen is not None else QSize(1280, 720))
+    pane = w.speculation_pane
+    # Every row as full as it gets: four Policy lines, two Prompt lines, 15 bars, a long caption.
+    pane.show_snapshot(StatsSnapshot(
+        acceptance_rate=1.0, acceptance_by_position=[1.0] * 15, tokens_per_s=40.2, tokens_per_pass=7.5, tokens=30,
+        seconds=0.7, drafted=26, speedup=2.54, plain_rate=15.8, plain_from="measured 1 s ago",
+        policy=PolicyReport("lookup", 15, mode=Mode.AUTO, expected_tokens_per_pass=15.92, expected_speedup=3.58,
+                            learning=True),
+        prompt_tokens=17, prompt_total=114, prompt_reused=97), "totals over 3 parts and the combining step")
+    staged = [StagedCycle(cycle(i, "lookup", list(range(15)), 12, list(range(13))), "Part 2 of 5") for i in range(120)]
+    pane.replay.label.setText(describe_step(staged, 2 * 117 + 2))
+    right = w.panes.columns[2]
+    qtbot.waitUntil(lambda: abs(right.height() - (w.centralWidget().height())) <= 2, timeout=5_000)
+    qtbot.wait(50)  # the column's own resize handling has run
+    assert not right.verticalScrollBar().isVisible() and not right.horizontalScrollBar().isVisible()
+    assert pane.width() <= right.viewport().width() and pane.height() <= right.viewport().height()
+    assert _cut_off(right) == []
+    assert pane.stats.chart.height() >= pane.stats.chart.minimumHeight() > 40  # a chart, not a line
 
 
 def test_pane_sizes_are_kept_and_the_live_view_opens_large(qtbot, open_window):

@@ -19,6 +19,7 @@ class SpeculationPane(QWidget):
         self.stats = StatsPanel()
         self.replay = ReplayController(self.speculation, self.stats, transcript, self)
         lay = QVBoxLayout(self)
+        lay.setSpacing(4)  # every pixel counts in a window on a 1280x720 screen (see stats.Chart)
         title = QLabel("Speculation, cycle by cycle")
         title.setObjectName("paneTitle")
         # The live view across the whole window (the window connects it; F11 too).

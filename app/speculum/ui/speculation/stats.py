@@ -52,6 +52,22 @@ def policy_text(policy: dict) -> str:
 BACKGROUND = Qt.white  # the stats group box's, from the style sheet
 
 
+class Chart(QWidget):
+    """A chart of the panel: 84 pixels tall where the pane has room, down to 56 where it has not
+    (two charts fixed at 84 made the pane 60 pixels taller than its column in a window on a
+    1280x720 screen, which then scrolled its chart out of sight)."""
+
+    PREFERRED_HEIGHT, SMALLEST_HEIGHT = 84, 56
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setMinimumHeight(self.SMALLEST_HEIGHT)
+        paints_own_background(self)
+
+    def sizeHint(self) -> QSize:
+        return QSize(super().sizeHint().width(), self.PREFERRED_HEIGHT)
+
+
 class Readout(QWidget):
     """Rows of a name and a value, painted in one pass.
 
@@ -147,14 +163,12 @@ class Readout(QWidget):
             y += height + self.ROW_GAP
 
 
-class AcceptanceBars(QWidget):
+class AcceptanceBars(Chart):
     """One bar per draft position: how often a draft survived to that position."""
 
     def __init__(self, parent=None):
         super().__init__(parent)
         self.rates: list[float] = []
-        self.setMinimumHeight(84)
-        paints_own_background(self)
         self.setToolTip("Acceptance per draft position: the share of drafts accepted at position 1, 2, …")
 
     def set_rates(self, rates: list[float]) -> None:
@@ -219,15 +233,13 @@ class AcceptanceBars(QWidget):
             p.drawText(QRectF(x - self.GAP / 2, label_top, width + self.GAP, 14), Qt.AlignCenter, label)
 
 
-class RateChart(QWidget):
+class RateChart(Chart):
     """Tokens per second as the generation went on."""
 
     def __init__(self, parent=None):
         super().__init__(parent)
         self.points: list[tuple[float, float]] = []  # (seconds, tokens/s)
-        self.setMinimumHeight(84)
         self.setToolTip("Tokens per second over the generation")
-        paints_own_background(self)
 
     def set_points(self, points: list[tuple[float, float]]) -> None:
         self.points = list(points)
@@ -311,6 +323,7 @@ class StatsPanel(QGroupBox):
         self.bars = AcceptanceBars()
         self.chart = RateChart()
         layout = QVBoxLayout(self)
+        layout.setSpacing(4)  # (with the charts' smallest height, the pane fits a 1280x720 screen's window)
         layout.addWidget(self.readout)
         caption = QLabel("Acceptance per draft position")
         caption.setObjectName("caption")
