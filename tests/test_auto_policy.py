@@ -742,3 +742,40 @@ def test_calibration_on_a_machine_whose_speed_keeps_changing_prices_a_size_at_mo
     assert dec.calibrate() is True
     verify_s = dec.policy_for("auto").costs.verify_s
     assert abs(verify_s[3] - 3 * cost(1)) < 1e-9 and abs(verify_s[4] - cost(4)) < 1e-9
+
+
+def test_a_recalled_text_is_copied_long_only_while_the_answer_repeats_the_remembered_one():
+    # The same prompt at T > 0 without a seed writes another answer: the remembered one is a copy
+    # like any other (its first copy a probe within the budget). Greedy, it is recalled whole
+    # until a recalled copy fails; from then on it is an ordinary copy too.
+    from speculum.engine.policy import auto
+    from speculum.engine.drafting.lookup import MemoryLookup
+    from speculum.engine.drafting.ngrammemory import NgramMemory
+    from speculum.engine.drafting.draft import Draft
+    from speculum.engine.vocabulary import Source
+
+    rng = np.random.default_rng(7)
+    earlier = rng.integers(0, 1000, 400).tolist()
+    memory = NgramMemory(1000)
+    memory.remember(earlier, "api")
+    policy = AutoPolicy({Source.MEMORY: MemoryLookup(memory)}, "auto", Device.CPU)
+    policy.calibrated(CostModel({n: 0.030 * (1 + 0.145 * (n - 1)) for n in (1, 2, 3, 4, 5, 6, 8, 16, 32, 64)}))
+    for table in policy._match_rates[Source.MEMORY]:  # copies from the memory have all been right
+        for rate in table:
+            rate.accepted, rate.rejected = 5.0, 0.0
+    recalled = earlier[:250]
+
+    policy.begin(repeatable=False)
+    assert max(policy.choose(recalled).k for _ in range(20)) <= auto.MAX_K
+    policy.finish()
+
+    policy.begin(repeatable=True)
+    choice = policy.choose(recalled)
+    assert choice.k > auto.MAX_K
+    policy.observe(Draft(tokens=earlier[250:250 + choice.k], source=Source.MEMORY, match_length=250), 3,
+                   0.0, 0.030 * (1 + 0.145 * choice.k))
+    # Three copied tokens were right, the fourth not: still the remembered text's start, no repeat.
+    assert max(policy.choose(earlier[:253]).k for _ in range(20)) <= auto.MAX_K
+    policy.finish()
+    policy.begin(repeatable=True)  # the next answer recalls again
+    assert policy.choose(recalled).k > auto.MAX_K

@@ -161,6 +161,10 @@ class AutoPolicy:
         self._plain_s = 0.0  # this answer: what plain steps would have taken for its tokens so far
         self._spent_s = 0.0  # and what its cycles took (draft + verify)
         self._short = [0, 0]  # this answer's copies of short matches: right at their first token, tried
+        # Whether a remembered answer to this same prompt is written again: this answer is a function
+        # of its prompt (``begin``), and no recalled copy has failed in it yet.
+        self._recall = True
+        self._recalling = False  # the last choice copies a recalled text
         self._load()
 
     def _fresh_tables(self, source: Source) -> list[Table]:
@@ -207,6 +211,14 @@ class AutoPolicy:
     def observe_prompt(self, n_tokens: int, seconds: float) -> None:
         """A prompt chunk's decode: a free hint at the verify curve's slope."""
         self.costs.observe_prefill(n_tokens, seconds)
+
+    def begin(self, repeatable: bool) -> None:
+        """An answer starts. ``repeatable``: it is a function of its prompt (greedy decoding, or
+        sampling whose noise is keyed by a seed): the memory's earlier answer to the same prompt is
+        then recalled whole. Otherwise (T > 0 without a seed) that copy is only a copy, judged by
+        its rates and budget like any other: recalled whole, a creative answer's repeat drafted
+        the last answer 63 tokens at a time and lost nearly all of each pass."""
+        self._recall = repeatable
 
     # -- choosing -------------------------------------------------------------------------
 
@@ -298,7 +310,7 @@ class AutoPolicy:
         plain = 1.0 / self.costs.verify(1, drawn=False)
         options = self._options(context)
         if not options:  # forced lookup with no match: a plain step
-            self.last = Choice(Source.NONE, 0)
+            self.last, self._recalling = Choice(Source.NONE, 0), False
             self.last_estimate = {"expected_tokens_per_s": round(plain, 2), "plain_tokens_per_s": plain}
             return self.last
         if self.min_k == 0:
@@ -313,6 +325,7 @@ class AutoPolicy:
                     drafter = choice.source
                     speed, choice, e, *_ = best_look
                     choice = Choice(choice.source, choice.k, min_match=choice.min_match, fallback=drafter)
+        self._recalling = self._recalled(choice.source, choice.min_match or 0, len(context))
         if Source.MODEL in (choice.source, choice.fallback):
             self.min_confidence = self._threshold(speed, self.rng)
             choice = replace(choice, min_confidence=self.min_confidence)
@@ -374,11 +387,11 @@ class AutoPolicy:
         return [o for o in options
                 if o.choice.source == Source.NONE or sure(o) or (explored(o) and o.seconds - step <= slack)]
 
-    @staticmethod
-    def _recalled(source: Source, match: int, context_length: int) -> bool:
+    def _recalled(self, source: Source, match: int, context_length: int) -> bool:
         """Whether a match is the memory's of an earlier text that began as this whole context
-        does (the same prompt again, an answer regenerated: greedy decoding writes it again)."""
-        return source == Source.MEMORY and match >= max(context_length, SURE_MATCH)
+        does (the same prompt again, an answer regenerated: greedy decoding writes it again), in
+        an answer that writes it again (``begin``; a recalled copy that failed ends that)."""
+        return self._recall and source == Source.MEMORY and match >= max(context_length, SURE_MATCH)
 
     # -- learning -------------------------------------------------------------------------
 
@@ -424,6 +437,10 @@ class AutoPolicy:
             if draft.source == Source.LOOKUP:
                 self.costs.lookup_s = 0.8 * self.costs.lookup_s + 0.2 * draft_s
             rates = self._match_table(draft.source, max(1, draft.match_length))
+            if n_accepted < len(draft.tokens) and self._recalling:
+                # The answer left the remembered one (its sampling, or a near tie decided
+                # otherwise): the rest is not a repeat, and a long pass would be lost again.
+                self._recall = False
             if draft.source not in self.PER_REQUEST and draft.match_length < SURE_MATCH:
                 self._short[0] += n_accepted > 0
                 self._short[1] += 1
@@ -510,6 +527,7 @@ class AutoPolicy:
     def finish(self) -> None:
         self._plain_s = self._spent_s = 0.0  # the loss budget is per answer
         self._short = [0, 0]
+        self._recall = True
         # Each request brings its own prediction: what one taught says nothing of the next.
         for source in self.PER_REQUEST:
             self._match_rates[source] = self._fresh_tables(source)

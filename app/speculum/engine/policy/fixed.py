@@ -22,6 +22,7 @@ class Policy(Protocol):
     def needs_calibration(self) -> bool: ...  # idle time is worth measuring costs in (``Decoder.calibrate``)
     def calibrated(self, measured: CostModel) -> None: ...
     def observe_prompt(self, n_tokens: int, seconds: float) -> None: ...  # a prompt chunk's decode
+    def begin(self, repeatable: bool) -> None: ...  # an answer starts (``AutoPolicy.begin``)
     def choose(self, context: Sequence[int]) -> Choice: ...
     def observe(self, draft: Draft, n_accepted: int, draft_s: float, verify_s: float) -> None: ...
     def report(self) -> PolicyReport: ...
@@ -60,6 +61,9 @@ class FixedPolicy:
         pass
 
     def observe_prompt(self, n_tokens: int, seconds: float) -> None:
+        pass
+
+    def begin(self, repeatable: bool) -> None:
         pass
 
     def choose(self, context: Sequence[int] = ()) -> Choice:
