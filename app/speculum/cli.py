@@ -83,8 +83,11 @@ def cmd_generate(options: GenerateOptions) -> int:
     sampling = SamplingParams(chosen.temperature, chosen.top_k, chosen.top_p, chosen.min_p, chosen.seed)
     reading = PromptProgress(sys.stderr)
 
+    prompts = []  # each generation's prompt (--check-plain reads the one answer's again)
+
     def generate(messages):
         prompt = chat_tokens(decoder.target, messages)
+        prompts.append(prompt)
         return decoder.generate(prompt, max_tokens=chosen.max_tokens, sampling=sampling, policy=chosen.mode,
                                 k=chosen.draft_length, on_prompt=reading, origin="cli")
 
@@ -94,13 +97,14 @@ def cmd_generate(options: GenerateOptions) -> int:
     else:  # in parts, then combined, when longer than the context: as the window does
         steps = DocumentSummary(decoder.target, document, chosen.max_tokens, generate, request=user)
     view = TerminalView(decoder.target, color=options.color)
-    last, text, runs, stage_now = None, [], [], ""
+    last, text, runs, stage_now, tokens = None, [], [], "", []
     try:
         for stage, cycle, generation in steps:
             if not runs or runs[-1] is not generation.stats:  # each generation (part) has its own stats
                 runs.append(generation.stats)
             last = cycle
             text.append(cycle.text)
+            tokens.extend(cycle.emitted)
             if options.json:
                 record = {"type": "cycle", **cycle.to_json()}
                 if stage:
@@ -128,7 +132,31 @@ def cmd_generate(options: GenerateOptions) -> int:
     else:
         view.summary(stats, last.finish if last else None, last.message if last else "",
                      last.policy if last else None)
+    if options.check_plain and tokens:
+        return _check_plain(decoder, prompts[0], tokens, options.json)
     return 0
+
+
+def _check_plain(decoder, prompt: list[int], answer: list[int], as_json: bool) -> int:
+    """generate --check-plain: the answer against plain decoding of its prompt (engine/plaincheck.py);
+    1 where they differ."""
+    from .engine.plaincheck import Outcome, check_plain
+
+    tty = sys.stderr.isatty()
+
+    def progress(checked: int, total: int) -> None:
+        if tty:
+            sys.stderr.write(f"\rChecking against plain decoding… {checked:,} / {total:,} tokens\x1b[K")
+            sys.stderr.flush()
+
+    result = check_plain(decoder, prompt, answer, progress)
+    if tty:
+        sys.stderr.write("\r\x1b[K")
+    if as_json:
+        print(json.dumps({"type": "check_plain", **result.to_json()}, ensure_ascii=False))
+    else:
+        print(result.words())
+    return 1 if result.outcome == Outcome.DIFFERS else 0
 
 
 def cmd_bench(options: BenchOptions) -> int:
@@ -306,7 +334,7 @@ def cmd_rpc_worker(options: RpcWorkerOptions) -> int:
     from .rpc_worker import run
 
     return run(options.host, check_port(options.port, "--port"), options.threads, options.cache_dir, options.insecure,
-               options.new_pairing)
+               options.new_pairing, options.exact)
 
 
 def _rpc_row() -> str:

@@ -62,6 +62,7 @@ class GenerateOptions:
     document: str | None
     json: bool
     color: bool | None  # None: when the output is a terminal
+    check_plain: bool = False  # then decode the prompt plainly and compare (engine/plaincheck.py)
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,7 @@ class RpcWorkerOptions:
     cache_dir: str | None
     insecure: bool
     new_pairing: bool
+    exact: bool | None = None  # --exact / --no-exact: the row-invariance switch, as a client's (None: the default)
 
 
 @dataclass(frozen=True)
@@ -200,8 +202,12 @@ def _sampling(given: dict) -> SamplingOptions:
 
 
 def _generate(given: dict) -> GenerateOptions:
+    if given["check_plain"] and given["temperature"] != 0:
+        raise SpeculumError("--check-plain compares the answer with greedy plain decoding: it needs --temperature 0.")
+    if given["check_plain"] and given["document"]:
+        raise SpeculumError("--check-plain checks one answer to one prompt; a --document may be summarised in parts.")
     return GenerateOptions(_models(given), _sampling(given), given["prompt"], given["system"], given["document"],
-                           given["json"], {"always": True, "never": False}.get(given["color"]))
+                           given["json"], {"always": True, "never": False}.get(given["color"]), given["check_plain"])
 
 
 def _bench(given: dict) -> BenchOptions:
@@ -306,6 +312,9 @@ def _add_rpc_worker_options(w: argparse.ArgumentParser) -> None:
                    help="make a new certificate and token: pairing strings printed before stop working")
     w.add_argument("--threads", type=int, help="CPU threads for the device (default: all cores)")
     w.add_argument("--cache-dir", help="keep large tensors here, so a reload does not send them again")
+    w.add_argument("--exact", action=argparse.BooleanOptionalAction, default=None,
+                   help="compute every row of a pass with one kernel, as a client's --exact does: a client "
+                        "loading with --exact needs it of its workers (default: off)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -322,6 +331,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--document", help="a .txt/.md/.html/.pdf document to work on")
     g.add_argument("--json", action="store_true", help="one JSON object per cycle, then a summary object")
     g.add_argument("--color", choices=("auto", "always", "never"), default="auto")
+    g.add_argument("--check-plain", action="store_true",
+                   help="then decode the prompt plainly (greedy, one token at a time) and compare: 'identical to "
+                        "plain decoding', or the first token where the two part with both logits; exit 1 on a "
+                        "difference (needs --temperature 0)")
     g.add_argument("prompt", help="the prompt; '-' reads it from standard input")
     g.set_defaults(build=_generate)
 
@@ -353,7 +366,8 @@ def build_parser() -> argparse.ArgumentParser:
     w = sub.add_parser("rpc-worker", help="lend this machine's device to another machine's target (llama.cpp RPC)")
     _add_rpc_worker_options(w)
     w.set_defaults(build=lambda given: RpcWorkerOptions(given["host"], given["port"], given["threads"],
-                                                        given["cache_dir"], given["insecure"], given["new_pairing"]))
+                                                        given["cache_dir"], given["insecure"], given["new_pairing"],
+                                                        given["exact"]))
     _add_models_commands(sub)
     return parser
 
