@@ -178,7 +178,7 @@ class Decoder:
             else:
                 logits, t_verified, pending = pending, t_drafted, None
             rows = constraints.rows(logits, draft)
-            verdict = verify(rows, draft, sampling, rng)
+            verdict = verify(rows, draft, sampling, rng, position=len(context))
             probs = _display_probs(rows, draft, verdict) if want_probs else (verdict.p_drafted, [])
 
             # Keep: the accepted drafts and the target's own token, cut at end of generation.

@@ -6,6 +6,11 @@ min(1, p(x)/q(x)); on the first rejection resample from max(0, p - q), normalise
 when all k pass, draw a bonus token from p. The output is distributed exactly as the
 target's. A lookup draft is a point mass (q(x) = 1), so it is accepted with p(x).
 
+Drafter-invariant sampling (with a seed, ``SamplingParams.drafter_invariant``): the target's
+token at each position is its Gumbel-max choice (``sampling.gumbel_max``), so verification is
+greedy's, comparing each drafted token with that choice. Whatever the drafter proposed, the
+answer is the one plain decoding writes for the seed.
+
 The target's p at a verified position is shaped by what comes before it (``TargetRows``):
 penalties count the answer plus the draft tokens before the position, and a grammar masks it
 with its state after them. So row i of a pass is exactly the row a plain decoder would have
@@ -15,12 +20,12 @@ had, had the draft's first i tokens been its own: a token the grammar forbids ha
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
 from .drafting.draft import Draft
-from .sampling import Penalties, SamplingParams, distribution, log_probs, sample
+from .sampling import Penalties, SamplingParams, distribution, gumbel_max, log_probs, sample
 
 if TYPE_CHECKING:
     from .grammar.state import GrammarState, MaskedDistribution
@@ -96,6 +101,15 @@ class TargetRows:
                 self._best[i] = self.state(i).best(self.penalised(i))
         return self._best[i]
 
+    def gumbel(self, i: int, sampling: SamplingParams, position: int) -> int:
+        """Row i's token under drafter-invariant sampling, ``position`` being row i's in the answer.
+        The path depends only on the sampling and the grammar, never on what was asked before, so
+        plain and speculative decoding compute each row's choice alike."""
+        if self._states is None or sampling.filtered:
+            return gumbel_max(self.logits(i), sampling, position)
+        state = self.state(i)
+        return gumbel_max(self.penalised(i)[:state.n_vocab], sampling, position, allows=state.allowed_among)
+
     def reachable(self, i: int) -> bool:
         """Whether row i follows only tokens the grammar allows (always, without a grammar)."""
         if self._states is None:
@@ -130,27 +144,33 @@ class TargetRows:
 
 
 def verify(rows: TargetRows | np.ndarray, draft: Draft, sampling: SamplingParams,
-           rng: np.random.Generator) -> Verdict:
+           rng: np.random.Generator, position: int | None = None) -> Verdict:
     """``rows``: one per position, after the last context token and after each draft token
-    (plain logits, or ``TargetRows`` to shape them by penalties and a grammar)."""
+    (plain logits, or ``TargetRows`` to shape them by penalties and a grammar). ``position``: the
+    first row's position in the sequence (the context's length), which keys drafter-invariant
+    sampling's noise."""
     if not isinstance(rows, TargetRows):
         rows = TargetRows(rows, draft.tokens)
     if sampling.greedy:
         return _verify_greedy(rows, draft)
+    if sampling.drafter_invariant:
+        if position is None:
+            raise ValueError("drafter-invariant sampling needs the position of the pass's first row")
+        return _verify_greedy(rows, draft, lambda i: rows.gumbel(i, sampling, position + i))
     return _verify_sampled(rows, draft, sampling, rng)
 
 
-def _verify_greedy(rows: TargetRows, draft: Draft) -> Verdict:
-    if rows.plain:
-        best = rows.raw.argmax(axis=1)
-        pick = best.__getitem__
-    else:
-        pick = rows.best
+def _verify_greedy(rows: TargetRows, draft: Draft, pick: Callable[[int], int] | None = None) -> Verdict:
+    """The longest prefix of the draft equal to the target's own picks, then its pick after it:
+    row i's argmax, or (``pick``) its Gumbel-max token."""
+    if pick is None:
+        pick = rows.raw.argmax(axis=1).__getitem__ if rows.plain else rows.best
     n = 0
-    k = len(draft.tokens)
-    while n < k and pick(n) == draft.tokens[n]:
+    while True:  # each row's pick asked once: a Gumbel-max pick is not free
+        token = int(pick(n))
+        if n == len(draft.tokens) or token != draft.tokens[n]:
+            return Verdict(n, list(draft.tokens[:n]) + [token], [])
         n += 1
-    return Verdict(n, list(draft.tokens[:n]) + [int(pick(n))], [])
 
 
 def _verify_sampled(rows: TargetRows, draft: Draft, sampling: SamplingParams,

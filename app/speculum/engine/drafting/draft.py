@@ -15,7 +15,7 @@ import numpy as np
 
 from ..backend import Backend, CachedSequence
 from ..promptcache import PromptCache
-from ..sampling import SamplingParams, distribution, sample
+from ..sampling import SamplingParams, distribution, gumbel_max, sample
 from ..vocabulary import Source
 from .ngrammemory import NgramMemory
 
@@ -132,9 +132,12 @@ class DrafterInputs:
 
 def draft_one_by_one(logits: np.ndarray, k: int, next_logits: Callable[[int, int], np.ndarray], choice: Choice,
                      sampling: SamplingParams, rng: np.random.Generator, since: float,
-                     clock: Callable[[], float]) -> tuple[list[int], np.ndarray | None, list[float], float, int]:
+                     clock: Callable[[], float],
+                     position: int) -> tuple[list[int], np.ndarray | None, list[float], float, int]:
     """A model's draft, a token at a time from ``logits``: greedy or sampled, stopping early
-    once a token's own probability falls below ``choice.min_confidence``.
+    once a token's own probability falls below ``choice.min_confidence``. ``position``: the first
+    drafted token's in the sequence (the context's length): drafter-invariant sampling draws
+    each with the noise the target will use there (``gumbel_max``).
     ``next_logits(i, token)`` decodes the i-th drafted token and returns the logits after it.
     Returns the tokens, their q rows when sampling, their confidences, the seconds from
     ``since`` to the first token, and how many times ``next_logits`` ran."""
@@ -154,7 +157,13 @@ def draft_one_by_one(logits: np.ndarray, k: int, next_logits: Callable[[int, int
             if walk is not None:  # the proposal is kept to what the grammar allows
                 head = None if sampling.filtered else walk.masked_head(q)
                 q = head if head is not None else distribution(walk.mask(logits), sampling)
-            tok = sample(q, rng)
+            if not sampling.drafter_invariant:
+                tok = sample(q, rng)
+            elif walk is None:
+                tok = gumbel_max(logits, sampling, position + i)
+            else:  # as the target's row is read under the grammar (verify.TargetRows.gumbel)
+                tok = (gumbel_max(walk.mask(logits), sampling, position + i) if sampling.filtered
+                       else gumbel_max(logits[:walk.n_vocab], sampling, position + i, allows=walk.allowed_among))
             qs.append(q)
             c = float(q[tok])
         if tokens and c < choice.min_confidence:

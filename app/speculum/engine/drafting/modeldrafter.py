@@ -61,7 +61,7 @@ class ModelDrafter(Drafter):
             seq.feed(pending[:-1])
             logits = seq.decode(pending[-1:])[0]
         tokens, q, conf, first_s, steps = draft_one_by_one(logits, k, lambda i, tok: seq.decode([tok])[0], choice,
-                                                    sampling, rng, start, self.clock)
+                                                    sampling, rng, start, self.clock, len(context))
         self._drafted = bool(tokens)
         return Draft(tokens, self.source, q, conf, first_s=first_s, caught_up=len(pending), steps=steps)
 

@@ -173,7 +173,7 @@ class MtpDrafter(Drafter):
 
         try:
             tokens, q, conf, first_s, steps = draft_one_by_one(logits, k, next_logits, choice, sampling, rng,
-                                                               start, self.clock)
+                                                               start, self.clock, len(context))
         finally:
             self.head.use(0)  # as llama.cpp leaves it: decodes outside drafting run the first head
         return Draft(tokens, self.source, q, conf, first_s=first_s, steps=steps)
