@@ -16,7 +16,7 @@ from PySide6.QtWidgets import QApplication, QLabel, QToolButton, QVBoxLayout, QW
 from live_window import GENERATE_MS, LOAD_MS, send
 from speculum.conversations import Message
 from speculum.engine.vocabulary import Mode
-from speculum.ui.chat.codeblocks import CODE, CODE_HEAD
+from speculum.ui.chat.codeblocks import code_blocks_in
 from speculum.ui.chat.transcript import Transcript
 from speculum.ui.focusring import RING
 
@@ -35,62 +35,98 @@ def _free_port() -> int:
 # ---- 7: code blocks --------------------------------------------------------------------------
 
 
-def _code_view(qtbot, answer: str) -> Transcript:
+def _code_view(qtbot, answer: str, blocks: int = 1) -> Transcript:
     view = Transcript()
     qtbot.addWidget(view)
     view.resize(520, 360)
     view.show()
     view.show_messages([Message("user", "Show me"), Message("assistant", answer)])
-    qtbot.waitUntil(lambda: any(b.isVisible() for b in view.copy_buttons.buttons), timeout=5_000)
+    qtbot.waitUntil(lambda: sum(v.isVisible() for v in view.code_blocks.shown) == blocks, timeout=5_000)
     return view
 
 
-def _blocks(view, prop):
-    block, found = view.document().begin(), []
-    while block.isValid():
-        if block.blockFormat().boolProperty(prop):
-            found.append(block)
-        block = block.next()
-    return found
-
-
-def test_code_keeps_its_lines_scrolls_sideways_and_has_a_copy_button_that_says_copied(qtbot):
-    view = _code_view(qtbot, f"Here:\n\n```python\n{CODE_TEXT}\n```\n\nA long prose line " + "word " * 60)
-    lines = _blocks(view, CODE)
-    assert [b.text() for b in lines] == CODE_TEXT.split("\n")
-    long_block = lines[1]
-    assert long_block.layout().lineCount() == 1  # not wrapped back to column 0
-    assert view.horizontalScrollBar().maximum() > 0  # the transcript scrolls sideways to show it
+def test_a_long_code_line_scrolls_inside_its_own_block_and_copy_stays_in_sight(qtbot):
+    # A long line wrapped to column 0; then it was kept whole but the whole transcript, prose and
+    # all, scrolled sideways to show it. Now each block scrolls on its own, as in an editor.
+    long_line = "    total = " + " + ".join(f"value_{i:03d}" for i in range(24))
+    long_line = (long_line + "  # " + "x" * 300)[:300]
+    code = f"def f():\n{long_line}\n    return total"
+    view = _code_view(qtbot, f"Here:\n\n```python\n{code}\n```\n\nA long prose line " + "word " * 60)
+    assert len(long_line) == 300 and code_blocks_in(view.document()) == [(code, "python")]
+    (block,) = view.code_blocks.shown
+    editor = block.editor
+    line = editor.document().findBlockByNumber(1)
+    assert line.text() == long_line and line.layout().lineCount() == 1  # one visual line, not wrapped
+    assert editor.horizontalScrollBar().maximum() > 0 and editor.horizontalScrollBar().isVisible()
+    assert editor.verticalScrollBar().maximum() == 0  # every line shown: the block is as tall as its code
+    assert view.horizontalScrollBar().maximum() == 0  # the transcript itself never scrolls sideways
     prose = view.document().lastBlock()
-    assert prose.layout().lineCount() > 1  # prose still wraps at the view's width
-    # A head line over the block names its language; the Copy button sits at its right end.
-    (head,) = _blocks(view, CODE_HEAD)
-    assert head.text() == "python" and head.next() == lines[0]
-    (button,) = [b for b in view.copy_buttons.buttons if b.isVisible()]
-    rect = view.document().documentLayout().blockBoundingRect(head).translated(0, -view.verticalScrollBar().value())
-    first_line = view.document().documentLayout().blockBoundingRect(lines[0]).translated(
-        0, -view.verticalScrollBar().value())
-    assert view.viewport().width() - button.geometry().right() < 12  # at the right edge
-    assert rect.top() - 2 <= button.geometry().top() and button.geometry().bottom() <= first_line.top() + 2
+    assert prose.layout().lineCount() > 1  # prose wraps at the view's width
+    # The block lies in the transcript's width, over the room its object keeps, under "Here:".
+    assert 0 <= block.x() and block.geometry().right() < view.viewport().width()
+    here = view.document().findBlock(view.toPlainText().index("Here:"))
+    here_rect = view.document().documentLayout().blockBoundingRect(here)
+    assert block.y() >= here_rect.bottom() - view.verticalScrollBar().value()
+    # Its head names the language, with Copy at its right end.
+    button = block.copy_button
+    assert block.language.text() == "python" and block.language.textFormat() == Qt.PlainText
+    assert block.width() - button.geometry().right() < 12 and button.geometry().bottom() < editor.y() + 2
+    # Scrolled to the line's end, the transcript has not moved and Copy is still in sight.
+    editor.horizontalScrollBar().setValue(editor.horizontalScrollBar().maximum())
+    assert view.horizontalScrollBar().value() == 0
+    corner = button.mapTo(view.viewport(), QPoint(button.width() - 1, 0))
+    assert button.isVisible() and view.viewport().rect().contains(corner)
     QGuiApplication.clipboard().clear()
     qtbot.mouseClick(button, Qt.LeftButton)
-    assert QGuiApplication.clipboard().text() == CODE_TEXT  # the code exactly, indentation and all
+    assert QGuiApplication.clipboard().text() == code  # the code exactly, indentation and all
     assert button.text() == "Copied"
     qtbot.waitUntil(lambda: button.text() == "Copy", timeout=5_000)
-    # Scrolled sideways, the button stays at the view's right edge, in sight.
-    view.horizontalScrollBar().setValue(view.horizontalScrollBar().maximum())
-    qtbot.waitUntil(lambda: view.viewport().width() - button.geometry().right() < 12, timeout=2_000)
+    # Copying the transcript's text (and its selection) gives the code as written too.
+    assert code in view.toPlainText()
+    view.selectAll()
+    assert code in view.createMimeDataFromSelection().text()
+
+
+def test_an_up_and_down_wheel_over_code_scrolls_the_transcript_a_sideways_one_the_code(qtbot):
+    from PySide6.QtCore import QPointF
+    from PySide6.QtGui import QWheelEvent
+
+    code = "\n".join(f"line_{i} = {'y' * 200}" for i in range(6))
+    view = Transcript()
+    qtbot.addWidget(view)
+    view.resize(520, 360)
+    view.show()
+    view.show_messages([Message("assistant", "Intro\n\n" + "para\n\n" * 30 + f"```\n{code}\n```\n\n" + "end\n\n" * 30)])
+    view.verticalScrollBar().setValue(view.verticalScrollBar().maximum() // 2)  # the block in the middle
+    qtbot.waitUntil(lambda: bool(view.code_blocks.shown), timeout=5_000)
+    editor = view.code_blocks.shown[0].editor
+    qtbot.waitUntil(editor.isVisible, timeout=5_000)
+
+    def wheel(dx, dy, modifiers=Qt.NoModifier):
+        at = QPointF(editor.viewport().rect().center())
+        QApplication.sendEvent(editor.viewport(), QWheelEvent(
+            at, QPointF(editor.viewport().mapToGlobal(at.toPoint())), QPoint(), QPoint(dx, dy), Qt.NoButton,
+            modifiers, Qt.NoScrollPhase, False))
+
+    before = view.verticalScrollBar().value()
+    wheel(0, -120)
+    assert view.verticalScrollBar().value() > before and editor.horizontalScrollBar().value() == 0
+    wheel(-120, 0)
+    assert editor.horizontalScrollBar().value() > 0 and view.horizontalScrollBar().value() == 0
 
 
 def test_code_blocks_stay_text_each_copies_its_own_and_hostile_markup_stays_escaped(qtbot):
     hostile = '<img src="/dev/zero"><b>bold?</b>'
     answer = (f"First:\n\n```\ny = 2\n```\n\nThen {hostile}\n\n```<img src=x>\n{hostile}\n```\n\n"
               "![pic](/dev/zero)")
-    view = _code_view(qtbot, answer)
-    heads = _blocks(view, CODE_HEAD)
-    assert [h.text() for h in heads] == ["code", "<img"]  # the info string's first word, shown as written
+    view = _code_view(qtbot, answer, blocks=2)
+    assert code_blocks_in(view.document()) == [("y = 2", "code"), (hostile, "<img")]  # the info string's first word
+    shown = view.code_blocks.shown
+    assert [v.language.text() for v in shown] == ["code", "<img"]
+    assert all(v.language.textFormat() == Qt.PlainText for v in shown)
+    assert [v.editor.toPlainText() for v in shown] == ["y = 2", hostile]  # markup shown as the characters it is
     text = view.toPlainText()
-    assert "<b>bold?</b>" in text and "![pic](/dev/zero)" in text  # markup shown as the characters it is
+    assert "<b>bold?</b>" in text and "![pic](/dev/zero)" in text
     block = view.document().begin()
     while block.isValid():
         it = block.begin()
@@ -98,15 +134,14 @@ def test_code_blocks_stay_text_each_copies_its_own_and_hostile_markup_stays_esca
             assert not it.fragment().charFormat().isImageFormat()
             it += 1
         block = block.next()
-    qtbot.waitUntil(lambda: sum(b.isVisible() for b in view.copy_buttons.buttons) == 2, timeout=5_000)
     copied = []
-    for button in [b for b in view.copy_buttons.buttons if b.isVisible()]:
+    for button in view.code_blocks.copy_buttons:
         button.click()
         copied.append(QGuiApplication.clipboard().text())
-    assert sorted(copied) == sorted(["y = 2", hostile])
+    assert copied == ["y = 2", hostile]
 
 
-def test_a_live_answer_rendered_in_pieces_gets_one_head_per_code_block(qtbot):
+def test_a_live_answer_rendered_in_pieces_gets_one_block_per_code_block(qtbot):
     view = Transcript()
     qtbot.addWidget(view)
     view.show()
@@ -115,8 +150,10 @@ def test_a_live_answer_rendered_in_pieces_gets_one_head_per_code_block(qtbot):
     for end in range(1, len(text) + 1, 7):
         view.update_answer(text[:end])
     view.update_answer(text)
-    assert [h.text() for h in _blocks(view, CODE_HEAD)] == ["python", "code"]
-    assert [b.text() for b in _blocks(view, CODE)] == CODE_TEXT.split("\n") + ["z = 3"]
+    assert code_blocks_in(view.document()) == [(CODE_TEXT, "python"), ("z = 3", "code")]
+    answer = view.answer_text()  # the code as written, in its place
+    assert answer.startswith("Intro.") and answer.endswith("End.")
+    assert answer.index("Intro.") < answer.index(CODE_TEXT) < answer.index("After.") < answer.index("z = 3")
 
 
 # ---- 8: panes, the live view enlarged, no scroll bar for a pixel --------------------------------
@@ -510,13 +547,13 @@ def test_copy_buttons_are_tab_stops_right_after_the_transcript(qtbot):
     window.show()
     view.show_messages([Message("user", "Two blocks"),
                         Message("assistant", "```\na = 1\n```\n\nand\n\n```\nb = 2\n```")])
-    qtbot.waitUntil(lambda: sum(b.isVisible() for b in view.copy_buttons.buttons) == 2, timeout=5_000)
+    qtbot.waitUntil(lambda: len(view.code_blocks.shown) == 2, timeout=5_000)
     view.setFocus()
     qtbot.waitUntil(view.hasFocus, timeout=2_000)
     stops = []
     for _ in range(3):
         qtbot.keyClick(QApplication.focusWidget(), Qt.Key_Tab)
         stops.append(QApplication.focusWidget())
-    assert stops == [*[b for b in view.copy_buttons.buttons if b.isVisible()], after]
+    assert stops == [*view.code_blocks.copy_buttons, after]
     qtbot.keyClick(stops[1], Qt.Key_Space)
     assert QGuiApplication.clipboard().text() == "b = 2"

@@ -19,6 +19,7 @@ from speculum.ui import look
 from speculum.ui.chat.answer import StagedCycle, answer_so_far, cycle_records, staged_cycles, with_stages
 from speculum.ui.speculation.tokenview import SpeculationView, token_runs
 from speculum.ui.speculation.stats import StatsPanel
+from speculum.ui.chat.codeblocks import code_blocks_in
 from speculum.ui.chat.transcript import Transcript, settled_length
 from speculum.protocol import StatsSnapshot, replay_snapshots
 from speculum.ui.worker import CycleBatcher, ui_cpu_budget
@@ -433,8 +434,8 @@ def test_live_answer_rendered_in_pieces_reads_as_rendered_whole(qtbot):
     pieces.update_answer(ANSWER)
     squash = lambda text: [line for line in text.splitlines() if line.strip()]  # noqa: E731
     assert squash(pieces.answer_text()) == squash(whole.answer_text())
-    code_line = pieces.document().find("data = f.read()")
-    assert code_line.charFormat().fontFixedPitch() or "monospace" in (code_line.charFormat().fontFamilies() or [])
+    assert "data = f.read()" in pieces.answer_text()  # in a code block (one object, an editor over it)
+    assert any("data = f.read()" in code for code, _ in code_blocks_in(pieces.document()))
     # A new answer that does not continue the old one replaces it entirely.
     pieces.update_answer("Something else.")
     assert pieces.answer_text() == "Something else."
@@ -452,7 +453,7 @@ def test_an_answer_keeps_the_line_breaks_the_model_wrote(qtbot):
     assert lines[:3] == haiku.splitlines(), lines
     assert lines[-2:] == ["Bold", "plain"]
     assert "x = 1" in lines and "y = 2" in lines  # code as written: no breaks added inside
-    assert not view.document().find("x = 1  ").isNull()  # its own trailing spaces kept
+    assert code_blocks_in(view.document()) == [("x = 1  \ny = 2", "code")]  # its own trailing spaces kept
 
 
 def test_the_live_answers_header_changes_without_touching_the_answer(qtbot):

@@ -1,7 +1,8 @@
 """Screenshots of the real window for issue 49 (4, 7, 8, 10), fresh folders each, under Xvfb at 1280x720:
     PYTHONPATH=app xvfb-run -a -s "-screen 0 1280x720x24" python docs/notes/issue49/shots_layout.py SCENE OUT.png
 SCENE: empty (no model), code (a seeded answer with a long line; Copy pressed), enlarged (an answer,
-then Enlarge), crash (serve, a crash mid-answer, Reload, two API requests)."""
+then Enlarge), crash (serve, a crash mid-answer, Reload, two API requests), fit (the first-start window
+after an answer in prompt lookup: the speculation pane and its stats whole, with no scroll bar)."""
 import os, sys, tempfile, threading
 
 def main():
@@ -58,7 +59,7 @@ def main():
         after(1500, lambda: (shot(), app.quit()))
     elif scene == "code":
         def copy():
-            buttons = [b for b in w.chat.transcript.copy_buttons.buttons if b.isVisible()]
+            buttons = w.chat.transcript.code_blocks.copy_buttons
             buttons[0].click()
             after(100, lambda: (shot(), app.quit()))
         after(1500, copy)
@@ -73,6 +74,13 @@ def main():
         def big():
             w.speculation_pane.enlarge_button.click()
             after(500, lambda: (shot(), app.quit()))
+        load_then(ask)
+    elif scene == "fit":
+        def ask():
+            w.model_bar.mode_combo.setCurrentIndex(w.model_bar.mode_combo.findData("lookup"))
+            w.generationFinished.connect(lambda: after(800, lambda: (shot(), app.quit())))
+            w.send("Copy this text exactly, twice: The quick brown fox jumps over the lazy dog. "
+                   "Pack my box with five dozen liquor jugs.")
         load_then(ask)
     elif scene == "crash":
         port = 8091

@@ -11,7 +11,7 @@ from PySide6.QtWidgets import QTextBrowser
 from ...engine.vocabulary import Finish
 from ..look import MODE_NAMES
 from ..opaque import OpaqueScrollArea
-from .codeblocks import CopyButtons, style_code
+from .codeblocks import CodeBlocks, selection_as_text, style_code, text_with_code
 from .richtext import RefusingResources, markdown_fragment
 
 
@@ -63,7 +63,7 @@ class Transcript(OpaqueScrollArea, RefusingResources, QTextBrowser):
         self._settled_text = ""  # the live answer's head already rendered, ending at _settled_at
         self._settled_at = 0
         self.setWordWrapMode(QTextOption.WrapAtWordBoundaryOrAnywhere)  # a long identifier wraps too (not code)
-        self.copy_buttons = CopyButtons(self)
+        self.code_blocks = CodeBlocks(self)  # each scrolls sideways on its own, with its Copy button
 
     def _anchor(self, url: QUrl) -> None:
         for scheme, signal in (("replay", self.replayRequested), ("continue", self.continueRequested)):
@@ -98,7 +98,7 @@ class Transcript(OpaqueScrollArea, RefusingResources, QTextBrowser):
         start = cursor.position()
         self._new_block(cursor, 4)
         cursor.insertFragment(markdown_fragment(text or " "))  # no raw HTML, no images: see richtext
-        style_code(self.document(), start, cursor.position())  # unwrapped, under a head with its Copy button
+        style_code(self.document(), start, cursor.position())  # one object each, an editor laid over it
         cursor.movePosition(QTextCursor.End)
 
     # -- whole conversation --
@@ -190,9 +190,14 @@ class Transcript(OpaqueScrollArea, RefusingResources, QTextBrowser):
     def answer_text(self) -> str:
         if self._answer_from is None:
             return ""
-        cursor = self._cursor()
-        cursor.setPosition(self._answer_from, QTextCursor.KeepAnchor)
-        return cursor.selectedText().replace("\u2029", "\n").strip()
+        return text_with_code(self.document(), self._answer_from).strip()
+
+    def toPlainText(self) -> str:  # noqa: N802 - Qt's name
+        """The transcript as text, each code block as its code (in the document it is one object)."""
+        return text_with_code(self.document())
+
+    def createMimeDataFromSelection(self):  # noqa: N802 - Qt's name: a copied selection holds the code too
+        return selection_as_text(self)
 
     def _follow(self) -> None:
         bar = self.verticalScrollBar()
