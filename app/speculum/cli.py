@@ -166,7 +166,7 @@ def cmd_bench(options: BenchOptions) -> int:
     decoder, profile = _load(options.models)
     info: dict = {}
     results = run_bench(decoder, prompts, list(options.modes), max_tokens=options.max_tokens, repeat=options.repeat,
-                        k=options.draft_length, progress=sys.stderr, info=info)
+                        k=options.draft_length, progress=sys.stderr, info=info, remember=options.remember)
     info["flash_attn"] = {True: "on", False: "off"}.get(decoder.target.flash_attn, "auto")  # the target's
     info["attention"] = _attention(decoder)
     if options.json:
@@ -199,7 +199,7 @@ def cmd_tune(options: TuneOptions) -> int:
 
 def cmd_doctor(options: DoctorOptions) -> int:
     from . import qtcheck
-    from .engine.llama import cpu_settings, native, profiles
+    from .engine.llama import contention, cpu_settings, native, profiles
 
     try:
         from PySide6 import __version__ as qt_version
@@ -213,7 +213,7 @@ def cmd_doctor(options: DoctorOptions) -> int:
         ("Qt (PySide6)", qt_version),
         ("Compute backend", gpu or "CPU"),
         ("GPU offload", "supported" if gpu else "not supported by this llama.cpp build"),
-        ("Threads", str(native.default_threads())),
+        ("Threads", contention.describe(native.default_threads())),
         ("Thread wait", _thread_wait(cpu_settings.in_effect())),
         ("Tiled matmul", _tiled_matmul(cpu_settings.in_effect())),
         ("Exact speculation", _row_invariance(cpu_settings.in_effect(), cpu_settings.build_has_row_switch(), gpu)),

@@ -25,7 +25,7 @@ from ...models.gguf import GGUFHeader, check_gguf_file
 from . import llama_ext, native
 from .mtphead import MtpHead
 from ..rpc import client as rpc_module
-from . import cpu_settings
+from . import contention, cpu_settings
 from ..backend import Backend, DecodeAborted, ModelFacts
 from ..chat import render_chat
 from ..settings import LoadOptions
@@ -104,6 +104,10 @@ class LlamaModel(Backend):
         self._create_context(options.n_ctx, n_train, N_BATCH, threads, threads, options.flash_attn, verifies,
                              on_cpu=on_cpu, mtp=header.nextn_layers > 0)
         self.n_threads = threads
+        self._threads_now = threads
+        # Threads chosen by Speculum follow the cores other programs leave free (contention.py);
+        # a count the user gave is kept.
+        self._cores = contention.cores() if not options.n_threads else None
         self.n_past = 0
         self._batch = lc.llama_batch_init(self.n_batch, 0, 1)
         for i in range(self.n_batch):
@@ -162,7 +166,10 @@ class LlamaModel(Backend):
                                     f"{lc.llama_max_devices()}.")
             self._tensor_split = (ctypes.c_float * lc.llama_max_devices())(*tensor_split)
             mparams.tensor_split = self._tensor_split
-        mparams.use_extra_bufts = extra_buffer_types
+        # Under the row-invariance switch repacked weights lose their multi-row gemm anyway, and
+        # their gemv sums a row in another order than plain weights do on an RPC worker (and for the
+        # output layer kept here for one): plain weights, so an exact row is the same on either.
+        mparams.use_extra_bufts = extra_buffer_types and not cpu_settings.rows_invariant_asked(cpu_settings.in_effect())
         self._placement = rpc_module.output_layer_here() if rpc and not gpu else None
         self.output_here = self._placement is not None  # the output layer on this machine, the rest on workers
         if self._placement is not None:
@@ -317,6 +324,8 @@ class LlamaModel(Backend):
             b.pos[i] = pos + i
             b.logits[i] = i in want
         b.n_tokens = n
+        if self._cores is not None:
+            self._follow_cores()
         rc = lc.llama_decode(self._ctx, b)
         if rc != 0:
             if rc == 2 and self._abort.is_set:
@@ -335,6 +344,17 @@ class LlamaModel(Backend):
             return np.empty((0, self.n_vocab), dtype=np.float32)
         ptr = lc.llama_get_logits(self._ctx)
         return np.ctypeslib.as_array(ptr, shape=(len(want), self.n_vocab))
+
+    @property
+    def threads_now(self) -> int:
+        """The threads its next decode runs on (``n_threads`` less the cores others hold)."""
+        return self._threads_now
+
+    def _follow_cores(self) -> None:
+        threads = self._cores.threads(self.n_threads)
+        if threads != self._threads_now:
+            lc.llama_set_n_threads(self._ctx, threads, threads)
+            self._threads_now = threads
 
     def abortable(self, stop):
         """Inside, ``stop`` being set aborts the decode running at its next graph node."""
