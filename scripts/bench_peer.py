@@ -331,6 +331,51 @@ def best_other(table: Table, row: str, round_index: int, measure: Callable[[Resu
     return max(scores, key=lambda s: s[1]) if higher else min(scores, key=lambda s: s[1])
 
 
+# Issue 47's bars: Speculum's plain decoding against llama-server's, auto against the best
+# llama-server configuration of each request (end to end), by kind of request.
+BARS = {"off / plain decode, median": 1.00, "off / plain decode, every request": 0.97,
+        "auto / best, first time, nothing to copy": 0.99, "auto / best, first time, copy-heavy": 1.2,
+        "auto / best, again": 1.0}
+BUSY_BAR = 1.5  # off / plain decode with one core busy
+
+
+def bars(table: Table, copy_heavy: set[str], busy: bool = False) -> dict:
+    """Each bar of issue 47 met or not, with the worst request behind it."""
+    out: dict = {}
+    if "speculum off" in table.configs and PLAIN in table.configs:
+        decode = paired(table, "speculum off", PLAIN, lambda r: r.decode_tok_s)
+        if decode:
+            median = statistics.median(decode)
+            if busy:
+                out[f"busy core: off / plain decode, median >= {BUSY_BAR}"] = _met(median >= BUSY_BAR, median)
+            else:
+                out["off / plain decode, median >= 1.00"] = _met(median >= BARS["off / plain decode, median"], median)
+                out["off / plain decode, every request >= 0.97"] = _met(
+                    min(decode) >= BARS["off / plain decode, every request"], min(decode))
+    if "speculum auto" not in table.configs or busy:
+        return out
+    groups: dict[str, list[tuple[float, str]]] = {}
+    for row in table.rows:
+        name, _, when = row.rpartition(", ")
+        if when == "first time":
+            group = "auto / best, first time, copy-heavy" if name in copy_heavy else \
+                "auto / best, first time, nothing to copy"
+        else:
+            group = "auto / best, again"
+        for i, mine in enumerate(table.runs(row, "speculum auto")):
+            best = best_other(table, row, i, lambda r: r.e2e_tok_s)
+            if best is not None and best[1] > 0:
+                groups.setdefault(group, []).append((mine.e2e_tok_s / best[1], f"{row}, round {i + 1}, vs {best[0]}"))
+    for group, ratios in groups.items():
+        worst = min(ratios)
+        out[f"{group} >= {BARS[group]}"] = _met(worst[0] >= BARS[group], worst[0], worst[1])
+    return out
+
+
+def _met(ok: bool, value: float, where: str = "") -> str:
+    return f"{'met' if ok else 'NOT met'}: {value:.3f}" + (f" ({where})" if where else "")
+
+
 def verdicts(table: Table) -> dict:
     """The issue's "Done when" comparisons, each with the numbers behind it."""
     out: dict = {}
@@ -384,8 +429,9 @@ def render(table: Table, metric: str) -> str:
     return "\n".join(lines)
 
 
-def report(table: Table, info: dict) -> dict:
+def report(table: Table, info: dict, copy_heavy: set[str] = frozenset(), busy: bool = False) -> dict:
     return {"info": info, "configs": table.configs, "verdicts": verdicts(table),
+            "bars": bars(table, set(copy_heavy), busy),
             "agreement_with_plain": {c: "{} of {}".format(*agreement(table, c)) for c in table.configs},
             "rows": [{"request": row, "config": c, "round": i + 1, "ttft_s": round(r.ttft_s, 3),
                       "seconds": round(r.seconds, 3), "tokens": r.tokens, "prompt_tokens": r.prompt_tokens,
@@ -421,6 +467,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--llama-wait", choices=("default", "speculum"), default="default",
                     help="how llama-server's threads wait: libgomp's default (300,000 spins, which collapses when "
                          "other programs load the cores), or Speculum's (engine/llama/cpu_settings.py)")
+    ap.add_argument("--busy-core", action="store_true",
+                    help="another program keeps one core busy all the run (a process spinning), as a compile would")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON here ('-': standard output)")
     args = ap.parse_args(argv)
 
@@ -460,17 +508,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     table = Table()
     logs = Path(tempfile.mkdtemp(prefix="bench-peer-logs-"))  # the servers' own output, kept
     print(f"servers' logs in {logs}", file=sys.stderr)
-    for i in range(rounds):
-        print(f"round {i + 1} of {rounds} (load average {one_minute_load(load_average())})",
-              file=sys.stderr, flush=True)
-        run_round(configs, cases(prompts, max_tokens), table, logs, i)
+    info["busy_core"] = args.busy_core
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.busy_core else None
+    try:
+        for i in range(rounds):
+            print(f"round {i + 1} of {rounds} (load average {one_minute_load(load_average())})",
+                  file=sys.stderr, flush=True)
+            run_round(configs, cases(prompts, max_tokens), table, logs, i)
+    finally:
+        if hog is not None:
+            hog.kill()
     info["load_average_end"] = load_average()
-    result = report(table, info)
+    result = report(table, info, {p.name for p in prompts if p.copy_heavy}, args.busy_core)
     for metric in METRICS:
         print(render(table, metric) + "\n")
     print("same greedy text as llama-server plain: "
           + ", ".join(f"{c} {v}" for c, v in result["agreement_with_plain"].items()))
-    for name, value in result["verdicts"].items():
+    for name, value in {**result["verdicts"], **result["bars"]}.items():
         print(f"{name}: {value}")
     for name, command in info["commands"].items():
         print(f"{name}: {command}")

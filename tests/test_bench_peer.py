@@ -57,6 +57,20 @@ def test_the_verdicts_pair_rows_within_a_round():
     assert verdicts["off / plain, time to first token, first time"].startswith("median 1.000")
 
 
+def test_the_bars_hold_each_kind_of_request_to_its_own_and_name_the_worst():
+    table = two_rounds()
+    bars = bench_peer.bars(table, copy_heavy={"code"})
+    # off against plain decode: 0.95 in one request misses "every >= 0.97"; the median is 1.00
+    assert bars["off / plain decode, median >= 1.00"].startswith("met: 1.000")
+    assert bars["off / plain decode, every request >= 0.97"].startswith("NOT met: 0.950")
+    assert bars["auto / best, again >= 1.0"].startswith("NOT met") and "code, again, round 2" in \
+        bars["auto / best, again >= 1.0"]
+    assert "auto / best, first time, copy-heavy >= 1.2" in bars
+    assert "auto / best, first time, nothing to copy >= 0.99" not in bars  # no such request here
+    busy = bench_peer.bars(table, copy_heavy={"code"}, busy=True)
+    assert list(busy) == ["busy core: off / plain decode, median >= 1.5"] and busy[list(busy)[0]].startswith("NOT")
+
+
 def test_the_table_shows_every_round_and_a_dash_where_a_configuration_did_not_run():
     table = two_rounds()
     table.add("switch back", "speculum auto", result(0.1, 1.1, 11))
@@ -89,7 +103,7 @@ def test_llama_server_configurations_follow_what_the_build_offers_and_the_draft_
 def test_cases_build_later_turns_from_each_configurations_own_answers():
     class Prompt:
         def __init__(self, name):
-            self.name, self.max_tokens = name, 64
+            self.name, self.max_tokens, self.json_schema = name, 64, None
 
         def messages(self):
             return [{"role": "user", "content": self.name}]

@@ -19,6 +19,7 @@ def test_the_suite_holds_each_copy_heavy_kind_and_some_with_nothing_to_copy():
     assert len(names) == len(set(names))
     assert set(COPY_HEAVY) <= set(names)
     assert {"code-writing", "open-chat", "creative", "code-explanation"} <= set(names)
+    assert {p.name for p in bench.load_prompts() if p.copy_heavy} == set(COPY_HEAVY)
 
 
 def test_a_multi_turn_prompt_sends_its_earlier_turns_before_the_question():

@@ -40,6 +40,7 @@ class BenchPrompt:
     seed: int = 0
     history: list[dict] = field(default_factory=list)  # earlier turns of the conversation
     json_schema: dict | None = None  # the answer constrained to it (a grammar), as response_format asks
+    copy_heavy: bool = False  # most of a right answer is in its prompt (benchmarks hold these to a higher bar)
 
     def messages(self) -> list[dict]:
         return build_messages(self.user, self.system, self.document, self.history)
@@ -68,7 +69,7 @@ def load_prompts(path: str | None = None) -> list[BenchPrompt]:
                 raise TypeError("json_schema must be an object")
             prompts.append(BenchPrompt(d["name"], d["user"], d.get("system"), doc,
                                        float(d.get("temperature", 0.0)), int(d.get("max_tokens", 128)),
-                                       int(d.get("seed", 0)), history, schema))
+                                       int(d.get("seed", 0)), history, schema, bool(d.get("copy_heavy", False))))
         except (ValueError, KeyError, TypeError) as exc:
             raise SpeculumError(f"{file}:{n}: not a valid prompt line ({exc}).") from None
     return prompts
