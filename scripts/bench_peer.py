@@ -109,10 +109,12 @@ class Table:
 
 # -- the configurations ----------------------------------------------------------------------
 
-def speculum_configs(target: str, draft: str | None, ctx: int, threads: int) -> list[Config]:
+def speculum_configs(target: str, draft: str | None, ctx: int, threads: int | None) -> list[Config]:
+    """``threads`` None: Speculum's own choice, as a user runs it (all cores, one fewer for each
+    core another program holds: engine/llama/contention.py); a number is kept fixed."""
     base = (sys.executable, "-m", "speculum.cli", "serve", "--target", target, "--ctx", str(ctx),
-            "--threads", str(threads), "--host", "127.0.0.1", "--port", "PORT", "--model-id", "bench",
-            *(("--draft", draft) if draft else ()))
+            *(("--threads", str(threads)) if threads else ()), "--host", "127.0.0.1", "--port", "PORT",
+            "--model-id", "bench", *(("--draft", draft) if draft else ()))
     return [Config("speculum auto", (*base, "--mode", "auto"), speculum=True),
             Config("speculum off", (*base, "--mode", "off"), speculum=True)]
 
@@ -493,7 +495,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rounds = args.rounds or (1 if args.quick else 2)
     threads = args.threads or usable_cores()
     binary = args.llama_server or build_llama_server()
-    configs = (speculum_configs(target, draft, args.ctx, threads)
+    configs = (speculum_configs(target, draft, args.ctx, args.threads)
                + llama_server_configs(binary, target, draft, args.ctx, threads, spec_types(binary)))
     if args.llama_wait == "speculum":
         configs = [c if c.speculum or c.env else replace(c, env=SPECULUM_WAIT) for c in configs]
