@@ -74,6 +74,7 @@ class BenchOptions:
     repeat: int
     draft_length: int | None  # -k with --fixed-k; None: adapted
     json: bool
+    remember: bool = False  # keep each prompt's plain answer in the n-gram memory (a later run regenerates)
 
 
 @dataclass(frozen=True)
@@ -213,7 +214,7 @@ def _generate(given: dict) -> GenerateOptions:
 def _bench(given: dict) -> BenchOptions:
     modes = tuple(_mode(m.strip()) for m in given["modes"].split(",") if m.strip())
     return BenchOptions(_models(given), modes, given["prompts"], given["max_tokens"], given["repeat"],
-                        given["k"] if given["fixed_k"] else None, given["json"])
+                        given["k"] if given["fixed_k"] else None, given["json"], given["remember"])
 
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -348,6 +349,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("-k", type=int, default=4)
     b.add_argument("--fixed-k", action="store_true", help="draft and lookup modes draft exactly k tokens every cycle")
     b.add_argument("--json", action="store_true")
+    b.add_argument("--remember", action="store_true",
+                   help="at the end, keep each prompt's plain answer in the n-gram memory, so that a later run "
+                        "regenerates answers it has seen (with --exact, copied whole)")
     b.set_defaults(build=_bench)
 
     t = sub.add_parser("tune", help="measure whether ggml's tiled matmul speeds up verification on this machine")

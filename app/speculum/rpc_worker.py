@@ -128,8 +128,12 @@ def interface_addresses(address: ipaddress.IPv4Address | ipaddress.IPv6Address) 
 
 
 def run(host: str, port: int, threads: int | None, cache_dir: str | None, insecure: bool = False,
-        new_pairing: bool = False) -> int:
+        new_pairing: bool = False, exact: bool | None = None) -> int:
     from . import paths
+    from .engine.llama import cpu_settings
+
+    if exact is not None:  # first: ggml reads its switch once, when llama.cpp loads
+        cpu_settings.choose_exact(exact)
     from .engine.llama import model as llama
     from .engine.rpc import client as rpc
     from .engine.rpc.frontend import FrontEnd
@@ -161,13 +165,17 @@ def run(host: str, port: int, threads: int | None, cache_dir: str | None, insecu
                               name="speculum-rpc-server", daemon=True)
     server.start()
     _wait_listening("127.0.0.1" if address.is_unspecified else ggml_host, ggml_port, server)
+    # Whether this worker's rows are pass-size invariant: a client decoding exactly needs its workers to.
+    rows_exact = (kind == "CPU" and cpu_settings.build_has_row_switch()
+                  and cpu_settings.rows_invariant_asked(cpu_settings.in_effect()))
     if identity is not None:
-        FrontEnd(host, port, ggml_port, identity, {"kind": kind, "name": device_name},
+        FrontEnd(host, port, ggml_port, identity, {"kind": kind, "name": device_name, "exact": rows_exact},
                          lambda line: _say(f"link: {line}")).start()
     link = ("plain link (--insecure: no authentication, no encryption)" if insecure else
             "secure link (TLS with a pinned certificate, paired clients only)")
     _say(f"RPC worker listening on {endpoint}: {link}; llama.cpp RPC protocol "
-         f"{'.'.join(map(str, rpc.PROTOCOL))}, {n_threads} threads")
+         f"{'.'.join(map(str, rpc.PROTOCOL))}, {n_threads} threads, "
+         f"{'exact rows (--exact)' if rows_exact else 'rows as llama.cpp computes them (no --exact)'}")
     _say(f"offering {device_name}: {free // 2**20} MiB free of {total // 2**20} MiB")
     if made:
         _say(f"made a certificate and token in {identity.cert_file.parent}, kept for later starts "

@@ -297,6 +297,7 @@ def register_workers(endpoints: Sequence[str], timeout: float = CONNECT_TIMEOUT_
             # after the last model closes, llama.cpp reconnects).
             if not _in_use.get(worker.name):
                 check_worker(worker.text(), timeout)
+        _check_exact(workers)
         _install_abort_hook()
         devices: list[int] = []
         for worker in workers:
@@ -309,6 +310,22 @@ def register_workers(endpoints: Sequence[str], timeout: float = CONNECT_TIMEOUT_
                                             for i in range(ggml.ggml_backend_reg_dev_count(reg))]
             devices += _registered[worker.name]
         return devices
+
+
+def _check_exact(workers) -> None:
+    """Where this process decodes exactly (--exact), so must each worker of its target: one without
+    the switch computes a row differently by its pass's size, and a speculative answer would part
+    from plain decoding's. A secure worker says whether it does; a plain link cannot tell."""
+    from ..llama import cpu_settings
+
+    if not cpu_settings.rows_invariant_asked(cpu_settings.in_effect()):
+        return
+    for worker in workers:
+        device = _links[worker.name].device if worker.name in _links else None
+        if device and device.get("exact") is not True:
+            raise SpeculumError(f"The RPC worker at {worker.name} does not compute exactly, and this machine "
+                                "decodes with --exact: start it with `speculum rpc-worker --exact` (or load "
+                                "without --exact).")
 
 
 def keep_alive(endpoints: Sequence[str]) -> int:
