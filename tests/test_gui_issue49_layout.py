@@ -141,6 +141,15 @@ def test_code_blocks_stay_text_each_copies_its_own_and_hostile_markup_stays_esca
     assert copied == ["y = 2", hostile]
 
 
+def test_an_answer_that_opens_with_code_gets_its_block_and_inline_code_alone_stays_prose(qtbot):
+    # The answer's first block merges into the transcript's own and loses its fence: found by its font.
+    view = _code_view(qtbot, "```python\nprint(1)\n```\n\nThen call it:\n\n`main()`\n\nDone.")
+    assert code_blocks_in(view.document()) == [("print(1)", "python")]
+    assert "main()" in view.toPlainText().splitlines()
+    empty = _code_view(qtbot, "```\n```\n\nNothing in the fence.", blocks=0)  # Qt makes no block of it
+    assert code_blocks_in(empty.document()) == [] and "Nothing in the fence." in empty.toPlainText()
+
+
 def test_a_live_answer_rendered_in_pieces_gets_one_block_per_code_block(qtbot):
     view = Transcript()
     qtbot.addWidget(view)

@@ -35,8 +35,7 @@ TAB = 4  # spaces a tab stands for
 
 
 def _all_fixed_pitch(block: QTextBlock) -> bool:
-    """A code block's first line merges into the block before it and loses the code-fence
-    property; its text is still all in the monospace font the Markdown reader gave it."""
+    """Every character of ``block`` in the monospace font the Markdown reader gives code."""
     it = block.begin()
     found = False
     while not it.atEnd():
@@ -52,8 +51,7 @@ def _all_fixed_pitch(block: QTextBlock) -> bool:
 
 def _is_code(block: QTextBlock) -> bool:
     fmt = block.blockFormat()
-    return (fmt.hasProperty(QTextFormat.BlockCodeFence) or fmt.hasProperty(QTextFormat.BlockCodeLanguage)
-            or _all_fixed_pitch(block))
+    return fmt.hasProperty(QTextFormat.BlockCodeFence) or fmt.hasProperty(QTextFormat.BlockCodeLanguage)
 
 
 def code_format(block: QTextBlock) -> QTextCharFormat | None:
@@ -75,12 +73,19 @@ def code_blocks_in(document: QTextDocument) -> list[tuple[str, str]]:
     return found
 
 
-def style_code(document: QTextDocument, start: int, end: int) -> None:
-    """Between ``start`` and ``end``: each run of code lines the Markdown reader made becomes one
-    code object holding the lines as written; inline code is set monospaced on the code colour."""
+def style_code(document: QTextDocument, start: int, end: int, opening: str | None) -> None:
+    """Between ``start`` and ``end`` (Markdown inserted at ``start``): each run of code lines the
+    Markdown reader made becomes one code object holding the lines as written; inline code is set
+    monospaced on the code colour. ``opening``: the language of the code block the Markdown opens
+    with (``richtext.opening_code``), whose first line merged into the block at ``start``."""
     mono = QFontDatabase.systemFont(QFontDatabase.FixedFont)
     runs: list[list[QTextBlock]] = []
     block, in_code = document.findBlock(start), False
+    if opening is not None and not _all_fixed_pitch(block):
+        opening = None  # an empty fence makes no block at all
+    if opening is not None:
+        runs.append([block])
+        block, in_code = block.next(), True
     while block.isValid() and block.position() <= end:
         code = _is_code(block)
         if code:
@@ -92,8 +97,8 @@ def style_code(document: QTextDocument, start: int, end: int) -> None:
             _inline_code(document, block, mono)
         in_code = code
         block = block.next()
-    for run in reversed(runs):  # from the end: each replacement leaves the positions before it as they were
-        _to_object(run)
+    for i, run in reversed(list(enumerate(runs))):  # from the end: the positions before stay as they were
+        _to_object(run, opening if i == 0 and opening is not None else "")
 
 
 def _inline_code(document: QTextDocument, block: QTextBlock, mono: QFont) -> None:
@@ -111,10 +116,10 @@ def _inline_code(document: QTextDocument, block: QTextBlock, mono: QFont) -> Non
         it += 1
 
 
-def _to_object(run: list[QTextBlock]) -> None:
+def _to_object(run: list[QTextBlock], named: str) -> None:
     """Replace the lines of one code block with its object. The language is the fence's first
-    word (a first line merged into the block before it lost it; the next line has it)."""
-    named = [b.blockFormat().stringProperty(QTextFormat.BlockCodeLanguage).strip() for b in run[:2]]
+    word (``named``: read from the Markdown, where the fence's block format was lost)."""
+    language = named or run[0].blockFormat().stringProperty(QTextFormat.BlockCodeLanguage).strip()
     code = "\n".join(b.text() for b in run)
     cursor = QTextCursor(run[0])
     cursor.setPosition(run[-1].position() + run[-1].length() - 1, QTextCursor.KeepAnchor)
@@ -126,7 +131,7 @@ def _to_object(run: list[QTextBlock]) -> None:
     fmt = QTextCharFormat()
     fmt.setObjectType(CODE_OBJECT)
     fmt.setProperty(CODE, code)
-    fmt.setProperty(LANGUAGE, next((n for n in named if n), "code")[:40])
+    fmt.setProperty(LANGUAGE, (language or "code")[:40])
     cursor.insertText(OBJECT_CHARACTER, fmt)
 
 
@@ -302,11 +307,12 @@ class CodeBlockView(QFrame):
     def show_code(self, code: str, language: str, fresh: bool = False) -> None:
         """``fresh``: laid over a block it did not show before (a block being written keeps its place)."""
         if code != self.code or fresh:
+            other = fresh or not code.startswith(self.code)  # not this block, grown by a few tokens
             self.code = code
             self.editor.setPlainText(code)
-            self.copy_button.setText("Copy")
-        if fresh:
-            self.editor.horizontalScrollBar().setValue(0)
+            if other:
+                self.copy_button.setText("Copy")
+                self.editor.horizontalScrollBar().setValue(0)
         self.language.setText(language)
 
     def copy(self) -> None:

@@ -123,6 +123,21 @@ def images_as_text(markdown: str) -> str:
     return "".join(out)
 
 
+def opening_code(markdown: str) -> str | None:
+    """The language of the code block a Markdown text opens with ("" where it names none); None
+    when it opens with anything else. (Inserted into a document, a fragment's first block merges
+    into the block at the cursor and takes that block's format: a code block's fence is lost.)"""
+    for line in markdown.splitlines():
+        if not line.strip():
+            continue
+        fence = _FENCE.match(line)
+        if fence:
+            info = line[fence.end():].split()
+            return info[0] if info else ""
+        return "" if line.startswith(("    ", "\t")) else None
+    return None
+
+
 def markdown_fragment(markdown: str) -> QTextDocumentFragment:
     """Markdown as a fragment to insert: no raw HTML, no images, nothing that loads a resource."""
     scratch = SafeDocument()

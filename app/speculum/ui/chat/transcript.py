@@ -12,7 +12,7 @@ from ...engine.vocabulary import Finish
 from ..look import MODE_NAMES
 from ..opaque import OpaqueScrollArea
 from .codeblocks import CodeBlocks, selection_as_text, style_code, text_with_code
-from .richtext import RefusingResources, markdown_fragment
+from .richtext import RefusingResources, markdown_fragment, opening_code
 
 
 FINISH_NOTES = {
@@ -95,10 +95,11 @@ class Transcript(OpaqueScrollArea, RefusingResources, QTextBrowser):
         cursor.insertHtml(f"<span style='color:{colour}; font-weight:600'>{who}</span>{extra}")
 
     def _markdown(self, cursor: QTextCursor, text: str) -> None:
-        start = cursor.position()
         self._new_block(cursor, 4)
+        start = cursor.position()
         cursor.insertFragment(markdown_fragment(text or " "))  # no raw HTML, no images: see richtext
-        style_code(self.document(), start, cursor.position())  # one object each, an editor laid over it
+        # One object per code block, an editor laid over it.
+        style_code(self.document(), start, cursor.position(), opening_code(text))
         cursor.movePosition(QTextCursor.End)
 
     # -- whole conversation --
