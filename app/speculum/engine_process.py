@@ -24,7 +24,7 @@ from typing import Callable
 
 from .engine.llama import profiles
 from .engine.vocabulary import Word
-from .protocol import (Batch, Command, CycleEvent, Event, Generate, Load, LoadProgress, PostponeMeasuring,
+from .protocol import (Batch, CheckPlain, Command, CycleEvent, Event, Generate, Load, LoadProgress, PostponeMeasuring,
                        ProfileChosen, Quit, Ready, Serve, SetPlainRate, StopServing, WorkerLost)
 
 # Test-only fault injection, read by the engine process alone: a CrashPoint's value makes it
@@ -114,9 +114,16 @@ def _crash() -> None:
     ctypes.string_at(0)
 
 
-def _engine_main(conn, stop, cancel_load) -> None:
-    """The engine process: run commands until told to quit or the window's end of the pipe closes."""
+def _engine_main(conn, stop, cancel_load, exact: bool | None = None) -> None:
+    """The engine process: run commands until told to quit or the window's end of the pipe closes.
+    ``exact``: the row-invariance switch (the window's setting; None: the environment's or the default),
+    set before llama.cpp loads (ggml reads it once)."""
     from . import yielding
+
+    if exact is not None:
+        from .engine.llama import cpu_settings
+
+        cpu_settings.choose_exact(exact)
     yielding.give_way(False)  # decoding never waits for a core: whatever policy the window had
     _EngineLoop(conn, stop, cancel_load).run()
 
@@ -140,6 +147,7 @@ class _EngineLoop:
         self.handlers: dict[type[Command], Callable] = {
             Load: self.load,
             Generate: lambda command: self.runner.generate(command.request, self.on_cycle),
+            CheckPlain: self.runner.check_plain,
             SetPlainRate: lambda command: self.runner.set_plain_rate(command.tokens_per_s),
             PostponeMeasuring: lambda command: self.runner.postpone_measuring(command.seconds),
             Serve: lambda c: self.runner.serve(c.host, c.port, c.api_key, c.mode),
@@ -221,7 +229,8 @@ class EngineProcess:
     ``on_exit(code)`` runs on the reader thread when the process ends without being asked to.
     """
 
-    def __init__(self, on_event: Callable[[Event], None], on_exit: Callable[[int | None], None]):
+    def __init__(self, on_event: Callable[[Event], None], on_exit: Callable[[int | None], None],
+                 exact: bool | None = None):
         ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no threads or Qt state copied
         self.stop = ctx.Event()
         self.cancel_load = ctx.Event()
@@ -231,7 +240,8 @@ class EngineProcess:
         self._ending = False
         self._send_lock = threading.Lock()
         self.messages = 0  # read from the pipe: a batch of cycles is one
-        self.process = ctx.Process(target=_engine_main, args=(child_conn, self.stop, self.cancel_load),
+        self.exact = exact  # the row-invariance switch it was started with (None: not chosen)
+        self.process = ctx.Process(target=_engine_main, args=(child_conn, self.stop, self.cancel_load, exact),
                                    name="speculum-engine", daemon=True)
         self.process.start()
         child_conn.close()  # the child holds its own end: its death closes the pipe for our reader

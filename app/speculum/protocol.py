@@ -15,6 +15,7 @@ from enum import Enum
 from .engine.policy.auto import MAX_K as SHOWN_POSITIONS
 from .engine.backend import ModelFacts
 from .engine.cycle import Cycle, PolicyReport
+from .engine.plaincheck import PlainCheck
 from .engine.settings import LoadOptions
 from .engine.stats import Stats
 from .engine.vocabulary import Finish, Mode, Role, Source, Word
@@ -293,6 +294,19 @@ class Generate(Command):
 
 
 @dataclass
+class CheckPlain(Command):
+    """Decode an answer's prompt plainly and compare with the answer, token by token
+    (engine/plaincheck.py); Stop cancels it."""
+    conversation_id: str
+    index: int  # the answer's message in the conversation (told back with the result)
+    messages: list[dict]  # the conversation before the answer, as it was sent
+    answer: list[int]  # the answer's token ids
+
+    def failure(self, message: str) -> "Event":
+        return PlainCheckFailed(message)
+
+
+@dataclass
 class SetPlainRate(Command):
     tokens_per_s: float | None
 
@@ -404,6 +418,24 @@ class Finished(Event):
 class Failed(Event):
     message: str
     asker: Asker = Asker.WINDOW
+
+
+@dataclass
+class PlainCheckProgress(Event):
+    checked: int  # answer tokens found equal to plain decoding's so far
+    total: int
+
+
+@dataclass
+class PlainChecked(Event):
+    conversation_id: str
+    index: int
+    result: PlainCheck
+
+
+@dataclass
+class PlainCheckFailed(Event):
+    message: str
 
 
 @dataclass

@@ -19,10 +19,12 @@ from .engine.sampling import SamplingParams
 from .engine.stats import Stats
 from .engine.vocabulary import Device, Finish, Mode, Role
 from .errors import SpeculumError
-from .protocol import (CycleEvent, Event, Failed, Finished, GenerationRequest, GenerationResult, Loaded, LoadFailed,
-                       LoadProgress, LoadRequest, Measuring, PartPrompt, PlainBasis, PlainRateMeasured, PromptProgress,
-                       ServeFailed, ServingAt, StageChanged, StatsSnapshot, is_plain_step, prompt_progress,
-                       snapshot_of)
+from .protocol import (CheckPlain, CycleEvent, Event, Failed, Finished, GenerationRequest, GenerationResult, Loaded,
+                       LoadFailed, LoadProgress, LoadRequest, Measuring, PartPrompt, PlainBasis, PlainCheckFailed,
+                       PlainChecked, PlainCheckProgress, PlainRateMeasured, PromptProgress, ServeFailed, ServingAt,
+                       StageChanged, StatsSnapshot, is_plain_step, prompt_progress, snapshot_of)
+
+CHECK_PROGRESS_S = 0.1  # a check's progress goes to the window at most this often
 
 
 class PlainRate:
@@ -156,6 +158,31 @@ class EngineRunner:
             result.finish = Finish.STOPPED
             result.note = f"Stopped during {summary.stopped_at.lower()}; the part summaries so far are kept."
         return result
+
+    def check_plain(self, command: CheckPlain) -> None:
+        """An answer against plain decoding of its prompt (engine/plaincheck.py): progress, then
+        ``PlainChecked`` or ``PlainCheckFailed``; ``stop`` cancels it between decodes."""
+        from .engine.plaincheck import check_plain
+
+        if self.decoder is None:
+            self.report(PlainCheckFailed("No model is loaded: load the model that wrote the answer."))
+            return
+        told = [float("-inf")]
+
+        def progress(checked: int, total: int) -> None:
+            now = time.monotonic()
+            if now - told[0] >= CHECK_PROGRESS_S or checked >= total:
+                told[0] = now
+                self.report(PlainCheckProgress(checked, total))
+
+        try:
+            with self.turn:
+                prompt = chat_tokens(self.decoder.target, command.messages)
+                result = check_plain(self.decoder, prompt, command.answer, progress, self.stop.is_set)
+        except SpeculumError as exc:
+            self.report(PlainCheckFailed(str(exc)))
+            return
+        self.report(PlainChecked(command.conversation_id, command.index, result))
 
     # -- serving the API --
 

@@ -22,6 +22,7 @@ from .chat.answer import StagedCycle
 from .chat.answering import Answering
 from .chat.chatpane import ChatPane
 from .chat.conversationlist import ConversationList
+from .chat.plaincheck import PlainChecking
 from .generationform import GenerationForm
 from .library.getmodel import GetModelStep, pick_model_file
 from .library.loadstatus import LoadStatus, crash_offer
@@ -47,7 +48,7 @@ class MainWindow(QMainWindow):
         super().__init__()
         self.settings = settings or Settings.load()
         self.store = store or ConversationStore()
-        self.engine = Engine(self)
+        self.engine = Engine(self, exact=self.settings.exact)
         self.gpu: str | None = None  # the engine process reports its backend once it has started
         self.loaded = self.loading = False
         self._crash: tuple | None = None  # the banner's message and actions after an engine crash, until a load
@@ -59,6 +60,7 @@ class MainWindow(QMainWindow):
         self.focus_ring = FocusRing(self)  # where the keyboard is, on every control
         self.answering = Answering(self)
         self.answering.finished.connect(self.generationFinished)
+        self.plain_checking = PlainChecking(self)
         self._connect()
         self.model_bar.apply(self.settings)
         self.show_get_model()
@@ -156,6 +158,7 @@ class MainWindow(QMainWindow):
         bar.document_toggle.toggled.connect(chat.show_document)
         chat.transcript.replayRequested.connect(self.replay_message)
         chat.transcript.continueRequested.connect(self.answering.continue_answer)
+        chat.transcript.checkRequested.connect(self.plain_checking.check)
         bar.changed.connect(self.save_settings)
         self.generation_form.changed.connect(self.save_settings)
 
@@ -193,8 +196,8 @@ class MainWindow(QMainWindow):
         if not target:
             self.show_error("Pick a target model first (or use Models… to get one).")
             return
-        if self.generating:
-            self.show_error("Stop the generation before loading other models.")
+        if self.generating or self.plain_checking.busy:
+            self.show_error("Stop the generation (or the check) before loading other models.")
             return
         draft = self.model_bar.draft_path()  # None for none and for Built-in (MTP)
         try:
@@ -218,6 +221,7 @@ class MainWindow(QMainWindow):
         self.load_status.begin_load()
         self.serving.stopped()
         self.model_bar.show_loaded(None)
+        self.engine.exact = self.settings.exact  # (a change starts a fresh engine process)
         self.engine.load(request, profile, why)
 
     def cancel_load(self) -> None:
@@ -375,14 +379,17 @@ class MainWindow(QMainWindow):
         self.answering.summarise()
 
     def update_controls(self) -> None:
-        self.chat.set_busy(self.generating, self.loading)
-        self.model_bar.load_button.setEnabled(not (self.generating or self.loading)
+        self.chat.set_busy(self.generating or self.plain_checking.busy, self.loading)
+        self.model_bar.load_button.setEnabled(not (self.generating or self.loading or self.plain_checking.busy)
                                               and bool(self.model_bar.target_combo.currentData()))
         self.conversations.set_generating(self.generating)
 
     def can_generate(self) -> bool:
         """Whether an answer can start now; if not (and not because one is being written), says why."""
         if self.generating:
+            return False
+        if self.plain_checking.busy:
+            self.show_error("The engine is checking an answer against plain decoding: wait for it, or Cancel it.")
             return False
         if self.loading:
             self.show_error("The models are still loading.")
@@ -402,6 +409,8 @@ class MainWindow(QMainWindow):
         replay = self.speculation_pane.replay
         if self.generating:
             self.answering.stop()
+        elif self.plain_checking.busy:
+            self.plain_checking.cancel()
         elif self.loading:
             self.cancel_load()
         elif replay.state is not None and not replay.bar.at_end:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from .. import paths
+from ..engine.llama.cpu_settings import EXACT_BY_DEFAULT
 from ..engine.vocabulary import Mode
 from ..records import typed_fields
 
@@ -26,6 +27,7 @@ class Settings:
     rpc: str = ""  # RPC workers for the target, "host:port,host:port"
     prompt_cache_mib: int = -1  # saved states of recent prompts: -1 from free memory, 0 none
     ngram_memory: bool = True  # draft from what this machine wrote and read before
+    exact: bool = EXACT_BY_DEFAULT  # the engine's row-invariance switch: speculation gives plain decoding's tokens
     conversation: str = ""  # the one open when the window closed
     plain_tokens_per_s: dict[str, float] = field(default_factory=dict)  # per target file, measured here
     geometry: str = ""  # the window's saved geometry, hex

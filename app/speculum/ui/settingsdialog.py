@@ -1,5 +1,5 @@
 """The Settings dialog (File ▸ Settings…): what the engine keeps from one prompt to the next,
-the prompt cache's budget and the n-gram memory. Both apply at the next Load."""
+the prompt cache's budget and the n-gram memory, and exact speculation. All apply at the next Load."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from PySide6.QtWidgets import (QCheckBox, QDialog, QDialogButtonBox, QFormLayout
                                QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
 from ..engine.drafting import ngrammemory
+from ..engine.llama import cpu_settings
 from ..engine.promptcache import MIB, default_budget
 from .chat.richtext import escaped_tooltip
 from .settings import MAX_PROMPT_CACHE_MIB, Settings
@@ -29,6 +30,13 @@ MEMORY_TIP = escaped_tooltip(
     "conversation's part is forgotten when you delete it.\n"
     "Off: nothing is drafted from it or added to it (what it holds stays until you forget it).\n"
     "Applies at the next Load.")
+EXACT_TIP = escaped_tooltip(
+    "Exact speculation computes every row of a verification pass with the kernel a single step uses, so "
+    "an answer at temperature 0 is plain decoding's, token for token, in every mode (each answer's "
+    "'Check against plain decoding' shows it). It costs speed on the CPU: verify passes and prompt "
+    "reading are slower (the README says how much).\n"
+    "Off: faster, but at a near tie between two tokens a speculative answer can take the other one.\n"
+    "Applies at the next Load (the engine starts again).")
 FORGET_TIP = escaped_tooltip(
     "Empty the n-gram memory now: everything it learned from every conversation and API request is deleted "
     "from the data folder. Conversations themselves are kept.")
@@ -113,6 +121,10 @@ class SettingsDialog(QDialog):
                                   toolTip=FORGET_TIP)
         self.held = QLabel(memory_size_words(), objectName="caption", toolTip=FORGET_TIP)
         self.forget.clicked.connect(self.forget_memory)
+        self.exact = QCheckBox("Exact speculation: answers at temperature 0 are plain decoding's, token for token",
+                               objectName="exactSpeculation", toolTip=EXACT_TIP, checked=settings.exact)
+        built = cpu_settings.build_has_row_switch()
+        self.exact.setEnabled(built)
         self.forget.setEnabled(self.held.text() != EMPTY)
         group = QGroupBox("What is kept between prompts")
         form = QFormLayout(group)
@@ -128,6 +140,12 @@ class SettingsDialog(QDialog):
         row.addWidget(self.forget)
         row.addWidget(self.held, 1)
         form.addRow("", row)
+        exactness = QGroupBox("Exactness")
+        exact_form = QVBoxLayout(exactness)
+        exact_form.addWidget(self.exact)
+        exact_form.addWidget(caption("Slower verify passes and prompt reading on the CPU." if built else
+                                     "This llama.cpp build has no row-invariance switch: "
+                                     "bash scripts/setup-env.sh builds one that has."))
         note = caption("Changes apply at the next Load.")
         buttons = QDialogButtonBox(QDialogButtonBox.Ok | QDialogButtonBox.Cancel)
         buttons.button(QDialogButtonBox.Ok).setToolTip("Keep these settings; they apply at the next Load")
@@ -137,6 +155,7 @@ class SettingsDialog(QDialog):
         buttons.rejected.connect(self.reject)
         layout = QVBoxLayout(self)
         layout.addWidget(group)
+        layout.addWidget(exactness)
         layout.addWidget(note)
         layout.addWidget(buttons)
 
@@ -153,4 +172,5 @@ class SettingsDialog(QDialog):
     def accept(self) -> None:
         self.settings.prompt_cache_mib = self.cache.value()
         self.settings.ngram_memory = self.memory.isChecked()
+        self.settings.exact = self.exact.isChecked()
         super().accept()

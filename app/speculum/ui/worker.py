@@ -21,10 +21,10 @@ from ..engine.llama import profiles
 from ..engine.backend import usable_cores
 from ..engine.vocabulary import Device, Mode
 from ..engine_process import EngineProcess, describe_exit
-from ..protocol import (Asker, CycleEvent, Decoded, Event, Failed, Finished, Generate, GenerationRequest, Load,
-                        Loaded, LoadFailed, LoadProgress, LoadRequest, Measuring, PlainRateMeasured,
-                        PostponeMeasuring, ProfileChosen, PromptProgress, Ready, ServeFailed, Serve, ServingAt,
-                        SetPlainRate, StageChanged, Started, StopServing, WorkerLost)
+from ..protocol import (Asker, CheckPlain, CycleEvent, Decoded, Event, Failed, Finished, Generate, GenerationRequest,
+                        Load, Loaded, LoadFailed, LoadProgress, LoadRequest, Measuring, PlainCheckFailed, PlainChecked,
+                        PlainCheckProgress, PlainRateMeasured, PostponeMeasuring, ProfileChosen, PromptProgress, Ready,
+                        ServeFailed, Serve, ServingAt, SetPlainRate, StageChanged, Started, StopServing, WorkerLost)
 from .. import yielding
 
 # The engine's idle measurement of this machine waits this long after the user's last keystroke
@@ -127,6 +127,9 @@ class EngineSignals(QObject):
     servedRequest = Signal(object)  # an API request's Started, Finished or Failed
     servedCycle = Signal(object)  # CycleEvent of an API client's request
     measuring = Signal(bool)  # the engine is (no longer) measuring this machine's costs for auto mode
+    plainCheckProgress = Signal(int, int)  # answer tokens checked against plain decoding, of how many
+    plainChecked = Signal(object)  # PlainChecked
+    plainCheckFailed = Signal(str)
 
 
 class Activity(Enum):
@@ -135,6 +138,7 @@ class Activity(Enum):
     LOADING = "loading the models"
     GENERATING = "generating an answer"
     SUMMARISING = "summarising a document"
+    CHECKING = "checking an answer against plain decoding"
 
     @property
     def words(self) -> str:
@@ -159,8 +163,9 @@ class EngineDeath:
 class Engine(QObject):
     """The UI thread's handle on the engine process."""
 
-    def __init__(self, parent=None):
+    def __init__(self, parent=None, exact: bool | None = None):
         super().__init__(parent)
+        self.exact = exact  # the row-invariance switch an engine process starts with (None: the environment's)
         self.worker = EngineSignals()
         self.batcher = CycleBatcher(self)
         self.worker.cycleReady.connect(self.batcher.put, Qt.DirectConnection)
@@ -189,7 +194,7 @@ class Engine(QObject):
 
     def _spawn(self) -> None:
         self.started = False
-        self._process = EngineProcess(self._on_event, self._on_exit)
+        self._process = EngineProcess(self._on_event, self._on_exit, self.exact)
         self._holds_models = False
 
     def _routes(self) -> dict[type[Event], object]:
@@ -213,6 +218,9 @@ class Engine(QObject):
             ServeFailed: lambda e: w.serveFailed.emit(e.message),
             WorkerLost: self._on_worker_lost,
             Measuring: lambda e: w.measuring.emit(e.active),
+            PlainCheckProgress: lambda e: w.plainCheckProgress.emit(e.checked, e.total),
+            PlainChecked: lambda e: self._check_ended(w.plainChecked, e),
+            PlainCheckFailed: lambda e: self._check_ended(w.plainCheckFailed, e.message),
         }
 
     def _on_event(self, event: Event) -> None:
@@ -266,6 +274,10 @@ class Engine(QObject):
     def _window_answer_ended(self) -> None:
         self._activity = Activity.IDLE
         self._decoded(Asker.WINDOW, False)
+
+    def _check_ended(self, signal, what) -> None:
+        self._window_answer_ended()
+        signal.emit(what)
 
     def _on_worker_lost(self, event: WorkerLost) -> None:
         self._last_words = event.words  # the engine's last words before it ends
@@ -321,7 +333,8 @@ class Engine(QObject):
         ``profile``: one chosen after a crash (``why`` says which), remembered for this machine
         once it loads and decodes; None: the profile this machine remembers.
         """
-        if self._process is None or self._holds_models or not self._process.process.is_alive():
+        if (self._process is None or self._holds_models or not self._process.process.is_alive()
+                or self._process.exact != self.exact):  # (ggml reads the switch once, as llama.cpp loads)
             self._end_process()
             self._spawn()
         self._holds_models = True
@@ -364,6 +377,15 @@ class Engine(QObject):
         if not self._process.send(Generate(request)):
             self._decoded(Asker.WINDOW, False)
             self.worker.failed.emit("The engine is not running. Press Reload.")
+
+    def check_plain(self, command: CheckPlain) -> None:
+        """Check an answer against plain decoding in the engine process; ``stop`` cancels it."""
+        self._process.stop.clear()  # (as for an answer: a Stop pressed while it waits still counts)
+        self._decoded(Asker.WINDOW, True)
+        self._activity = Activity.CHECKING
+        if not self._process.send(command):
+            self._decoded(Asker.WINDOW, False)
+            self.worker.plainCheckFailed.emit("The engine is not running. Press Reload.")
 
     def stop(self) -> None:
         if self._process is not None:

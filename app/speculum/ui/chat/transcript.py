@@ -12,6 +12,7 @@ from ...engine.vocabulary import Finish
 from ..look import MODE_NAMES
 from ..opaque import OpaqueScrollArea
 from .codeblocks import CodeBlocks, selection_as_text, style_code, text_with_code
+from .plaincheck import CHECK_LINK, checkable
 from .richtext import RefusingResources, markdown_fragment, opening_code
 
 
@@ -50,6 +51,7 @@ WRITING = "writing…"  # the live answer's header while it is written
 class Transcript(OpaqueScrollArea, RefusingResources, QTextBrowser):
     replayRequested = Signal(int)  # index of an assistant message in the conversation
     continueRequested = Signal(int)  # index of an answer stopped at the user's token limit
+    checkRequested = Signal(int)  # index of an answer to check against plain decoding
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -66,7 +68,8 @@ class Transcript(OpaqueScrollArea, RefusingResources, QTextBrowser):
         self.code_blocks = CodeBlocks(self)  # each scrolls sideways on its own, with its Copy button
 
     def _anchor(self, url: QUrl) -> None:
-        for scheme, signal in (("replay", self.replayRequested), ("continue", self.continueRequested)):
+        for scheme, signal in (("replay", self.replayRequested), ("continue", self.continueRequested),
+                               ("check", self.checkRequested)):
             index = replay_index(url, scheme)
             if index is not None:
                 signal.emit(index)
@@ -121,6 +124,9 @@ class Transcript(OpaqueScrollArea, RefusingResources, QTextBrowser):
                     details.append(FINISH_NOTES[m.finish])
                 # An answer stopped before its first token has one empty cycle: nothing to replay.
                 link = f"<a href='replay:{i}'>Replay</a>" if m.cycles and m.stats.get("tokens", 1) else ""
+                if checkable(m):
+                    link += (" <span style='color:#6b7280'>·</span> " if link else "") + \
+                        f"<a href='check:{i}'>{CHECK_LINK}</a>"
                 self._header(cursor, "Assistant", " · ".join(details), link)
                 if not m.unwritten:  # (one stopped while its prompt was read is only its note)
                     self._markdown(cursor, m.shown)

@@ -1,0 +1,85 @@
+"""The window's "Check against plain decoding" on an answer: the real window, its engine process
+and SmolLM2 drafting for itself at k = 8 (see test_check_plain.py for why that configuration
+shows a real difference with the row-invariance switch off)."""
+
+from PySide6.QtCore import Qt, QUrl
+
+from live_window import GENERATE_MS, LOAD_MS, send
+from test_check_plain import PROMPT
+
+SELF_DRAFT = {"k": 8, "max_tokens": 64}
+
+
+def _self_drafting(open_window, smollm_path, tmp_path, exact: bool):
+    """The window over SmolLM2 drafting for itself: the same weights under another name (the model bar
+    takes no target as its own draft); Draft model mode is offered once a draft is loaded."""
+    draft = tmp_path / "SmolLM2-as-draft.gguf"
+    if not draft.exists():
+        draft.symlink_to(smollm_path)
+    w = open_window(smollm_path, draft, exact=exact, **SELF_DRAFT)
+    w.model_bar.mode_combo.setCurrentIndex(w.model_bar.mode_combo.findData("draft"))
+    return w
+
+
+def _check(qtbot, w, index: int) -> str:
+    checking = w.plain_checking
+    progress = []
+    w.engine.worker.plainCheckProgress.connect(lambda checked, total: progress.append((checked, total)),
+                                               Qt.DirectConnection)
+    with qtbot.waitSignal(checking.finished, timeout=GENERATE_MS):
+        w.chat.transcript.anchorClicked.emit(QUrl(f"check:{index}"))  # the answer's link
+        assert checking.busy and checking.bar.cancel_button.isVisible()
+        assert not w.chat.send_button.isEnabled()  # one thing at a time in the engine
+    assert progress and progress[-1][0] <= progress[-1][1]
+    assert not checking.busy and w.chat.send_button.isEnabled()
+    assert checking.bar.cancel_button.isHidden() and checking.bar.progress.isHidden()
+    return checking.bar.text()
+
+
+def test_a_code_answer_checks_identical_with_exact_speculation(qtbot, open_window, smollm_path, tmp_path):
+    w = _self_drafting(open_window, smollm_path, tmp_path, exact=True)
+    answer = send(qtbot, w, PROMPT)
+    assert answer.mode == "draft"
+    assert "```" in answer.content or "def " in answer.content  # a code answer
+    assert "Check against plain decoding" in w.chat.transcript.toPlainText()
+    tokens = sum(len(c["emitted"]) for c in answer.cycles)
+    shown = _check(qtbot, w, 1)
+    assert shown == f"Answer 1: Identical to plain decoding ({tokens} tokens)."
+
+
+def test_with_exact_speculation_off_the_check_shows_the_first_difference(qtbot, open_window, smollm_path,
+                                                                          tmp_path):
+    w = _self_drafting(open_window, smollm_path, tmp_path, exact=False)
+    assert send(qtbot, w, PROMPT).mode == "draft"
+    results = []
+    w.engine.worker.plainChecked.connect(results.append, Qt.DirectConnection)
+    shown = _check(qtbot, w, 1)
+    result = results[-1].result
+    assert result.index is not None and result.answer.token != result.plain.token
+    assert shown.startswith(f"Answer 1: Differs from plain decoding at token {result.index} of ")
+    assert f"{result.answer.text!r} (id {result.answer.token}, logit {result.answer.logit:.4f}) vs plain " \
+           f"{result.plain.text!r} (id {result.plain.token}, logit {result.plain.logit:.4f})" in shown
+    assert "Identity is not promised with exact speculation off" in shown
+    # Plain text, as typed: a token is never read as markup.
+    assert w.plain_checking.bar.label.textFormat() == Qt.PlainText
+
+
+def test_the_exact_setting_starts_the_engine_with_the_switch(qtbot, open_window, smollm_path):
+    from speculum.engine.llama import cpu_settings
+    from speculum.ui.settingsdialog import SettingsDialog
+
+    w = open_window(load=False)
+    assert w.settings.exact is cpu_settings.EXACT_BY_DEFAULT
+    dialog = SettingsDialog(w.settings, w)
+    assert dialog.exact.isChecked() is cpu_settings.EXACT_BY_DEFAULT and dialog.exact.isEnabled()
+    dialog.exact.setChecked(True)
+    dialog.accept()
+    assert w.settings.exact is True
+    settings = []
+    w.engine.worker.ready.connect(lambda _gpu, setting: settings.append(setting))
+    w.set_pair(str(smollm_path), load=False)
+    with qtbot.waitSignal(w.modelsLoaded, timeout=LOAD_MS):
+        w.load_pair()  # a fresh engine process, with the switch as the setting says
+    assert w.engine._process.exact is True
+    qtbot.waitUntil(lambda: bool(settings), timeout=LOAD_MS)
+    assert cpu_settings.rows_invariant_asked(settings[-1])
