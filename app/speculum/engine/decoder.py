@@ -147,8 +147,9 @@ class Decoder:
         context, pending = self._prefill(prompt, policy, stop, on_prompt, stats)
         constraints = Constraints.start(self.target, grammar, sampling, context)
         rng = np.random.default_rng(sampling.seed)
-        # Greedy or seeded, the answer is a function of its prompt: an earlier one may be recalled.
-        policy.begin(repeatable=sampling.greedy or sampling.seed is not None)
+        # Greedy, or noise keyed by a seed: the answer is a function of its prompt, and an earlier
+        # answer to it may be recalled whole (rejection sampling's draws depend on the drafts).
+        policy.begin(repeatable=sampling.greedy or sampling.drafter_invariant)
         detok = self.target.detokenizer()
         generated = 0
         for index in itertools.count():
