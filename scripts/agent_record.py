@@ -33,13 +33,17 @@ CODEX = Path.home() / ".cache" / "speculum-dev" / "npm" / "bin" / "codex"  # whe
 MODEL = "bench"  # bench_peer.speculum_configs' --model-id
 
 # The tasks: read a file, then edit it (an edit turn: the answer writes code), then say so.
-SOURCE = 'def greet(name):\n    return "Hello, " + name + "!"\n\n\nif __name__ == "__main__":\n    print(greet("world"))\n'
+SOURCE = ('def greet(name):\n    return "Hello, " + name + "!"\n\n\n'
+          'if __name__ == "__main__":\n    print(greet("world"))\n')
 CLAUDE_TASK = ('Read greet.py with the Read tool, then use the Edit tool to change the word "Hello" to "Goodbye" '
                "in it.")
 CLAUDE_AFTER = "After the edit succeeds, tell the user in one sentence what changed; do not call a tool again."
-CODEX_INSTRUCTIONS = ("You are a coding agent on the user's machine. Run shell commands with the exec_command tool. "
-                      "Edit files with the apply_patch tool. When the edit is done, answer the user in one sentence.\n")
-CODEX_TASK = 'Run `cat greet.py`, then change the word "Hello" to "Goodbye" in greet.py.'
+# Codex offers an unknown model no apply_patch tool: it edits through the shell. With unified exec
+# (exec_command and write_stdin) the 1.5B target read the file, then called write_stdin again and
+# again; with it off Codex offers the one `shell` tool.
+CODEX_INSTRUCTIONS = ("You are a coding agent on the user's machine. Run shell commands with the shell tool. Edit "
+                      "files with `sed -i`. When the edit is done, answer the user in one sentence.\n")
+CODEX_TASK = 'Run `cat greet.py`, then change the word "Hello" to "Goodbye" in greet.py with `sed -i`.'
 
 EDIT_TOOLS = {"Edit", "Write", "MultiEdit", "NotebookEdit", "apply_patch"}
 # A shell call that writes a file (Codex may edit through exec_command instead of apply_patch).
@@ -150,6 +154,8 @@ class Recorder:
             keep = request.method == "POST" and request.url.path == path
             if not keep:
                 self.other.append(f"{request.method} {request.url.path}")
+                if not answer:  # no server behind: only the kept path is heard
+                    return JSONResponse({"error": "not recorded"}, 404)
             elif not answer:
                 self.turns.append({"body": json.loads(body), "sse": ""})
                 return JSONResponse({"type": "error", "error": {"type": "invalid_request_error",
@@ -211,8 +217,10 @@ def codex_command(url: str, work: Path, instructions: Path, task: str) -> list[s
                          f"npm install --global --prefix {CODEX.parent.parent} @openai/codex")
     provider = (f'{{name="Speculum", base_url="{url}/v1", wire_api="responses", stream_idle_timeout_ms=1800000}}')
     return [str(CODEX), "exec", "--skip-git-repo-check", "--cd", str(work), "--model", MODEL,
-            "--sandbox", "workspace-write", "-c", "model_provider=speculum", "-c", f"model_providers.speculum={provider}",
+            "--sandbox", "workspace-write", "-c", "model_provider=speculum",
+            "-c", f"model_providers.speculum={provider}",
             "-c", f"model_instructions_file={instructions}", "--disable", "multi_agent", "--disable", "goals",
+            "--disable", "unified_exec",
             "--disable", "view_image", "--disable", "skill_search", "-c", "skills.bundled.enabled=false",
             "-c", "web_search=disabled", task]
 
@@ -282,7 +290,8 @@ def record(agent: str, ctx: int, threads: int, out: Path | None) -> Path:
         turns.append({"edit": edits(calls), "answer_calls": [name for name, _ in calls],
                       "body": scrub.json(turn["body"])})
     session = {"agent": agent, "api": api_path, "client": scrub.text(version), "task": task,
-               "recorded": f"{len(turns)} requests against speculum serve (auto, demo pair), {run_note}",
+               "recorded": f"{len(turns)} requests " + ("captured by the proxy, not answered" if full else
+                                                         f"against speculum serve (auto, demo pair), {run_note}"),
                "other_requests": sorted(set(proxy.other)), "turns": turns}
     out = out or session_file(agent)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,9 @@ llama.cpp; it serves both APIs itself) plain and with its speculative types: a d
 configuration before the next turn (the order turns from turn to turn, so the machine's load falls
 on all alike); every server gets the same bodies, greedy (temperature 0: the agents send 1 or
 none) with max tokens capped (--max-tokens; agents ask 32000), whatever it answered before: the
-conversation is the recorded one.
+conversation is the recorded one. Before the first turn the script waits for the fresh Speculum
+server to measure auto mode's costs in its idle moments (--settle), which it would otherwise do
+beside the other servers' requests, slowing them.
 
 Per turn and configuration: the new prompt tokens read (prompt tokens less those the server's
 prompt cache gave, from its own usage), time to first token (the first text, tool name or tool
@@ -25,7 +27,8 @@ turns (those whose recorded answer called an edit tool) against llama-server's b
 
     python scripts/bench_agent.py                    (claude and codex sessions, all configurations)
     python scripts/bench_agent.py --quick            (the first 2 turns, speculum auto and llama-server plain)
-    python scripts/bench_agent.py --sessions claude-full --ctx 32768   (Claude Code's default first request, ~18.6k tokens)
+    python scripts/bench_agent.py --sessions claude-full   (Claude Code's default first request, ~18.6k
+        tokens: --ctx 32768, minutes per server on 2 cores; not in the default run)
     python scripts/bench_agent.py record --agent claude|codex|claude-full
     (add --configs NAME,..., --max-tokens N, --threads N, --ctx N, --llama-server BIN, --json FILE)
 """
@@ -48,7 +51,8 @@ sys.path.insert(0, str(SCRIPTS))
 sys.path.insert(0, str(REPO / "app"))
 
 from agent_record import record, session_file  # noqa: E402
-from bench_peer import PLAIN, Config, Server, build_llama_server, llama_server_configs, spec_types, speculum_configs  # noqa: E402,E501
+from bench_peer import (PLAIN, Config, Server, build_llama_server, llama_server_configs,  # noqa: E402
+                        spec_types, speculum_configs)
 
 SPECULUM = "speculum auto"
 DEFAULT_SESSIONS = ("claude", "codex")
@@ -172,12 +176,28 @@ def send(url: str, turn: Turn, max_tokens: int) -> Result:
 
 # -- the run and the report ------------------------------------------------------------------
 
-def run(configs: list[Config], turns: list[Turn], max_tokens: int, logs: Path) -> dict[tuple[str, str], Result]:
+def settled(server: Server, logs: Path, timeout: float) -> None:
+    """Waits until a fresh Speculum server has measured auto mode's costs in its idle moments (its
+    log says "measured in"): measured later, beside another server's request, it would slow that one."""
+    log = logs / f"{server.config.name.replace(' ', '_')}.log"
+    deadline = time.monotonic() + timeout
+    while "measured in " not in log.read_text(errors="replace"):
+        if time.monotonic() > deadline or server.process.poll() is not None:
+            print(f"{server.config.name}: not measured after {timeout:.0f} s; replaying anyway", file=sys.stderr)
+            return
+        time.sleep(1)
+
+
+def run(configs: list[Config], turns: list[Turn], max_tokens: int, logs: Path,
+        settle_s: float) -> dict[tuple[str, str], Result]:
     results: dict[tuple[str, str], Result] = {}
     servers = [Server(c, logs) for c in configs]
     try:
         for server in servers:
             server.wait_ready()
+        for server in servers:
+            if server.config.speculum and settle_s > 0:
+                settled(server, logs, settle_s)
         for i, turn in enumerate(turns):
             order = servers[i % len(servers):] + servers[:i % len(servers)]
             for server in order:
@@ -257,7 +277,8 @@ def bench(argv: Sequence[str]) -> int:
     ap.add_argument("--target")
     ap.add_argument("--draft")
     ap.add_argument("--sessions", default=",".join(DEFAULT_SESSIONS),
-                    help="comma-separated: claude, codex, claude-full (Claude Code's default first request: --ctx 32768)")
+                    help="comma-separated: claude, codex, claude-full (Claude Code's default first request, "
+                         "--ctx 32768)")
     ap.add_argument("--quick", action="store_true", help="the first 2 turns; speculum auto and llama-server plain")
     ap.add_argument("--turns", type=int, help="replay only each session's first N turns")
     ap.add_argument("--configs", help="comma-separated configuration names (default: all that apply)")
@@ -265,6 +286,8 @@ def bench(argv: Sequence[str]) -> int:
     ap.add_argument("--threads", type=int, help="threads for every server (default: all cores)")
     ap.add_argument("--ctx", type=int, help=f"context (default 8192; {FULL_CTX} with claude-full)")
     ap.add_argument("--llama-server", help="a llama-server binary (default: build it from the vendored llama.cpp)")
+    ap.add_argument("--settle", type=float, default=900, metavar="S",
+                    help="wait up to S seconds for Speculum's idle measuring before the first turn (0: do not)")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON here ('-': standard output)")
     args = ap.parse_args(argv)
 
@@ -276,19 +299,22 @@ def bench(argv: Sequence[str]) -> int:
     ctx = args.ctx or (FULL_CTX if "claude-full" in names else 8192)
     target, draft = demo_pair(args.target, args.draft, alone=False)
     threads = args.threads or usable_cores()
-    binary = args.llama_server or build_llama_server()
-    configs = speculum_configs(target, draft, ctx, threads)[:1] + [
-        c for c in llama_server_configs(binary, target, draft, ctx, threads, spec_types(binary)) if not c.optional]
     wanted = args.configs.split(",") if args.configs else ([SPECULUM, PLAIN] if args.quick else None)
+    configs = speculum_configs(target, draft, ctx, threads)[:1]
+    if not wanted or any(not w.startswith("speculum") for w in wanted):
+        binary = args.llama_server or build_llama_server()
+        configs += [c for c in llama_server_configs(binary, target, draft, ctx, threads, spec_types(binary))
+                    if not c.optional]
     if wanted:
         configs = [c for c in configs if c.name in wanted]
     names_of = [c.name for c in configs]
     info = {"target": Path(target).name, "draft": Path(draft).name if draft else None, "threads": threads,
-            "ctx": ctx, "max_tokens": args.max_tokens, "sessions": names, "load_average_start": load_average(),
+            "ctx": ctx, "max_tokens": args.max_tokens, "sessions": names, "settle_s": args.settle,
+            "load_average_start": load_average(),
             "commands": {c.name: " ".join(c.command) for c in configs}}
     logs = Path(tempfile.mkdtemp(prefix="bench-agent-logs-"))
     print(f"servers' logs in {logs}; load average {one_minute_load(info['load_average_start'])}", file=sys.stderr)
-    results = run(configs, turns, args.max_tokens, logs)
+    results = run(configs, turns, args.max_tokens, logs, args.settle)
     info["load_average_end"] = load_average()
     out = report_json(results, turns, names_of, info)
     for metric in METRICS:
