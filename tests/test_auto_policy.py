@@ -576,23 +576,31 @@ def test_a_recalled_context_copies_long_at_once_and_a_shared_ending_only_probes(
     assert 0.030 * 0.35 * longest(shared_end) <= room + 1e-9
 
 
-def test_a_recalled_text_is_copied_past_fifteen_tokens_where_long_passes_pay_and_no_other_copy_is():
-    # A pass of 64 tokens costs 10.3 single steps on Qwen2.5 1.5B (2 cores), 16 cost 3.3: where
-    # every copied token is right (the same prompt again), long passes write more per step.
-    from speculum.engine.policy import auto
+def remembering_policy(rng, n: int) -> tuple[AutoPolicy, list[int]]:
+    """A policy drafting from a memory of one earlier text of ``n`` tokens (a prompt and its
+    answer), whose copies have all been right, on the demo target's 2-core verify curve."""
     from speculum.engine.drafting.lookup import MemoryLookup
     from speculum.engine.drafting.ngrammemory import NgramMemory
     from speculum.engine.vocabulary import Source
 
-    rng = np.random.default_rng(6)
-    earlier = rng.integers(0, 1000, 500).tolist()
+    earlier = rng.integers(0, 1000, n).tolist()
     memory = NgramMemory(1000)
     memory.remember(earlier, "api")
     policy = AutoPolicy({Source.MEMORY: MemoryLookup(memory)}, "auto", Device.CPU)
     policy.calibrated(CostModel({n: 0.030 * (1 + 0.145 * (n - 1)) for n in (1, 2, 3, 4, 5, 6, 8, 16, 32, 64)}))
-    for table in policy._match_rates[Source.MEMORY]:  # copies from the memory have all been right
+    for table in policy._match_rates[Source.MEMORY]:
         for rate in table:
             rate.accepted, rate.rejected = 5.0, 0.0
+    return policy, earlier
+
+
+def test_a_recalled_text_is_copied_past_fifteen_tokens_where_long_passes_pay_and_no_other_copy_is():
+    # A pass of 64 tokens costs 10.3 single steps on Qwen2.5 1.5B (2 cores), 16 cost 3.3: where
+    # every copied token is right (the same prompt again), long passes write more per step.
+    from speculum.engine.policy import auto
+
+    rng = np.random.default_rng(6)
+    policy, earlier = remembering_policy(rng, 500)
     recalled = earlier[:250]
     assert max(policy.choose(recalled).k for _ in range(20)) > auto.MAX_K
     shared_end = rng.integers(0, 1000, 150).tolist() + earlier[150:250]  # only its end seen before
@@ -749,20 +757,10 @@ def test_a_recalled_text_is_copied_long_only_while_the_answer_repeats_the_rememb
     # like any other (its first copy a probe within the budget). Greedy, it is recalled whole
     # until a recalled copy fails; from then on it is an ordinary copy too.
     from speculum.engine.policy import auto
-    from speculum.engine.drafting.lookup import MemoryLookup
-    from speculum.engine.drafting.ngrammemory import NgramMemory
     from speculum.engine.drafting.draft import Draft
     from speculum.engine.vocabulary import Source
 
-    rng = np.random.default_rng(7)
-    earlier = rng.integers(0, 1000, 400).tolist()
-    memory = NgramMemory(1000)
-    memory.remember(earlier, "api")
-    policy = AutoPolicy({Source.MEMORY: MemoryLookup(memory)}, "auto", Device.CPU)
-    policy.calibrated(CostModel({n: 0.030 * (1 + 0.145 * (n - 1)) for n in (1, 2, 3, 4, 5, 6, 8, 16, 32, 64)}))
-    for table in policy._match_rates[Source.MEMORY]:  # copies from the memory have all been right
-        for rate in table:
-            rate.accepted, rate.rejected = 5.0, 0.0
+    policy, earlier = remembering_policy(np.random.default_rng(7), 400)
     recalled = earlier[:250]
 
     policy.begin(repeatable=False)
