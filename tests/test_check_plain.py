@@ -53,7 +53,10 @@ def test_plain_decoding_checks_as_identical_and_an_altered_token_is_found_with_i
     assert parted.answer.logit < parted.plain.logit
     assert parted.plain.text == decoder.target.token_text(answer[10])
     words = parted.words()
-    assert words.startswith(f"Differs from plain decoding at token 10 of 24: {parted.answer.text!r} (id {second}, ")
+    before = decoder.target.detokenize(answer[:10])
+    assert parted.before == before[-40:] and before.strip()
+    assert words.startswith(f"Differs from plain decoding at token 10 of 24, after {'…' * (len(before) >= 40)}"
+                            f"{parted.before!r}: {parted.answer.text!r} (id {second}, ")
     assert f"vs plain {parted.plain.text!r} (id {answer[10]}, logit {parted.plain.logit:.4f})" in words
 
 
@@ -106,7 +109,8 @@ def test_generate_check_plain_forced_non_invariant_exits_1_at_the_first_differen
     assert check["answer"]["token"] == answer[index] != check["plain"]["token"]
     assert check["answer"]["logit"] <= check["plain"]["logit"]  # plain decoding takes the row's argmax
     assert check["plain"]["logit"] - check["answer"]["logit"] < 0.7  # a near tie, as the switch's rows differ
-    assert check["words"].startswith(f"Differs from plain decoding at token {index} of {len(answer)}: ")
+    assert check["words"].startswith(f"Differs from plain decoding at token {index} of {len(answer)}, after ")
+    assert check["before"] and check["words"].count(repr(check["before"])) == 1
     assert "Identity is not promised with exact speculation off" in check["words"]
 
 

@@ -57,6 +57,7 @@ def test_with_exact_speculation_off_the_check_shows_the_first_difference(qtbot, 
     result = results[-1].result
     assert result.index is not None and result.answer.token != result.plain.token
     assert shown.startswith(f"Answer 1: Differs from plain decoding at token {result.index} of ")
+    assert f", after …{result.before!r}: " in shown  # where it is, in the answer's own words
     assert f"{result.answer.text!r} (id {result.answer.token}, logit {result.answer.logit:.4f}) vs plain " \
            f"{result.plain.text!r} (id {result.plain.token}, logit {result.plain.logit:.4f})" in shown
     assert "Identity is not promised with exact speculation off" in shown

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from .decoder import Decoder
 
 Progress = Callable[[int, int], None]  # (answer tokens checked, of how many)
+CONTEXT_CHARS = 40  # of the answer's text before a difference, shown to find it by
 
 
 class Outcome(Word):
@@ -54,6 +55,7 @@ class PlainCheck:
     answer: TokenAt | None = None  # where it differs: the answer's token there
     plain: TokenAt | None = None  # and plain decoding's
     not_promised: str = ""  # why this build does not promise identity ("" where it does)
+    before: str = ""  # where it differs: the end of the answer's text before that token, to find it by
 
     @property
     def index(self) -> int | None:
@@ -67,7 +69,8 @@ class PlainCheck:
         elif self.outcome == Outcome.CANCELLED:
             said = f"Check cancelled: the first {self.checked:,} of {self.tokens:,} tokens are plain decoding's."
         else:
-            said = (f"Differs from plain decoding at token {self.index:,} of {self.tokens:,}: "
+            after = f", after {'…' * (len(self.before) == CONTEXT_CHARS)}{self.before!r}" if self.before else ""
+            said = (f"Differs from plain decoding at token {self.index:,} of {self.tokens:,}{after}: "
                     f"{self.answer.shown} (id {self.answer.token}, logit {self.answer.logit:.4f}) "
                     f"vs plain {self.plain.shown} (id {self.plain.token}, logit {self.plain.logit:.4f}).")
         return said + (f" {self.not_promised}" if self.not_promised else "")
@@ -77,6 +80,7 @@ class PlainCheck:
                "promised": not self.not_promised, "words": self.words()}
         if self.outcome == Outcome.DIFFERS:
             out["index"] = self.index
+            out["before"] = self.before
             for name, at in (("answer", self.answer), ("plain", self.plain)):
                 out[name] = {"token": at.token, "text": at.text, "logit": at.logit}
         return out
@@ -98,7 +102,7 @@ def not_promised(decoder: Decoder) -> str:
                 "(scripts/setup-env.sh builds one that has).")
     if not cpu_settings.rows_invariant_asked(cpu_settings.in_effect()):
         return ("Identity is not promised with exact speculation off: a verify pass may compute a row "
-                "unlike a single step (--exact, or Settings ▸ Exact speculation, turns it on).")
+                "unlike a single step (--exact turns it on; in the window, Settings ▸ Exactness).")
     return ""
 
 
@@ -138,7 +142,8 @@ def check_plain(decoder: Decoder, prompt: Sequence[int], answer: Sequence[int],
             row = np.array(sequence.decode([answer[i - 1]], rows=(0,))[0])  # one plain step
         best = int(np.argmax(row))  # greedy verification's and plain decoding's choice
         if best != token:
-            return PlainCheck(Outcome.DIFFERS, len(answer), i, _at(target, row, token), _at(target, row, best), words)
+            return PlainCheck(Outcome.DIFFERS, len(answer), i, _at(target, row, token), _at(target, row, best), words,
+                              target.detokenize(answer[:i])[-CONTEXT_CHARS:])
         report(i + 1, len(answer))
     return PlainCheck(Outcome.IDENTICAL, len(answer), len(answer), not_promised=words)
 
