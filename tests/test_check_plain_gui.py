@@ -84,3 +84,24 @@ def test_the_exact_setting_starts_the_engine_with_the_switch(qtbot, open_window,
     assert w.engine._process.exact is True
     qtbot.waitUntil(lambda: bool(settings), timeout=LOAD_MS)
     assert cpu_settings.rows_invariant_asked(settings[-1])
+
+
+def test_a_check_cancels_and_foreign_tokens_are_refused_in_words(qtbot, open_window, smollm_path):
+    w = open_window(smollm_path, mode="lookup", max_tokens=16)
+    answer = send(qtbot, w, "Name three fruits.")
+    checking = w.plain_checking
+    with qtbot.waitSignal(checking.finished, timeout=GENERATE_MS):
+        w.chat.transcript.anchorClicked.emit(QUrl("check:1"))
+        checking.bar.cancel_button.click()  # at once: the engine sees it before its first token
+    assert checking.bar.text().startswith("Answer 1: Check cancelled: the first ")
+    tokens = sum(len(c["emitted"]) for c in answer.cycles)
+    assert f"of {tokens} tokens are plain decoding's." in checking.bar.text()
+    # A conversation file that says the answer was other tokens than this model has: said, not crashed.
+    answer.cycles[0]["emitted"] = [10**9]
+    w.chat.transcript.show_messages(w.current.messages)
+    with qtbot.waitSignal(checking.finished, timeout=GENERATE_MS):
+        w.chat.transcript.anchorClicked.emit(QUrl("check:1"))
+    assert checking.bar.text() == ("Answer 1: the check could not run. The answer's tokens are not this model's: "
+                                   "load the model that wrote it.")
+    assert w.engine.is_alive() and w.chat.send_button.isEnabled()
+    assert send(qtbot, w, "Name three colours.").content  # the engine answers on
