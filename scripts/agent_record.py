@@ -38,12 +38,13 @@ SOURCE = ('def greet(name):\n    return "Hello, " + name + "!"\n\n\n'
 CLAUDE_TASK = ('Read greet.py with the Read tool, then use the Edit tool to change the word "Hello" to "Goodbye" '
                "in it.")
 CLAUDE_AFTER = "After the edit succeeds, tell the user in one sentence what changed; do not call a tool again."
-# Codex offers an unknown model no apply_patch tool: it edits through the shell. With unified exec
-# (exec_command and write_stdin) the 1.5B target read the file, then called write_stdin again and
-# again; with it off Codex offers the one `shell` tool.
-CODEX_INSTRUCTIONS = ("You are a coding agent on the user's machine. Run shell commands with the shell tool. Edit "
-                      "files with `sed -i`. When the edit is done, answer the user in one sentence.\n")
-CODEX_TASK = 'Run `cat greet.py`, then change the word "Hello" to "Goodbye" in greet.py with `sed -i`.'
+# Codex offers an unknown model no apply_patch tool (exec_command, write_stdin, request_user_input): it
+# edits through the shell. Asked to read the file, then edit it, the 1.5B target read it, then called
+# write_stdin again and again (three recordings): here the edit is the task's first command.
+CODEX_INSTRUCTIONS = ("You are a coding agent on the user's machine. Run shell commands with the exec_command tool. "
+                      "Then answer the user in one sentence from the command's output.\n")
+# (Asked which greeting the file holds after the edit, it answered "Goodbye" without running anything.)
+CODEX_TASK = "Run `sed -i 's/Hello/Goodbye/' greet.py && wc -c greet.py` and tell me how many bytes greet.py has now."
 
 EDIT_TOOLS = {"Edit", "Write", "MultiEdit", "NotebookEdit", "apply_patch"}
 # A shell call that writes a file (Codex may edit through exec_command instead of apply_patch).
@@ -220,7 +221,6 @@ def codex_command(url: str, work: Path, instructions: Path, task: str) -> list[s
             "--sandbox", "workspace-write", "-c", "model_provider=speculum",
             "-c", f"model_providers.speculum={provider}",
             "-c", f"model_instructions_file={instructions}", "--disable", "multi_agent", "--disable", "goals",
-            "--disable", "unified_exec",
             "--disable", "view_image", "--disable", "skill_search", "-c", "skills.bundled.enabled=false",
             "-c", "web_search=disabled", task]
 
