@@ -61,7 +61,7 @@ def record(target: str, path: Path) -> dict[str, tuple[list[int], list[int]]]:
     for p in load_prompts():
         if p.temperature == 0:  # a sampled answer differs each time: nothing fixed to replay
             prompt = decoder.target.tokenize(decoder.target.apply_chat_template(p.messages()))
-            cycles = decoder.generate(prompt, max_tokens=p.max_tokens, policy=Mode.LOOKUP)
+            cycles = decoder.generate(prompt, max_tokens=p.max_tokens, policy=Mode.LOOKUP, grammar=p.grammar())
             answers[p.name] = (list(prompt), [t for c in cycles for t in c.emitted])
             print(f"recorded {p.name}", file=sys.stderr)
     path.write_text(json.dumps(answers))

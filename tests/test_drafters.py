@@ -4,6 +4,7 @@ import numpy as np
 
 from speculum.engine.drafting import drafters
 from speculum.engine.decoder import Decoder
+from speculum.engine.drafting import copycursor
 from speculum.engine.drafting.copycursor import Spelling, renamed_word
 from speculum.engine.drafting.draft import Choice, Draft, Drafter, NO_MATCH
 from speculum.engine.drafting.lookup import PromptLookup, SuffixIndex
@@ -252,3 +253,30 @@ def test_lookup_forgets_a_change_the_answer_does_not_repeat():
     assert lookup.substitutions == {}
     lookup.match(context)
     assert lookup.copy(8) == CODE[45:53]  # the third place copied as the text has it
+
+
+def test_a_copy_rejoined_right_after_a_local_change_goes_on_as_the_same_copy():
+    # A typo fixed: three tokens of the text ([50, 51, 52]) written as one ([99]), then the text
+    # again. The next token after the fix finds the copy a few tokens on from where it was left,
+    # and the copy goes on there with some of the trust of its run before the change (not as a
+    # new match of one token, copied only after three more were written plainly).
+    text = list(range(10, 30)) + [50, 51, 52] + list(range(30, 60))
+    prompt = [1, 2, *text, 3, 4]
+
+    def written(answer: list[int]):
+        lookup = PromptLookup()
+        lookup.begin(prompt)
+        context = list(prompt)
+        for t in answer:  # the policy asks for the match each cycle
+            lookup.match(context)
+            context.append(t)
+        return lookup, lookup.match(context)
+
+    lookup, m = written(text[:20] + [99, 30])
+    assert lookup.copy(4) == [31, 32, 33, 34]
+    assert m.length == 1 + copycursor.REJOIN_TRUST
+    _, m = written(text[:10] + [99, 30])  # a short copy before the change: a chance rejoin, maybe
+    assert m.length == 1
+    # Nothing near where it left: no rejoining (a token found further on is no such copy).
+    _, m = written(text[:20] + [99, 45])
+    assert m.length <= 1

@@ -144,6 +144,7 @@ class PromptLookup(Drafter):
         else:
             self.extend(context[n:])
         m, cursor = self._index.match, self._cursor
+        cursor.rejoin(self.tokens)  # near where it left, before any match elsewhere
         if m.length and (cursor.at is None or cursor.run < m.length):
             cursor.found(m.end + 1, m.length, self.tokens)  # the output left its copy, or a longer one is found
         if cursor.at is None or cursor.run < self.min_ngram or not cursor.remaining:
