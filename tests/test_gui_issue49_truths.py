@@ -269,7 +269,7 @@ def test_a_crash_while_loading_is_told_by_the_activity_not_its_words():
     first_decode = EngineDeath("signal SIGSEGV (Segmentation fault)", Activity.GENERATING, True, profiles.STANDARD)
     assert "at the first decode" in crash_offer(first_decode, False)[0]
     assert {a.words for a in Activity} == {"idle", "loading the models", "generating an answer",
-                                           "summarising a document"}
+                                           "summarising a document", "checking an answer against plain decoding"}
 
 
 def test_the_live_view_filled_before_it_is_shown_ends_on_whole_rows(qtbot):
