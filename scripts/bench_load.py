@@ -12,6 +12,8 @@ process that spins on one core, for plain decoding and auto mode.
 
 Settings: today = libgomp's default (GOMP_SPINCOUNT=300000, what Speculum ran with before);
 passive = OMP_WAIT_POLICY=passive; speculum = what engine/llama/cpu_settings.py sets; spin=N = GOMP_SPINCOUNT=N.
+Each as Speculum runs it, its thread count following other programs (engine/llama/contention.py);
+with "/fixed" after it (speculum/fixed), on all cores whatever else runs.
 """
 
 from __future__ import annotations
@@ -27,8 +29,14 @@ import time
 PROMPT = "Write a Python function that parses a CSV file and returns the average of each numeric column."
 
 
+FIXED = "/fixed"  # a setting's suffix: the thread count kept at all cores, not following other programs
+
+
 def environment(setting: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    if setting.endswith(FIXED):
+        env["SPECULUM_BENCH_FIXED_THREADS"] = "1"
+        setting = setting[:-len(FIXED)]
     if setting == "today":
         env["GOMP_SPINCOUNT"] = "300000"  # libgomp's own default when nothing is set
     elif setting == "passive":
@@ -53,7 +61,10 @@ def measure(args) -> dict:
     from speculum.engine.settings import LoadOptions
     from speculum.engine.prompts import build_messages
 
-    decoder = load_decoder(args.model, args.draft, LoadOptions(n_ctx=2048))
+    from speculum.engine.llama.native import default_threads
+
+    fixed = os.environ.get("SPECULUM_BENCH_FIXED_THREADS") == "1"
+    decoder = load_decoder(args.model, args.draft, LoadOptions(n_ctx=2048, n_threads=default_threads() if fixed else None))
     prompt = decoder.target.tokenize(decoder.target.apply_chat_template(build_messages(PROMPT)))
 
     def run(mode: str) -> float:
