@@ -83,8 +83,8 @@ def test_bench_json_contract(smollm_path, tmp_path):
     for r in results:  # each greedy answer against plain decoding's first, token for token
         if r["name"] == "copy":  # (plain's own second run too: its prompt from the cache)
             assert r["same_as_off"] is True and r["departs_at"] is None, r
-        else:
-            assert "same_as_off" not in r  # a sampled answer (same distribution, not text)
+        else:  # seeded (bench's prompts are): drafter-invariant sampling promises Off's text too
+            assert isinstance(r["same_as_off"], bool), r
     # plain decoding priced is plain decoding, less what choosing each step took (a fraction of a ms)
     assert all(0.9 < r["priced_speedup"] <= 1.0 for r in results if r["mode"] == "off")
     # the target verifies: without flash attention on the CPU (cpu_settings.attention)

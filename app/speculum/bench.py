@@ -45,6 +45,16 @@ class BenchPrompt:
     def messages(self) -> list[dict]:
         return build_messages(self.user, self.system, self.document, self.history)
 
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(temperature=self.temperature, seed=self.seed)
+
+    @property
+    def repeatable(self) -> bool:
+        """Whether its answer is a function of the prompt, the same in every mode: greedy, or
+        seeded drafter-invariant sampling (engine/sampling.py)."""
+        sampling = self.sampling()
+        return sampling.greedy or sampling.drafter_invariant
+
     def grammar(self):
         """The grammar the answer follows (None: free text)."""
         return schema_grammar(self.json_schema) if self.json_schema is not None else None
@@ -80,7 +90,7 @@ def run_one(decoder: Decoder, prompt_tokens: list[int], mode: Mode, prompt: Benc
             choices: list | None = None) -> tuple[Stats, list[int]]:
     """One generation; its Stats and the tokens it wrote (and, into ``passes``, each pass's
     (tokens, seconds); into ``choices``, what each cycle chose, as ``priced_speedup`` reads it)."""
-    sampling = SamplingParams(temperature=prompt.temperature, seed=prompt.seed)
+    sampling = prompt.sampling()
     output: list[int] = []
     generation = decoder.generate(prompt_tokens, max_tokens=max_tokens, sampling=sampling, policy=mode, k=k,
                                   grammar=prompt.grammar())
@@ -276,7 +286,7 @@ def run_bench(decoder: Decoder, prompts: list[BenchPrompt], modes: list[Mode], m
     if ttft is not None:
         info["ttft"] = ttft.after_the_run()
     results = [one.row(name, mode) for (name, mode), one in runs.items()]
-    _compare(results, runs, passes, tokenized, {p.name: p.temperature == 0 for p in prompts}, decoder)
+    _compare(results, runs, passes, tokenized, {p.name: p.repeatable for p in prompts}, decoder)
     if remember and decoder.memory is not None:
         for p in prompts:
             if (p.name, Mode.OFF) in runs:
@@ -333,7 +343,8 @@ def _compare(results: list[dict], runs: dict[tuple[str, Mode], ModeRuns], passes
                 r["priced_oracle_fraction"] = round(r["priced_speedup"] / r["oracle_speedup"], 3)
         plain = runs.get((r["name"], Mode.OFF))
         if plain is not None and greedy[r["name"]] and (r["mode"] != Mode.OFF or len(one.outputs) > 1):
-            # Speculation's promise: the target's own answer. Greedy, token for token, in every run
+            # Speculation's promise: the target's own answer. Greedy (or seeded: the same noise in
+            # every mode), token for token, in every run
             # against plain decoding's first (a batched pass computes in another order than a single
             # step unless --exact, so a near tie can flip: shown here; where it first departs).
             parted = [at for same, at in (departure(plain.outputs[0], out) for out in one.outputs) if not same]
