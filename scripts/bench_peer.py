@@ -109,12 +109,14 @@ class Table:
 
 # -- the configurations ----------------------------------------------------------------------
 
-def speculum_configs(target: str, draft: str | None, ctx: int, threads: int | None) -> list[Config]:
+def speculum_configs(target: str, draft: str | None, ctx: int, threads: int | None,
+                     exact: bool = False) -> list[Config]:
     """``threads`` None: Speculum's own choice, as a user runs it (all cores, one fewer for each
-    core another program holds: engine/llama/contention.py); a number is kept fixed."""
+    core another program holds: engine/llama/contention.py); a number is kept fixed. ``exact``:
+    serve --exact (rows pass-size invariant: speculation writes plain decoding's tokens)."""
     base = (sys.executable, "-m", "speculum.cli", "serve", "--target", target, "--ctx", str(ctx),
             *(("--threads", str(threads)) if threads else ()), "--host", "127.0.0.1", "--port", "PORT",
-            "--model-id", "bench", *(("--draft", draft) if draft else ()))
+            "--model-id", "bench", *(("--draft", draft) if draft else ()), *(("--exact",) if exact else ()))
     return [Config("speculum auto", (*base, "--mode", "auto"), speculum=True),
             Config("speculum off", (*base, "--mode", "off"), speculum=True)]
 
@@ -469,6 +471,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--llama-wait", choices=("default", "speculum"), default="default",
                     help="how llama-server's threads wait: libgomp's default (300,000 spins, which collapses when "
                          "other programs load the cores), or Speculum's (engine/llama/cpu_settings.py)")
+    ap.add_argument("--exact", action="store_true",
+                    help="Speculum's servers with --exact (its speculative answers are then plain decoding's, bit for bit)")
     ap.add_argument("--busy-core", action="store_true",
                     help="another program keeps one core busy all the run (a process spinning), as a compile would")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON here ('-': standard output)")
@@ -495,7 +499,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rounds = args.rounds or (1 if args.quick else 2)
     threads = args.threads or usable_cores()
     binary = args.llama_server or build_llama_server()
-    configs = (speculum_configs(target, draft, args.ctx, args.threads)
+    configs = (speculum_configs(target, draft, args.ctx, args.threads, args.exact)
                + llama_server_configs(binary, target, draft, args.ctx, threads, spec_types(binary)))
     if args.llama_wait == "speculum":
         configs = [c if c.speculum or c.env else replace(c, env=SPECULUM_WAIT) for c in configs]
@@ -510,7 +514,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     table = Table()
     logs = Path(tempfile.mkdtemp(prefix="bench-peer-logs-"))  # the servers' own output, kept
     print(f"servers' logs in {logs}", file=sys.stderr)
-    info["busy_core"] = args.busy_core
+    info["busy_core"], info["exact"] = args.busy_core, args.exact
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.busy_core else None
     try:
         for i in range(rounds):
