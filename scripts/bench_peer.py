@@ -304,11 +304,11 @@ METRICS = {"e2e": ("end-to-end tok/s", lambda r: r.e2e_tok_s, "{:.1f}"),
            "ttft": ("time to first token, s", lambda r: r.ttft_s, "{:.2f}")}
 
 
-def agreement(table: Table, config: str) -> tuple[int, int]:
-    """(requests whose text equals llama-server plain's in the same round, requests compared)."""
+def agreement(table: Table, config: str, reference: str = PLAIN) -> tuple[int, int]:
+    """(requests whose text equals ``reference``'s in the same round, requests compared)."""
     same = total = 0
     for row in table.rows:
-        for mine, plain in zip(table.runs(row, config), table.runs(row, PLAIN)):
+        for mine, plain in zip(table.runs(row, config), table.runs(row, reference)):
             total += 1
             same += mine.text == plain.text
     return same, total
@@ -437,6 +437,9 @@ def report(table: Table, info: dict, copy_heavy: set[str] = frozenset(), busy: b
     return {"info": info, "configs": table.configs, "verdicts": verdicts(table),
             "bars": bars(table, set(copy_heavy), busy),
             "agreement_with_plain": {c: "{} of {}".format(*agreement(table, c)) for c in table.configs},
+            # Speculation's promise, Speculum's own plain decoding the reference (same kernels)
+            "auto_same_as_off": "{} of {}".format(*agreement(table, "speculum auto", "speculum off"))
+            if {"speculum auto", "speculum off"} <= set(table.configs) else None,
             "rows": [{"request": row, "config": c, "round": i + 1, "ttft_s": round(r.ttft_s, 3),
                       "seconds": round(r.seconds, 3), "tokens": r.tokens, "prompt_tokens": r.prompt_tokens,
                       "cached_tokens": r.cached_tokens, "decode_tok_s": round(r.decode_tok_s, 2),
@@ -530,6 +533,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(render(table, metric) + "\n")
     print("same greedy text as llama-server plain: "
           + ", ".join(f"{c} {v}" for c, v in result["agreement_with_plain"].items()))
+    if result["auto_same_as_off"]:
+        print(f"speculum auto's text the same as speculum off's: {result['auto_same_as_off']}")
     for name, value in {**result["verdicts"], **result["bars"]}.items():
         print(f"{name}: {value}")
     for name, command in info["commands"].items():
