@@ -16,7 +16,10 @@ on all alike); every server gets the same bodies, greedy (temperature 0: the age
 none) with max tokens capped (--max-tokens; agents ask 32000), whatever it answered before: the
 conversation is the recorded one. Before the first turn the script waits for the fresh Speculum
 server to measure auto mode's costs in its idle moments (--settle), which it would otherwise do
-beside the other servers' requests, slowing them.
+beside the other servers' requests, slowing them. llama-server's threads wait as Speculum's do
+(--llama-wait speculum, bench_peer's SPECULUM_WAIT): libgomp's default spin collapses on a
+loaded machine (0.5 tok/s plain decoding here, docs/notes/issue35-peer.md), which would compare
+thread waits, not engines; --llama-wait default runs llama-server as shipped.
 
 Per turn and configuration: the new prompt tokens read (prompt tokens less those the server's
 prompt cache gave, from its own usage), time to first token (the first text, tool name or tool
@@ -37,11 +40,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -51,8 +55,8 @@ sys.path.insert(0, str(SCRIPTS))
 sys.path.insert(0, str(REPO / "app"))
 
 from agent_record import record, session_file  # noqa: E402
-from bench_peer import (PLAIN, Config, Server, build_llama_server, llama_server_configs,  # noqa: E402
-                        spec_types, speculum_configs)
+from bench_peer import (PLAIN, SPECULUM_WAIT, Config, Server, build_llama_server,  # noqa: E402
+                        llama_server_configs, spec_types, speculum_configs)
 
 SPECULUM = "speculum auto"
 DEFAULT_SESSIONS = ("claude", "codex")
@@ -288,6 +292,10 @@ def bench(argv: Sequence[str]) -> int:
     ap.add_argument("--llama-server", help="a llama-server binary (default: build it from the vendored llama.cpp)")
     ap.add_argument("--settle", type=float, default=900, metavar="S",
                     help="wait up to S seconds for Speculum's idle measuring before the first turn (0: do not)")
+    ap.add_argument("--llama-wait", choices=("default", "speculum"), default="speculum",
+                    help="how llama-server's threads wait: Speculum's (engine/llama/cpu_settings.py; the default "
+                         "here, so the engines are compared), or libgomp's default, which collapses when other "
+                         "programs load the cores (docs/notes/issue35-peer.md)")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON here ('-': standard output)")
     args = ap.parse_args(argv)
 
@@ -299,6 +307,7 @@ def bench(argv: Sequence[str]) -> int:
     ctx = args.ctx or (FULL_CTX if "claude-full" in names else 8192)
     target, draft = demo_pair(args.target, args.draft, alone=False)
     threads = args.threads or usable_cores()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # (the servers are stopped on the way out)
     wanted = args.configs.split(",") if args.configs else ([SPECULUM, PLAIN] if args.quick else None)
     configs = speculum_configs(target, draft, ctx, threads)[:1]
     if not wanted or any(not w.startswith("speculum") for w in wanted):
@@ -307,11 +316,13 @@ def bench(argv: Sequence[str]) -> int:
                     if not c.optional]
     if wanted:
         configs = [c for c in configs if c.name in wanted]
+    if args.llama_wait == "speculum":
+        configs = [c if c.speculum else replace(c, env=SPECULUM_WAIT) for c in configs]
     names_of = [c.name for c in configs]
     info = {"target": Path(target).name, "draft": Path(draft).name if draft else None, "threads": threads,
             "ctx": ctx, "max_tokens": args.max_tokens, "sessions": names, "settle_s": args.settle,
             "load_average_start": load_average(),
-            "commands": {c.name: " ".join(c.command) for c in configs}}
+            "commands": {c.name: " ".join([*(f"{k}={v}" for k, v in c.env), *c.command]) for c in configs}}
     logs = Path(tempfile.mkdtemp(prefix="bench-agent-logs-"))
     print(f"servers' logs in {logs}; load average {one_minute_load(info['load_average_start'])}", file=sys.stderr)
     results = run(configs, turns, args.max_tokens, logs, args.settle)
