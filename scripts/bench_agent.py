@@ -16,10 +16,10 @@ on all alike); every server gets the same bodies, greedy (temperature 0: the age
 none) with max tokens capped (--max-tokens; agents ask 32000), whatever it answered before: the
 conversation is the recorded one. Before the first turn the script waits for the fresh Speculum
 server to measure auto mode's costs in its idle moments (--settle), which it would otherwise do
-beside the other servers' requests, slowing them. llama-server's threads wait as Speculum's do
-(--llama-wait speculum, bench_peer's SPECULUM_WAIT): libgomp's default spin collapses on a
-loaded machine (0.5 tok/s plain decoding here, docs/notes/issue35-peer.md), which would compare
-thread waits, not engines; --llama-wait default runs llama-server as shipped.
+beside the other servers' requests, slowing them. llama-server runs as shipped (its default
+settings: the comparison a user makes); on a loaded machine its default spin collapses (0.5 tok/s
+plain decoding here, docs/notes/issue35-peer.md), and --llama-wait speculum (bench_peer's
+SPECULUM_WAIT) gives it Speculum's thread wait, to compare engines rather than thread waits.
 
 Per turn and configuration: the new prompt tokens read (prompt tokens less those the server's
 prompt cache gave, from its own usage), time to first token (the first text, tool name or tool
@@ -292,7 +292,7 @@ def bench(argv: Sequence[str]) -> int:
     ap.add_argument("--llama-server", help="a llama-server binary (default: build it from the vendored llama.cpp)")
     ap.add_argument("--settle", type=float, default=900, metavar="S",
                     help="wait up to S seconds for Speculum's idle measuring before the first turn (0: do not)")
-    ap.add_argument("--llama-wait", choices=("default", "speculum"), default="speculum",
+    ap.add_argument("--llama-wait", choices=("default", "speculum"), default="default",
                     help="how llama-server's threads wait: Speculum's (engine/llama/cpu_settings.py; the default "
                          "here, so the engines are compared), or libgomp's default, which collapses when other "
                          "programs load the cores (docs/notes/issue35-peer.md)")
