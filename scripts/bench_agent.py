@@ -293,9 +293,9 @@ def bench(argv: Sequence[str]) -> int:
     ap.add_argument("--settle", type=float, default=900, metavar="S",
                     help="wait up to S seconds for Speculum's idle measuring before the first turn (0: do not)")
     ap.add_argument("--llama-wait", choices=("default", "speculum"), default="default",
-                    help="how llama-server's threads wait: Speculum's (engine/llama/cpu_settings.py; the default "
-                         "here, so the engines are compared), or libgomp's default, which collapses when other "
-                         "programs load the cores (docs/notes/issue35-peer.md)")
+                    help="how llama-server's threads wait: libgomp's default (as shipped), or Speculum's "
+                         "(engine/llama/cpu_settings.py), so engines are compared where the default collapses "
+                         "because other programs load the cores (docs/notes/issue35-peer.md)")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON here ('-': standard output)")
     args = ap.parse_args(argv)
 
