@@ -64,6 +64,20 @@ def test_threads_leave_the_cores_others_take_and_come_back_when_they_leave():
     assert cores.threads(4) == 1
 
 
+def test_after_a_pause_decoding_starts_on_every_core_and_then_reads_them_again():
+    # While this process waited, another one decoded on both cores (a server beside it); that
+    # says nothing of the moment the next request comes: its prompt is read on all cores.
+    m = Machine()
+    cores = Cores(busy=lambda: m.busy_s, own=lambda: m.own_s, clock=lambda: m.t)
+    cores.threads(2)
+    m.own_rate, m.others_rate = 0.0, 2.0
+    m.advance(5.0)
+    assert cores.threads(2) == 2
+    m.own_rate, m.others_rate = 1.0, 1.0  # ... but a program that goes on holding a core is seen
+    m.advance(0.3)
+    assert cores.threads(2) == 1
+
+
 def test_where_the_system_does_not_say_the_count_stays_as_chosen():
     cores = Cores(busy=lambda: None, own=lambda: 0.0, clock=time.monotonic)
     assert cores.threads(2) == 2

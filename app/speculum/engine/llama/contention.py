@@ -25,6 +25,7 @@ INTERVAL_S = 0.25  # how often the cores are read: a busy spell costs at most th
 # Others' share of a core for it to count as taken: below it (a terminal, an idle browser) the
 # core is ours more often than not, and a thread fewer would cost more than the waits.
 TAKEN_AT = 0.6
+STALE_S = 1.0  # a reading older than this (the process was idle) is not carried into a new decode
 
 
 def _affinity() -> set[int] | None:
@@ -97,10 +98,15 @@ class Cores:
         if busy is None:
             return
         own = self._own()
-        if self._last is not None:
+        if self._last is not None and now - self._last[0] <= STALE_S:
             then, busy_then, own_then = self._last
             self.others = max(0.0, (busy - busy_then) - (own - own_then)) / (now - then)
             self.taken = int(self.others + 1.0 - TAKEN_AT)
+        else:
+            # The first decode after a pause: what others did while this process waited says
+            # little of now (a server beside it answered a request, a build ended), and a prompt
+            # read on one thread for it costs seconds. All cores, until the next reading says.
+            self.others, self.taken = 0.0, 0
         self._last = (now, busy, own)
 
 
