@@ -57,6 +57,7 @@ sys.path.insert(0, str(REPO / "app"))
 from agent_record import record, session_file  # noqa: E402
 from bench_peer import (PLAIN, SPECULUM_WAIT, Config, Server, build_llama_server,  # noqa: E402
                         llama_server_configs, spec_types, speculum_configs)
+from bench_peer import Result as PeerResult  # noqa: E402
 
 SPECULUM = "speculum auto"
 DEFAULT_SESSIONS = ("claude", "codex")
@@ -77,25 +78,13 @@ class Turn:
 
 
 @dataclass
-class Result:
-    ttft_s: float
-    seconds: float
-    tokens: int
-    prompt_tokens: int
-    cached_tokens: int
+class Result(PeerResult):
+    """One turn's answer, timed as bench_peer times a request (its rates are bench_peer's)."""
+    text: str = ""  # (not compared here: the turns replay the recorded conversation)
 
     @property
     def new_tokens(self) -> int:
-        return self.prompt_tokens - self.cached_tokens
-
-    @property
-    def decode_tok_s(self) -> float:
-        decode = self.seconds - self.ttft_s
-        return (self.tokens - 1) / decode if self.tokens > 1 and decode > 0 else 0.0
-
-    @property
-    def e2e_tok_s(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+        return self.prompt_tokens - (self.cached_tokens or 0)
 
 
 def load_turns(names: Sequence[str], limit: int | None) -> list[Turn]:
