@@ -56,7 +56,7 @@ sys.path.insert(0, str(REPO / "app"))
 
 from agent_record import record, session_file  # noqa: E402
 from bench_peer import (PLAIN, SPECULUM_WAIT, Config, Server, build_llama_server,  # noqa: E402
-                        llama_server_configs, spec_types, speculum_configs)
+                        llama_server_configs, settled, spec_types, speculum_configs)
 from bench_peer import Result as PeerResult  # noqa: E402
 
 SPECULUM = "speculum auto"
@@ -168,18 +168,6 @@ def send(url: str, turn: Turn, max_tokens: int) -> Result:
 
 
 # -- the run and the report ------------------------------------------------------------------
-
-def settled(server: Server, logs: Path, timeout: float) -> None:
-    """Waits until a fresh Speculum server has measured auto mode's costs in its idle moments (its
-    log says "measured in"): measured later, beside another server's request, it would slow that one."""
-    log = logs / f"{server.config.name.replace(' ', '_')}.log"
-    deadline = time.monotonic() + timeout
-    while "measured in " not in log.read_text(errors="replace"):
-        if time.monotonic() > deadline or server.process.poll() is not None:
-            print(f"{server.config.name}: not measured after {timeout:.0f} s; replaying anyway", file=sys.stderr)
-            return
-        time.sleep(1)
-
 
 def run(configs: list[Config], turns: list[Turn], max_tokens: int, logs: Path,
         settle_s: float) -> dict[tuple[str, str], Result]:

@@ -48,6 +48,7 @@ FOLLOW_UP = "Thank you. Now give the same answer once more, exactly as before."
 SWITCH_BACK = "Now do the same once more, but also rename the variable `totals` to `sums`."
 # engine/llama/cpu_settings.py's thread wait, for llama-server where asked (--llama-wait speculum)
 SPECULUM_WAIT = (("GOMP_SPINCOUNT", "1000"), ("OMP_WAIT_POLICY", "active"))
+SETTLE_S = 180  # longest wait for a fresh auto server's idle cost measuring before the first request
 
 
 @dataclass(frozen=True)
@@ -267,6 +268,18 @@ def cases(prompts, max_tokens: int | None) -> list[list[Step]]:
     return out
 
 
+def settled(server: Server, logs: Path, timeout: float) -> None:
+    """Waits until a fresh Speculum server has measured auto mode's costs in its idle moments (its
+    log says "measured in"): measured later, beside another server's request, it would slow that one."""
+    log = logs / f"{server.config.name.replace(' ', '_')}.log"
+    deadline = time.monotonic() + timeout
+    while "measured in " not in log.read_text(errors="replace"):
+        if time.monotonic() > deadline or server.process.poll() is not None:
+            print(f"{server.config.name}: not measured after {timeout:.0f} s; replaying anyway", file=sys.stderr)
+            return
+        time.sleep(1)
+
+
 def run_round(configs: list[Config], steps_of: list[list[Step]], table: Table, log_dir: Path,
               round_index: int) -> None:
     for config in configs:  # the table's columns in the configurations' order, not the first run's
@@ -276,6 +289,9 @@ def run_round(configs: list[Config], steps_of: list[list[Step]], table: Table, l
     try:
         for server in servers:
             server.wait_ready()
+        for server in servers:  # auto's idle measuring, on every core, not beside the first requests
+            if server.config.speculum and "auto" in server.config.command:
+                settled(server, log_dir, SETTLE_S)
         turn = round_index
         for steps in steps_of:
             answers: dict[str, list[str]] = {s.config.name: [] for s in servers}
