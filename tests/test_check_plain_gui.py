@@ -48,7 +48,10 @@ def test_a_code_answer_checks_identical_with_exact_speculation(qtbot, open_windo
 
 
 def test_with_exact_speculation_off_the_check_shows_the_first_difference(qtbot, open_window, smollm_path,
-                                                                          tmp_path):
+                                                                          tmp_path, monkeypatch):
+    # The near tie this answer parts at comes from one kernel path: threads that follow the
+    # machine's load (engine/llama/contention.py) would change it with what else runs.
+    monkeypatch.setenv("SPECULUM_FOLLOW_CORES", "0")
     w = _self_drafting(open_window, smollm_path, tmp_path, exact=False)
     assert send(qtbot, w, PROMPT).mode == "draft"
     results = []

@@ -78,6 +78,13 @@ def test_after_a_pause_decoding_starts_on_every_core_and_then_reads_them_again()
     assert cores.threads(2) == 1
 
 
+def test_following_the_cores_can_be_turned_off(monkeypatch):
+    monkeypatch.setenv(contention.FOLLOW, "0")
+    assert contention.cores() is None
+    monkeypatch.delenv(contention.FOLLOW)
+    assert contention.cores() is not None
+
+
 def test_where_the_system_does_not_say_the_count_stays_as_chosen():
     cores = Cores(busy=lambda: None, own=lambda: 0.0, clock=time.monotonic)
     assert cores.threads(2) == 2

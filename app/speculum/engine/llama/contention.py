@@ -111,11 +111,14 @@ class Cores:
 
 
 _cores: Cores | None = None
+FOLLOW = "SPECULUM_FOLLOW_CORES"  # "0": the thread count stays as chosen (a test that needs one kernel path)
 
 
-def cores() -> Cores:
-    """The process's one reading of its cores, shared by every model in it."""
+def cores() -> Cores | None:
+    """The process's one reading of its cores, shared by every model in it (None: not followed)."""
     global _cores
+    if os.environ.get(FOLLOW) == "0":
+        return None
     if _cores is None:
         _cores = Cores()
     return _cores
