@@ -56,7 +56,7 @@ sys.path.insert(0, str(REPO / "app"))
 
 from agent_record import record, session_file  # noqa: E402
 from bench_peer import (PLAIN, SPECULUM_WAIT, Config, Server, build_llama_server,  # noqa: E402
-                        llama_server_configs, settled, spec_types, speculum_configs)
+                        llama_server_configs, settled, spec_types, speculum_configs, sse_events)
 from bench_peer import Result as PeerResult  # noqa: E402
 
 SPECULUM = "speculum auto"
@@ -136,26 +136,16 @@ def usage_of(event: dict, usage: dict) -> dict:
 
 
 def send(url: str, turn: Turn, max_tokens: int) -> Result:
-    import httpx
-
     headers = {"x-api-key": "bench", "anthropic-version": "2023-06-01"} if turn.api == "/v1/messages" else {}
     usage: dict = {}
     start = time.perf_counter()
     first = None
-    with httpx.stream("POST", url + turn.api, json=replay_body(turn, max_tokens), headers=headers,
-                      timeout=3600) as response:
-        if response.status_code != 200:
-            response.read()
-            raise SystemExit(f"{url}{turn.api} answered {turn.row} with {response.status_code}: {response.text[:400]}")
-        for line in response.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[6:])
-            if event.get("type") in ("error", "response.failed"):
-                raise SystemExit(f"{url}{turn.api} failed on {turn.row}: {line[:400]}")
-            if first is None and is_output(event):
-                first = time.perf_counter()
-            usage = usage_of(event, usage)
+    for event in sse_events(url + turn.api, replay_body(turn, max_tokens), headers, what=f"{turn.row} with "):
+        if event.get("type") in ("error", "response.failed"):
+            raise SystemExit(f"{url}{turn.api} failed on {turn.row}: {json.dumps(event)[:400]}")
+        if first is None and is_output(event):
+            first = time.perf_counter()
+        usage = usage_of(event, usage)
     end = time.perf_counter()
     if turn.api == "/v1/messages":  # input_tokens: those read; cache_read_input_tokens: those the cache gave
         cached = int(usage.get("cache_read_input_tokens") or 0)

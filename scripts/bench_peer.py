@@ -37,7 +37,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = Path(__file__).resolve().parent
@@ -207,10 +207,22 @@ class Server:
         shutil.rmtree(self.data, ignore_errors=True)
 
 
-def chat(url: str, messages: list[dict], max_tokens: int, json_schema: dict | None = None) -> Result:
-    """One streamed, greedy chat request; times measured here, in the client."""
+def sse_events(url: str, body: dict, headers: dict | None = None, what: str = "") -> Iterator[dict]:
+    """A streamed POST's server-sent events, parsed; an answer other than 200 ends the bench, with
+    its text (``what``: the request, for that message)."""
     import httpx
 
+    with httpx.stream("POST", url, json=body, headers=headers or {}, timeout=3600) as response:
+        if response.status_code != 200:
+            response.read()
+            raise SystemExit(f"{url} answered {what}{response.status_code}: {response.text[:400]}")
+        for line in response.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                yield json.loads(line[6:])
+
+
+def chat(url: str, messages: list[dict], max_tokens: int, json_schema: dict | None = None) -> Result:
+    """One streamed, greedy chat request; times measured here, in the client."""
     body = {"model": "bench", "messages": messages, "max_tokens": max_tokens, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True}}
     if json_schema is not None:
@@ -219,20 +231,13 @@ def chat(url: str, messages: list[dict], max_tokens: int, json_schema: dict | No
     usage: dict = {}
     start = time.perf_counter()
     first = None
-    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=3600) as response:
-        if response.status_code != 200:
-            response.read()
-            raise SystemExit(f"{url} answered {response.status_code}: {response.text[:300]}")
-        for line in response.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            for choice in chunk.get("choices") or []:
-                piece = (choice.get("delta") or {}).get("content") or ""
-                if piece and first is None:
-                    first = time.perf_counter()
-                pieces.append(piece)
-            usage = chunk.get("usage") or usage
+    for chunk in sse_events(url + "/v1/chat/completions", body):
+        for choice in chunk.get("choices") or []:
+            piece = (choice.get("delta") or {}).get("content") or ""
+            if piece and first is None:
+                first = time.perf_counter()
+            pieces.append(piece)
+        usage = chunk.get("usage") or usage
     end = time.perf_counter()
     details = usage.get("prompt_tokens_details") or {}
     return Result(ttft_s=(first or end) - start, seconds=end - start, tokens=int(usage.get("completion_tokens", 0)),
