@@ -321,15 +321,17 @@ class AutoPolicy:
         if self.min_k == 0:
             options = self._affordable(options, len(context))
         speed, choice, e, *_ = max(options, key=lambda o: o.speed)
-        if choice.source in (Source.MODEL, Source.MTP):
-            # Hybrid: a confident copy goes first, the model (or MTP head) drafts when it has none.
-            look = [o for o in options if o.choice.source in self.MATCH_TABLES]
-            if look:
-                best_look = max(look, key=lambda o: o.speed)
-                if best_look.speed >= 0.9 * speed:
-                    drafter = choice.source
-                    speed, choice, e, *_ = best_look
-                    choice = Choice(choice.source, choice.k, min_match=choice.min_match, fallback=drafter)
+        # Hybrid: a confident copy goes first, the model (or MTP head) drafts when it has none:
+        # the copy when it is the best or close to the drafter's best, the drafter behind it
+        # when its own drafts beat a plain step.
+        look = [o for o in options if o.choice.source in self.MATCH_TABLES]
+        drafting = [o for o in options if o.choice.source in (Source.MODEL, Source.MTP) and o.speed > plain]
+        if look and drafting:
+            best_look = max(look, key=lambda o: o.speed)
+            drafter = max(drafting, key=lambda o: o.speed)
+            if best_look.speed >= 0.9 * max(speed, drafter.speed):
+                speed, choice, e, *_ = best_look
+                choice = Choice(choice.source, choice.k, min_match=choice.min_match, fallback=drafter.choice.source)
         self._recalling = self._recalled(choice.source, choice.min_match or 0, len(context))
         if Source.MODEL in (choice.source, choice.fallback):
             self.min_confidence = self._threshold(speed, self.rng)
