@@ -48,6 +48,14 @@ SHAPES = [  # answer, content, the arguments of its calls
      '{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>', None,
      ['{"city": "Oslo"}', '{"city": "Rome"}']),
     ('<tool_call>\n{"arguments": {"city": "Oslo"}, "name": "get_weather"}\n</tool_call>', None, ['{"city": "Oslo"}']),
+    # Bare calls that open the answer, then text (streamed from their heads: see below)
+    ('{"name": "get_weather", "arguments": {"city": "Oslo"}}\n\nDone: one call.', "Done: one call.",
+     ['{"city": "Oslo"}']),
+    ('{"name":"get_weather","arguments":{"city":"Oslo"}}\n{"name":"get_weather","arguments":{"city":"Rome"}}\n'
+     '{"answer": "not a call, and longer than forty characters"}', '{"answer": "not a call, and longer than forty characters"}',
+     ['{"city":"Oslo"}', '{"city":"Rome"}']),
+    ('{"name": "get_weather", "arguments": {"city": "Oslo"}, "id": "a } in text"}\n{"answer": 1}', '{"answer": 1}',
+     ['{"city": "Oslo"}']),
 ]
 
 
@@ -68,6 +76,20 @@ def test_arguments_begin_where_the_model_wrote_them_whatever_the_chunks():
     for piece in pieces:
         args += [d["function"]["arguments"] for d in stream.feed(piece)[1]]
     assert "".join(args) == '{"city": "Paris"}' == tools.parse_calls("".join(pieces), _use())[1][0].arguments
+
+
+def test_a_bare_call_streams_from_its_head_as_the_lazy_grammar_makes_it_a_call():
+    # Qwen's 1.5B writes agents' calls without <tool_call>: held to the answer's end, such a call
+    # reached Claude Code seconds after its first token (issue 48's time to first token).
+    stream = tools.CallStream(_use())
+    assert stream.feed('{"name": "get_wea') == ("", [])
+    text, deltas = stream.feed('ther", "arguments": {"ci')
+    assert text == "" and deltas[0]["function"] == {"name": "get_weather", "arguments": ""}
+    assert "".join(d["function"]["arguments"] for d in deltas) == '{"ci'
+    text, deltas = stream.feed('ty": "Oslo"}}\n{"name": "get_weather", "arguments": {')
+    assert [d["index"] for d in deltas] == [0, 1, 1] and deltas[1]["function"]["name"] == "get_weather"
+    assert stream.feed('"city": "Rome"}}')[1] == [{"index": 1, "function": {"arguments": '"city": "Rome"}'}}]
+    assert stream.finish() == ("", [])
 
 
 def test_code_fences_that_are_no_calls_stream_as_text():

@@ -314,10 +314,14 @@ def parse_calls(text: str, use: ToolUse) -> tuple[str | None, list[ToolCall]]:
 
 
 def _loose_calls(text: str, fmt: CallFormat, names: set[str]) -> tuple[str | None, list[ToolCall]]:
-    """Calls written without their marker: the whole answer, or fenced blocks within it."""
+    """Calls written without their marker: the whole answer, calls that open it (the text after
+    them its content), or fenced blocks within it."""
     whole = _calls_in(text, fmt, names)
     if whole:
         return None, whole
+    leading = _leading_calls(text, fmt, names)
+    if leading is not None:
+        return leading
     calls, rest, at = [], [], 0
     for match in _FENCE.finditer(text):
         found = _calls_in(match.group(1), fmt, names)
@@ -329,6 +333,22 @@ def _loose_calls(text: str, fmt: CallFormat, names: set[str]) -> tuple[str | Non
         return text or None, []
     rest.append(text[at:])
     return "".join(rest).strip() or None, calls
+
+
+def _leading_calls(text: str, fmt: CallFormat, names: set[str]) -> tuple[str | None, list[ToolCall]] | None:
+    """Bare calls that open the answer and the text after them, as CallStream streams them (a
+    model that calls, then talks); None when the answer does not open with one."""
+    values, rest = _values(text)
+    calls = []
+    for value, at in values:
+        call = _call(value, fmt, names, text, at)
+        if call is None:
+            rest = at
+            break
+        calls.append(call)
+    if not calls:
+        return None
+    return (text[rest:].strip() or None) if rest is not None else None, calls
 
 
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
@@ -369,10 +389,12 @@ class CallStream:
     shape: a call's index, id, type and name first, then its arguments in fragments.
 
     Hermes calls stream as they are written: the name once the call's head is read, then the
-    arguments object, exactly its text. Text that may start a call is held back; a call in
-    another shape is held to its end and sent whole. Formats without a closing marker (Mistral,
-    Llama 3.x) and bare JSON calls are held from their first character to the end when they look
-    like calls, and sent whole then.
+    arguments object, exactly its text. So do bare calls that open the answer (``{"name": ...,
+    "arguments": {``, as Qwen writes them without their marker): the lazy grammar holds such an
+    answer to calls from its opening on, so from the head on it is known to be one. Text that may
+    start a call is held back; a call in another shape is held to its end and sent whole. Formats
+    without a closing marker (Mistral, Llama 3.x) are held from their first character to the end
+    when they look like calls, and sent whole then.
     """
 
     def __init__(self, use: ToolUse):
@@ -383,7 +405,11 @@ class CallStream:
         self.started = False  # any text seen that is not whitespace
         self.arguments: _Arguments | None = None  # inside a Hermes call: its arguments as they come
         self.sent = 0  # of them, the characters sent
+        self.begun: list[dict] = []  # a bare call's first delta, not yet returned
+        self.trim = False  # past a call: the blanks that follow it are not sent
         self.code = False  # inside a fenced block that is no call
+        self.bare: _Arguments | None = None  # inside a bare call: its object, to find where it closes
+        self.after_bare = False  # past bare calls: more may follow, else text
 
     def feed(self, text: str) -> tuple[str, list[dict]]:
         self.pending += text
@@ -393,8 +419,11 @@ class CallStream:
             head = self.pending.lstrip()
             markers = {LLAMA3: ("{", "<|python_tag|>"), MISTRAL: ("[TOOL_CALLS]",), HERMES: ("{",)}[fmt]
             self.whole = any(head.startswith(m) or m.startswith(head) for m in markers)
-        if self.whole and fmt is HERMES and not _BARE_CALL.match(self.pending) and len(self.pending.strip()) > 40:
-            self.whole = False  # a code block or JSON that is no call: streamed as text after all
+        if self.whole and fmt is HERMES:
+            if self._bare_head():
+                self.whole = False
+            elif not _BARE_CALL.match(self.pending) and len(self.pending.strip()) > 40:
+                self.whole = False  # a code block or JSON that is no call: streamed as text after all
         if self.whole or not self.started:
             return "", []
         if fmt is not HERMES:
@@ -402,30 +431,53 @@ class CallStream:
             return out, []
         return self._hermes()
 
+    def _bare_head(self) -> bool:
+        """Whether the held text now opens with a bare call's head (a known name, then its
+        arguments object): then its call begins (``self.begun``) and its arguments stream."""
+        text = self.pending.lstrip()
+        head = _HEAD.match(text)
+        if head is None or head.group(1) not in self.use.parameters or text[head.end():head.end() + 1] != "{":
+            return False
+        self.begun.append(self._begin(head.group(1)))
+        self.bare = _Arguments()
+        self.bare.feed(text[:head.end()])  # the call object, open to its arguments
+        self.pending, self.arguments, self.sent, self.after_bare = text[head.end():], _Arguments(), 0, False
+        return True
+
     def _hermes(self) -> tuple[str, list[dict]]:
-        out, deltas = [], []
+        out, deltas = [], self.begun
+        self.begun = []
         while True:
+            if self.after_bare:  # more bare calls, or text: held until it is plain which
+                if self._bare_head():
+                    deltas += self.begun
+                    self.begun = []
+                    continue
+                if not self.pending.strip() or len(self.pending.strip()) <= 40 and self.pending.lstrip()[:1] == "{":
+                    break
+                self.after_bare = False
+                self.pending = self.pending.lstrip()
             if self.code:  # inside a fenced block that is no call: text, up to its closing fence
                 end = self.pending.find(_FENCE_MARK)
                 if end < 0:
                     hold = _partial_tail(self.pending, _FENCE_MARK)
-                    out.append(self.pending[:len(self.pending) - hold])
+                    self._emit(out, self.pending[:len(self.pending) - hold])
                     self.pending = self.pending[len(self.pending) - hold:]
                     break
-                out.append(self.pending[:end + len(_FENCE_MARK)])
+                self._emit(out, self.pending[:end + len(_FENCE_MARK)])
                 self.pending, self.code = self.pending[end + len(_FENCE_MARK):], False
                 continue
             if self.arguments is None:
                 start, fence = self.pending.find(_OPEN), self.pending.find(_FENCE_MARK)
                 if fence >= 0 and (start < 0 or fence < start):
-                    out.append(self.pending[:fence])
+                    self._emit(out, self.pending[:fence])
                     self.pending = self.pending[fence:]
                     shape = _fenced_shape(self.pending)
                     if shape is None:
                         break  # may still be a fenced call: held
                     if shape is False:  # code or text: streamed as it comes
                         header = _FENCE_HEADER.match(self.pending).end()
-                        out.append(self.pending[:header])
+                        self._emit(out, self.pending[:header])
                         self.pending, self.code = self.pending[header:], True
                         continue
                     end = self.pending.find(_FENCE_MARK, len(_FENCE_MARK))
@@ -437,14 +489,14 @@ class CallStream:
                     if found:
                         deltas += self._whole(found)
                     else:
-                        out.append(block)
+                        self._emit(out, block)
                     continue
                 if start < 0:
                     hold = max(_partial_tail(self.pending, _OPEN), _partial_tail(self.pending, _FENCE_MARK))
-                    out.append(self.pending[:len(self.pending) - hold])
+                    self._emit(out, self.pending[:len(self.pending) - hold])
                     self.pending = self.pending[len(self.pending) - hold:]
                     break
-                out.append(self.pending[:start])
+                self._emit(out, self.pending[:start])
                 self.pending = self.pending[start:]
                 body = self.pending[len(_OPEN):].lstrip()
                 head = _HEAD.match(body)
@@ -458,7 +510,7 @@ class CallStream:
                 block, self.pending = self.pending[:end + len(_CLOSE)], self.pending[end + len(_CLOSE):]
                 found = _calls_in(block[len(_OPEN):-len(_CLOSE)], self.use.format, set(self.use.parameters))
                 if not found:
-                    out.append(block)  # not a call after all: text
+                    self._emit(out, block)  # not a call after all: text
                     continue
                 deltas += self._whole(found)
                 self.pending = self.pending.lstrip("\n")
@@ -466,21 +518,38 @@ class CallStream:
             args = self.arguments
             if not args.done:
                 used = args.feed(self.pending)
+                if self.bare is not None:
+                    self.bare.feed(self.pending[:used])
                 self.pending = self.pending[used:]
                 if args.ready > self.sent:
                     deltas.append({"index": self.count - 1, "function": {"arguments": args.text[self.sent:args.ready]}})
                     self.sent = args.ready
             if not args.done:
                 break
+            if self.bare is not None:  # the rest of the call object, up to its own close: not sent
+                used = self.bare.feed(self.pending)
+                self.pending = self.pending[used:]
+                if not self.bare.done:
+                    break
+                self.bare, self.arguments, self.after_bare = None, None, True
+                continue
             end = self.pending.find(_CLOSE)  # the rest of the call object, up to its close: not sent
             if end < 0:
                 break
             self.pending, self.arguments = self.pending[end + len(_CLOSE):].lstrip("\n"), None
         text = "".join(out)
-        return ("" if self.count and not text.strip() else text), deltas
+        return text, deltas
+
+    def _emit(self, out: list[str], text: str) -> None:
+        """Text to send; right after a call, less its leading blanks (the newlines between calls)."""
+        if self.trim:
+            text = text.lstrip()
+            self.trim = not text
+        out.append(text)
 
     def _begin(self, name: str) -> dict:
         self.count += 1
+        self.trim = True
         return {"index": self.count - 1, "id": "call_" + uuid.uuid4().hex[:24], "type": "function",
                 "function": {"name": name, "arguments": ""}}
 
