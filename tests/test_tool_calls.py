@@ -3,7 +3,6 @@ arguments are the JSON the model wrote, the same bytes whole and streamed howeve
 cut; calls written in another shape (doubled braces, fenced blocks, several bare ones) are read
 as calls; and the grammar of the offered tools builds with each schema's ``$ref``s resolved in it."""
 
-import json
 
 import pytest
 
