@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from speculum.server import tools
+from speculum.server import callstream, tools
 from live_server import MODEL
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
@@ -187,7 +187,7 @@ def test_calls_are_read_in_each_format_whole_and_streamed(fmt, text):
 
 
 def _streamed(fmt, text, size):
-    stream, sent, deltas = tools.CallStream(_use(fmt)), [], []
+    stream, sent, deltas = callstream.CallStream(_use(fmt)), [], []
     for i in range(0, len(text), size):
         piece, found = stream.feed(text[i:i + size])
         sent.append(piece)
@@ -197,7 +197,7 @@ def _streamed(fmt, text, size):
 
 
 def test_a_code_block_is_streamed_once_it_is_plainly_no_call():
-    stream = tools.CallStream(_use(tools.HERMES))
+    stream = callstream.CallStream(_use(tools.HERMES))
     code = "```python\ndef get_weather(city: str) -> str:\n"
     assert stream.feed(code[:10]) == ("", [])  # may still be a call in a fence
     assert stream.feed(code[10:]) == (code, [])
@@ -205,7 +205,7 @@ def test_a_code_block_is_streamed_once_it_is_plainly_no_call():
 
 def test_a_hermes_call_streams_its_arguments_as_they_are_written():
     head = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa'
-    stream = tools.CallStream(_use(tools.HERMES))
+    stream = callstream.CallStream(_use(tools.HERMES))
     text, deltas = stream.feed(head)
     assert text == "" and deltas[0]["function"] == {"name": "get_weather", "arguments": ""}
     assert "".join(d["function"]["arguments"] for d in deltas) == '{"city": "Pa'
@@ -213,7 +213,7 @@ def test_a_hermes_call_streams_its_arguments_as_they_are_written():
     assert "".join(d["function"]["arguments"] for d in deltas) == 'ris"}'
     assert stream.feed("call>")[1] == [] and stream.finish() == ("", [])
     # Cut short by max_tokens: what was written is sent.
-    stream = tools.CallStream(_use(tools.HERMES))
+    stream = callstream.CallStream(_use(tools.HERMES))
     sent = stream.feed(head + 'ris"}')[1] + stream.finish()[1]
     assert json.loads("".join(d["function"]["arguments"] for d in sent)) == {"city": "Paris"}
 

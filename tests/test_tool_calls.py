@@ -8,7 +8,7 @@ import pytest
 
 from speculum.engine.grammar.lazy import LazyGrammar
 from speculum.engine.grammar.state import Grammar
-from speculum.server import tools
+from speculum.server import callstream, tools
 from speculum.server.errors import BadRequest
 
 PARAMS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
@@ -19,7 +19,7 @@ def _use(fmt=tools.HERMES):
 
 
 def _streamed(text, size, fmt=tools.HERMES):
-    stream, sent, deltas = tools.CallStream(_use(fmt)), [], []
+    stream, sent, deltas = callstream.CallStream(_use(fmt)), [], []
     for i in range(0, len(text), size):
         piece, found = stream.feed(text[i:i + size])
         sent.append(piece)
@@ -71,7 +71,7 @@ def test_calls_in_every_shape_are_read_and_streamed_byte_for_byte(text, content,
 def test_arguments_begin_where_the_model_wrote_them_whatever_the_chunks():
     # The space after "arguments": arriving alone in a chunk of its own was sent as the arguments' start.
     pieces = ['<tool_call>\n{"name": "get_weather", "arguments":', " ", '{"city": "Paris"}', "}\n</tool_call>"]
-    stream, args = tools.CallStream(_use()), []
+    stream, args = callstream.CallStream(_use()), []
     for piece in pieces:
         args += [d["function"]["arguments"] for d in stream.feed(piece)[1]]
     assert "".join(args) == '{"city": "Paris"}' == tools.parse_calls("".join(pieces), _use())[1][0].arguments
@@ -80,7 +80,7 @@ def test_arguments_begin_where_the_model_wrote_them_whatever_the_chunks():
 def test_a_bare_call_streams_from_its_head_as_the_lazy_grammar_makes_it_a_call():
     # Qwen's 1.5B writes agents' calls without <tool_call>: held to the answer's end, such a call
     # reached Claude Code seconds after its first token (issue 48's time to first token).
-    stream = tools.CallStream(_use())
+    stream = callstream.CallStream(_use())
     assert stream.feed('{"name": "get_wea') == ("", [])
     text, deltas = stream.feed('ther", "arguments": {"ci')
     assert text == "" and deltas[0]["function"] == {"name": "get_weather", "arguments": ""}

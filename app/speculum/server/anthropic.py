@@ -26,7 +26,8 @@ from .errors import ANTHROPIC_PATHS, BadRequest, WorkerUnreachable, shaped_for
 from .params import json_body
 from .service import Completion, Done
 from .streaming import CLIENT_GONE, Paced, collected, first_piece, until_disconnected
-from .tools import CallStream, ToolUse, parse_calls
+from .callstream import CallStream
+from .tools import ToolUse, parse_calls
 
 log = logging.getLogger("speculum.serve")
 

@@ -23,7 +23,8 @@ from .params import PromptBound, chat_request, json_body, text_request
 from .streaming import CLIENT_GONE, until_disconnected
 from .errors import BadRequest, Busy, WorkerUnreachable
 from .service import Completion, Delta, Done, ServedModel, ServerState
-from .tools import CallStream, parse_calls
+from .callstream import CallStream
+from .tools import parse_calls
 
 log = logging.getLogger("speculum.serve")
 

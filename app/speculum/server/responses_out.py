@@ -21,7 +21,8 @@ from ..errors import SpeculumError
 from .errors import WorkerUnreachable
 from .service import Completion, Done
 from .streaming import Paced
-from .tools import CallStream, parse_calls
+from .callstream import CallStream
+from .tools import parse_calls
 
 log = logging.getLogger("speculum.serve")
 

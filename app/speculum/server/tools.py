@@ -195,7 +195,7 @@ class ToolCall:
 
 _DECODER = json.JSONDecoder()
 # The head of a call, up to where its arguments begin: the name is known from here on.
-_HEAD = re.compile(r'\{\s*"name"\s*:\s*"([^"\\]*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*')
+CALL_HEAD = re.compile(r'\{\s*"name"\s*:\s*"([^"\\]*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*')
 _FENCE = re.compile(r"```[a-zA-Z]*[ \t]*\n(.*?)\n?```", re.S)
 
 
@@ -217,7 +217,7 @@ def _call(obj: Any, fmt: CallFormat, names: set[str], text: str = "", at: int = 
 
 def _written(text: str, at: int, name: str) -> str | None:
     """The arguments' JSON text as written in the call object at ``text[at:]`` (None: not so)."""
-    head = _HEAD.match(text, at) if at >= 0 else None
+    head = CALL_HEAD.match(text, at) if at >= 0 else None
     if head is None or head.group(1) != name or text[head.end():head.end() + 1] != "{":
         return None
     try:
@@ -253,7 +253,7 @@ def _values(text: str) -> tuple[list[tuple[Any, int]], int | None]:
         i = end
 
 
-def _calls_in(text: str, fmt: CallFormat, names: set[str]) -> list[ToolCall] | None:
+def calls_in(text: str, fmt: CallFormat, names: set[str]) -> list[ToolCall] | None:
     """The calls ``text`` is made of (one, several, a list of them, or fenced), or None when it
     holds anything that is no call. A call cut short at the end (max_tokens) is a call with its
     arguments as they stand, as they were streamed."""
@@ -278,10 +278,10 @@ def _calls_in(text: str, fmt: CallFormat, names: set[str]) -> list[ToolCall] | N
 
 def _cut_call(text: str, at: int, names: set[str]) -> ToolCall | None:
     """The call begun at ``text[at:]`` and cut short before its end, if it is one."""
-    head = _HEAD.match(text, at)
+    head = CALL_HEAD.match(text, at)
     if head is None or head.group(1) not in names or text[head.end():head.end() + 1] != "{":
         return None
-    arguments = _Arguments()
+    arguments = CallArguments()
     arguments.feed(text[head.end():])
     return None if arguments.done else ToolCall(head.group(1), text[head.end():])  # (closed: malformed, no cut)
 
@@ -292,7 +292,7 @@ def parse_calls(text: str, use: ToolUse) -> tuple[str | None, list[ToolCall]]:
     if fmt is HERMES:
         calls, rest, at = [], [], 0
         for match in re.finditer(r"<tool_call>(.*?)(?:</tool_call>|$)", text, re.S):
-            found = _calls_in(match.group(1), fmt, names)
+            found = calls_in(match.group(1), fmt, names)
             if not found:
                 continue  # not a call after all: left in the text
             calls += found
@@ -307,16 +307,16 @@ def parse_calls(text: str, use: ToolUse) -> tuple[str | None, list[ToolCall]]:
     if fmt is MISTRAL:
         if not stripped.startswith("[TOOL_CALLS]"):
             return text or None, []
-        calls = _calls_in(stripped[len("[TOOL_CALLS]"):], fmt, names)
+        calls = calls_in(stripped[len("[TOOL_CALLS]"):], fmt, names)
     else:  # Llama 3.x: the whole answer is one call (or several, ';'-separated)
-        calls = _calls_in(stripped.removeprefix("<|python_tag|>"), fmt, names)
+        calls = calls_in(stripped.removeprefix("<|python_tag|>"), fmt, names)
     return (None, calls) if calls else (text or None, [])
 
 
 def _loose_calls(text: str, fmt: CallFormat, names: set[str]) -> tuple[str | None, list[ToolCall]]:
     """Calls written without their marker: the whole answer, calls that open it (the text after
     them its content), or fenced blocks within it."""
-    whole = _calls_in(text, fmt, names)
+    whole = calls_in(text, fmt, names)
     if whole:
         return None, whole
     leading = _leading_calls(text, fmt, names)
@@ -324,7 +324,7 @@ def _loose_calls(text: str, fmt: CallFormat, names: set[str]) -> tuple[str | Non
         return leading
     calls, rest, at = [], [], 0
     for match in _FENCE.finditer(text):
-        found = _calls_in(match.group(1), fmt, names)
+        found = calls_in(match.group(1), fmt, names)
         if found:
             calls += found
             rest.append(text[at:match.start()])
@@ -351,10 +351,10 @@ def _leading_calls(text: str, fmt: CallFormat, names: set[str]) -> tuple[str | N
     return (text[rest:].strip() or None) if rest is not None else None, calls
 
 
-_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
+HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 
 
-class _Arguments:
+class CallArguments:
     """Follows a call's arguments object as it is written: which of its characters may be sent
     now (``ready``), and whether it has closed (``done``). Blanks outside strings are held
     until something follows them, so what is sent is exactly the object's text."""
@@ -382,225 +382,3 @@ class _Arguments:
                 self.done = True
                 return i + 1
         return len(text)
-
-
-class CallStream:
-    """Splits a streamed answer into text to send now and tool-call deltas in OpenAI's chunk
-    shape: a call's index, id, type and name first, then its arguments in fragments.
-
-    Hermes calls stream as they are written: the name once the call's head is read, then the
-    arguments object, exactly its text. So do bare calls that open the answer (``{"name": ...,
-    "arguments": {``, as Qwen writes them without their marker): the lazy grammar holds such an
-    answer to calls from its opening on, so from the head on it is known to be one. Text that may
-    start a call is held back; a call in another shape is held to its end and sent whole. Formats
-    without a closing marker (Mistral, Llama 3.x) are held from their first character to the end
-    when they look like calls, and sent whole then.
-    """
-
-    def __init__(self, use: ToolUse):
-        self.use = use
-        self.pending = ""
-        self.count = 0  # calls sent (begun)
-        self.whole = False  # holding everything to the end (an answer that starts like a call)
-        self.started = False  # any text seen that is not whitespace
-        self.arguments: _Arguments | None = None  # inside a Hermes call: its arguments as they come
-        self.sent = 0  # of them, the characters sent
-        self.begun: list[dict] = []  # a bare call's first delta, not yet returned
-        self.trim = False  # past a call: the blanks that follow it are not sent
-        self.code = False  # inside a fenced block that is no call
-        self.bare: _Arguments | None = None  # inside a bare call: its object, to find where it closes
-        self.after_bare = False  # past bare calls: more may follow, else text
-
-    def feed(self, text: str) -> tuple[str, list[dict]]:
-        self.pending += text
-        fmt = self.use.format
-        if not self.started and self.pending.strip():
-            self.started = True
-            head = self.pending.lstrip()
-            markers = {LLAMA3: ("{", "<|python_tag|>"), MISTRAL: ("[TOOL_CALLS]",), HERMES: ("{",)}[fmt]
-            self.whole = any(head.startswith(m) or m.startswith(head) for m in markers)
-        if self.whole and fmt is HERMES:
-            if self._bare_head():
-                self.whole = False
-            elif not _BARE_CALL.match(self.pending) and len(self.pending.strip()) > 40:
-                self.whole = False  # a code block or JSON that is no call: streamed as text after all
-        if self.whole or not self.started:
-            return "", []
-        if fmt is not HERMES:
-            out, self.pending = self.pending, ""
-            return out, []
-        return self._hermes()
-
-    def _bare_head(self) -> bool:
-        """Whether the held text now opens with a bare call's head (a known name, then its
-        arguments object): then its call begins (``self.begun``) and its arguments stream."""
-        text = self.pending.lstrip()
-        head = _HEAD.match(text)
-        if head is None or head.group(1) not in self.use.parameters or text[head.end():head.end() + 1] != "{":
-            return False
-        self.begun.append(self._begin(head.group(1)))
-        self.bare = _Arguments()
-        self.bare.feed(text[:head.end()])  # the call object, open to its arguments
-        self.pending, self.arguments, self.sent, self.after_bare = text[head.end():], _Arguments(), 0, False
-        return True
-
-    def _hermes(self) -> tuple[str, list[dict]]:
-        out, deltas = [], self.begun
-        self.begun = []
-        while True:
-            if self.after_bare:  # more bare calls, or text: held until it is plain which
-                if self._bare_head():
-                    deltas += self.begun
-                    self.begun = []
-                    continue
-                if not self.pending.strip() or len(self.pending.strip()) <= 40 and self.pending.lstrip()[:1] == "{":
-                    break
-                self.after_bare = False
-                self.pending = self.pending.lstrip()
-            if self.code:  # inside a fenced block that is no call: text, up to its closing fence
-                end = self.pending.find(_FENCE_MARK)
-                if end < 0:
-                    hold = _partial_tail(self.pending, _FENCE_MARK)
-                    self._emit(out, self.pending[:len(self.pending) - hold])
-                    self.pending = self.pending[len(self.pending) - hold:]
-                    break
-                self._emit(out, self.pending[:end + len(_FENCE_MARK)])
-                self.pending, self.code = self.pending[end + len(_FENCE_MARK):], False
-                continue
-            if self.arguments is None:
-                start, fence = self.pending.find(_OPEN), self.pending.find(_FENCE_MARK)
-                if fence >= 0 and (start < 0 or fence < start):
-                    self._emit(out, self.pending[:fence])
-                    self.pending = self.pending[fence:]
-                    shape = _fenced_shape(self.pending)
-                    if shape is None:
-                        break  # may still be a fenced call: held
-                    if shape is False:  # code or text: streamed as it comes
-                        header = _FENCE_HEADER.match(self.pending).end()
-                        self._emit(out, self.pending[:header])
-                        self.pending, self.code = self.pending[header:], True
-                        continue
-                    end = self.pending.find(_FENCE_MARK, len(_FENCE_MARK))
-                    if end < 0:
-                        break
-                    block = self.pending[:end + len(_FENCE_MARK)]
-                    self.pending = self.pending[len(block):]
-                    found = _calls_in(block, self.use.format, set(self.use.parameters))
-                    if found:
-                        deltas += self._whole(found)
-                    else:
-                        self._emit(out, block)
-                    continue
-                if start < 0:
-                    hold = max(_partial_tail(self.pending, _OPEN), _partial_tail(self.pending, _FENCE_MARK))
-                    self._emit(out, self.pending[:len(self.pending) - hold])
-                    self.pending = self.pending[len(self.pending) - hold:]
-                    break
-                self._emit(out, self.pending[:start])
-                self.pending = self.pending[start:]
-                body = self.pending[len(_OPEN):].lstrip()
-                head = _HEAD.match(body)
-                if head is not None and head.group(1) in self.use.parameters and body[head.end():head.end() + 1] == "{":
-                    deltas.append(self._begin(head.group(1)))  # streamed from here as it is written
-                    self.pending, self.arguments, self.sent = body[head.end():], _Arguments(), 0
-                    continue
-                end = self.pending.find(_CLOSE)
-                if end < 0:
-                    break  # not yet known: held
-                block, self.pending = self.pending[:end + len(_CLOSE)], self.pending[end + len(_CLOSE):]
-                found = _calls_in(block[len(_OPEN):-len(_CLOSE)], self.use.format, set(self.use.parameters))
-                if not found:
-                    self._emit(out, block)  # not a call after all: text
-                    continue
-                deltas += self._whole(found)
-                self.pending = self.pending.lstrip("\n")
-                continue
-            args = self.arguments
-            if not args.done:
-                used = args.feed(self.pending)
-                if self.bare is not None:
-                    self.bare.feed(self.pending[:used])
-                self.pending = self.pending[used:]
-                if args.ready > self.sent:
-                    deltas.append({"index": self.count - 1, "function": {"arguments": args.text[self.sent:args.ready]}})
-                    self.sent = args.ready
-            if not args.done:
-                break
-            if self.bare is not None:  # the rest of the call object, up to its own close: not sent
-                used = self.bare.feed(self.pending)
-                self.pending = self.pending[used:]
-                if not self.bare.done:
-                    break
-                self.bare, self.arguments, self.after_bare = None, None, True
-                continue
-            end = self.pending.find(_CLOSE)  # the rest of the call object, up to its close: not sent
-            if end < 0:
-                break
-            self.pending, self.arguments = self.pending[end + len(_CLOSE):].lstrip("\n"), None
-        text = "".join(out)
-        return text, deltas
-
-    def _emit(self, out: list[str], text: str) -> None:
-        """Text to send; right after a call, less its leading blanks (the newlines between calls)."""
-        if self.trim:
-            text = text.lstrip()
-            self.trim = not text
-        out.append(text)
-
-    def _begin(self, name: str) -> dict:
-        self.count += 1
-        self.trim = True
-        return {"index": self.count - 1, "id": "call_" + uuid.uuid4().hex[:24], "type": "function",
-                "function": {"name": name, "arguments": ""}}
-
-    def _whole(self, calls: list[ToolCall]) -> list[dict]:
-        deltas = []
-        for call in calls:
-            first = self._begin(call.name)
-            first["id"] = call.id
-            deltas.append(first)
-            deltas += [{"index": self.count - 1, "function": {"arguments": fragment}}
-                       for fragment in argument_fragments(call.arguments)]
-        return deltas
-
-    def finish(self) -> tuple[str, list[dict]]:
-        """What was held back, at the end of the answer."""
-        rest, self.pending = self.pending, ""
-        if self.arguments is not None:  # a call cut short (max_tokens): its arguments as they stand
-            args, self.arguments = self.arguments, None
-            more = args.text[self.sent:]
-            return "", [{"index": self.count - 1, "function": {"arguments": more}}] if more else []
-        if not rest:
-            return "", []
-        content, calls = parse_calls(rest, self.use)
-        return content or "", self._whole(calls)
-
-
-_BARE_CALL = re.compile(r'\s*\{\{?\s*"name"')
-_FENCE_MARK = "```"
-_FENCE_HEADER = re.compile(r"```[a-zA-Z]*[ \t]*(\n|$)")
-_CALL_OPENINGS = ('{"name"', '{{"name"', '[{"name"')
-
-
-def _fenced_shape(text: str) -> bool | None:
-    """For text opening a fenced block: True when the block begins like a call (held to its
-    close and read), False when it plainly does not (streamed), None while it cannot be told."""
-    header = _FENCE_HEADER.match(text)
-    if header is None:
-        return False if re.fullmatch(r"```[a-zA-Z]*[ \t]*", text) is None else None
-    if not header.group(1):
-        return None
-    body = re.sub(r"\s+", "", text[header.end():])  # (models write '{\n  "name"' as often as '{"name"')
-    if any(body.startswith(o) for o in _CALL_OPENINGS):
-        return True
-    return None if any(o.startswith(body) for o in _CALL_OPENINGS) else False
-
-
-def _partial_tail(text: str, marker: str) -> int:
-    """How many of ``text``'s last characters are the start of ``marker``."""
-    return max((n for n in range(min(len(marker) - 1, len(text)), 0, -1) if text.endswith(marker[:n])), default=0)
-
-
-def argument_fragments(arguments: str, size: int = 16) -> list[str]:
-    """A call's arguments in pieces, as OpenAI streams them."""
-    return [arguments[i:i + size] for i in range(0, len(arguments), size)] or [""]

@@ -1,0 +1,258 @@
+"""A streamed answer split as it comes: text to send now, and tool calls in OpenAI's chunk
+shape (the chat API sends them so; the Messages and Responses APIs reshape them). What it sends
+adds up to what ``tools.parse_calls`` reads from the whole answer."""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+from .tools import (CALL_HEAD, HERMES, HERMES_CLOSE, HERMES_OPEN, LLAMA3, MISTRAL, CallArguments, ToolCall, ToolUse,
+                    calls_in, parse_calls)
+
+
+class CallStream:
+    """Splits a streamed answer into text to send now and tool-call deltas in OpenAI's chunk
+    shape: a call's index, id, type and name first, then its arguments in fragments.
+
+    Hermes calls stream as they are written: the name once the call's head is read, then the
+    arguments object, exactly its text. So do bare calls that open the answer (``{"name": ...,
+    "arguments": {``, as Qwen writes them without their marker): the lazy grammar holds such an
+    answer to calls from its opening on, so from the head on it is known to be one. Text that may
+    start a call is held back; a call in another shape is held to its end and sent whole. Formats
+    without a closing marker (Mistral, Llama 3.x) are held from their first character to the end
+    when they look like calls, and sent whole then.
+    """
+
+    def __init__(self, use: ToolUse):
+        self.use = use
+        self.pending = ""
+        self.count = 0  # calls sent (begun)
+        self.whole = False  # holding everything to the end (an answer that starts like a call)
+        self.started = False  # any text seen that is not whitespace
+        self.arguments: CallArguments | None = None  # inside a Hermes call: its arguments as they come
+        self.sent = 0  # of them, the characters sent
+        self.begun: list[dict] = []  # a bare call's first delta, not yet returned
+        self.trim = False  # past a call: the blanks that follow it are not sent
+        self.code = False  # inside a fenced block that is no call
+        self.bare: CallArguments | None = None  # inside a bare call: its object, to find where it closes
+        self.after_bare = False  # past bare calls: more may follow, else text
+        self._out: list[str] = []  # what one feed sends: its text
+        self._deltas: list[dict] = []  # ... and its call deltas
+
+    def feed(self, text: str) -> tuple[str, list[dict]]:
+        self.pending += text
+        fmt = self.use.format
+        if not self.started and self.pending.strip():
+            self.started = True
+            head = self.pending.lstrip()
+            markers = {LLAMA3: ("{", "<|python_tag|>"), MISTRAL: ("[TOOL_CALLS]",), HERMES: ("{",)}[fmt]
+            self.whole = any(head.startswith(m) or m.startswith(head) for m in markers)
+        if self.whole and fmt is HERMES:
+            if self._bare_head():
+                self.whole = False
+            elif not _BARE_CALL.match(self.pending) and len(self.pending.strip()) > 40:
+                self.whole = False  # a code block or JSON that is no call: streamed as text after all
+        if self.whole or not self.started:
+            return "", []
+        if fmt is not HERMES:
+            out, self.pending = self.pending, ""
+            return out, []
+        return self._hermes()
+
+    def _bare_head(self) -> bool:
+        """Whether the held text now opens with a bare call's head (a known name, then its
+        arguments object): then its call begins (``self.begun``) and its arguments stream."""
+        text = self.pending.lstrip()
+        head = CALL_HEAD.match(text)
+        if head is None or head.group(1) not in self.use.parameters or text[head.end():head.end() + 1] != "{":
+            return False
+        self.begun.append(self._begin(head.group(1)))
+        self.bare = CallArguments()
+        self.bare.feed(text[:head.end()])  # the call object, open to its arguments
+        self.pending, self.arguments, self.sent, self.after_bare = text[head.end():], CallArguments(), 0, False
+        return True
+
+    def _hermes(self) -> tuple[str, list[dict]]:
+        self._out, self._deltas = [], self.begun
+        self.begun = []
+        while self._step():
+            pass
+        return "".join(self._out), self._deltas
+
+    def _step(self) -> bool:
+        """Read one piece of the held text; False when the rest must wait for more."""
+        if self.after_bare and not self._past_bare():
+            return False
+        if self.code:
+            return self._in_code()
+        if self.arguments is None:
+            return self._outside_call()
+        return self._in_call()
+
+    def _past_bare(self) -> bool:
+        """After bare calls: another one, or text once it is plainly none; False: held."""
+        if self._bare_head():
+            self._deltas += self.begun
+            self.begun = []
+            return True
+        rest = self.pending.strip()
+        if not rest or len(rest) <= 40 and rest[:1] == "{":
+            return False
+        self.after_bare = False
+        return True
+
+    def _in_code(self) -> bool:
+        """Inside a fenced block that is no call: text, up to its closing fence."""
+        end = self.pending.find(_FENCE_MARK)
+        if end < 0:
+            self._emit_up_to(len(self.pending) - _partial_tail(self.pending, _FENCE_MARK))
+            return False
+        self._emit_up_to(end + len(_FENCE_MARK))
+        self.code = False
+        return True
+
+    def _outside_call(self) -> bool:
+        start, fence = self.pending.find(HERMES_OPEN), self.pending.find(_FENCE_MARK)
+        if fence >= 0 and (start < 0 or fence < start):
+            self._emit_up_to(fence)
+            return self._fenced()
+        if start < 0:
+            hold = max(_partial_tail(self.pending, HERMES_OPEN), _partial_tail(self.pending, _FENCE_MARK))
+            self._emit_up_to(len(self.pending) - hold)
+            return False
+        self._emit_up_to(start)
+        body = self.pending[len(HERMES_OPEN):].lstrip()
+        head = CALL_HEAD.match(body)
+        if head is not None and head.group(1) in self.use.parameters and body[head.end():head.end() + 1] == "{":
+            self._deltas.append(self._begin(head.group(1)))  # streamed from here as it is written
+            self.pending, self.arguments, self.sent = body[head.end():], CallArguments(), 0
+            return True
+        end = self.pending.find(HERMES_CLOSE)
+        if end < 0:
+            return False  # not yet known: held
+        block, self.pending = self.pending[:end + len(HERMES_CLOSE)], self.pending[end + len(HERMES_CLOSE):]
+        found = calls_in(block[len(HERMES_OPEN):-len(HERMES_CLOSE)], self.use.format, set(self.use.parameters))
+        if not found:
+            self._emit(block)  # not a call after all: text
+            return True
+        self._deltas += self._whole(found)
+        self.pending = self.pending.lstrip("\n")
+        return True
+
+    def _fenced(self) -> bool:
+        """At a fence: a call in a fenced block (held to its close and read), or code (streamed)."""
+        shape = _fenced_shape(self.pending)
+        if shape is None:
+            return False  # may still be a fenced call: held
+        if shape is False:  # code or text: streamed as it comes
+            self._emit_up_to(_FENCE_HEADER.match(self.pending).end())
+            self.code = True
+            return True
+        end = self.pending.find(_FENCE_MARK, len(_FENCE_MARK))
+        if end < 0:
+            return False
+        block = self.pending[:end + len(_FENCE_MARK)]
+        self.pending = self.pending[len(block):]
+        found = calls_in(block, self.use.format, set(self.use.parameters))
+        if found:
+            self._deltas += self._whole(found)
+        else:
+            self._emit(block)
+        return True
+
+    def _in_call(self) -> bool:
+        """Inside a call: its arguments sent as they are written, the rest of it skipped."""
+        args = self.arguments
+        if not args.done:
+            used = args.feed(self.pending)
+            if self.bare is not None:
+                self.bare.feed(self.pending[:used])
+            self.pending = self.pending[used:]
+            if args.ready > self.sent:
+                self._deltas.append({"index": self.count - 1, "function": {"arguments": args.text[self.sent:args.ready]}})
+                self.sent = args.ready
+        if not args.done:
+            return False
+        if self.bare is not None:  # the rest of the call object, up to its own close: not sent
+            used = self.bare.feed(self.pending)
+            self.pending = self.pending[used:]
+            if not self.bare.done:
+                return False
+            self.bare, self.arguments, self.after_bare = None, None, True
+            return True
+        end = self.pending.find(HERMES_CLOSE)  # the rest of the call object, up to its close: not sent
+        if end < 0:
+            return False
+        self.pending, self.arguments = self.pending[end + len(HERMES_CLOSE):].lstrip("\n"), None
+        return True
+
+    def _emit_up_to(self, end: int) -> None:
+        """The held text up to ``end`` sent as text."""
+        self._emit(self.pending[:end])
+        self.pending = self.pending[end:]
+
+    def _emit(self, text: str) -> None:
+        """Text to send; right after a call, less its leading blanks (the newlines between calls)."""
+        if self.trim:
+            text = text.lstrip()
+            self.trim = not text
+        self._out.append(text)
+
+    def _begin(self, name: str) -> dict:
+        self.count += 1
+        self.trim = True
+        return {"index": self.count - 1, "id": "call_" + uuid.uuid4().hex[:24], "type": "function",
+                "function": {"name": name, "arguments": ""}}
+
+    def _whole(self, calls: list[ToolCall]) -> list[dict]:
+        deltas = []
+        for call in calls:
+            first = self._begin(call.name)
+            first["id"] = call.id
+            deltas.append(first)
+            deltas += [{"index": self.count - 1, "function": {"arguments": fragment}}
+                       for fragment in argument_fragments(call.arguments)]
+        return deltas
+
+    def finish(self) -> tuple[str, list[dict]]:
+        """What was held back, at the end of the answer."""
+        rest, self.pending = self.pending, ""
+        if self.arguments is not None:  # a call cut short (max_tokens): its arguments as they stand
+            args, self.arguments = self.arguments, None
+            more = args.text[self.sent:]
+            return "", [{"index": self.count - 1, "function": {"arguments": more}}] if more else []
+        if not rest:
+            return "", []
+        content, calls = parse_calls(rest, self.use)
+        return content or "", self._whole(calls)
+
+
+_BARE_CALL = re.compile(r'\s*\{\{?\s*"name"')
+_FENCE_MARK = "```"
+_FENCE_HEADER = re.compile(r"```[a-zA-Z]*[ \t]*(\n|$)")
+_CALL_OPENINGS = ('{"name"', '{{"name"', '[{"name"')
+
+
+def _fenced_shape(text: str) -> bool | None:
+    """For text opening a fenced block: True when the block begins like a call (held to its
+    close and read), False when it plainly does not (streamed), None while it cannot be told."""
+    header = _FENCE_HEADER.match(text)
+    if header is None:
+        return False if re.fullmatch(r"```[a-zA-Z]*[ \t]*", text) is None else None
+    if not header.group(1):
+        return None
+    body = re.sub(r"\s+", "", text[header.end():])  # (models write '{\n  "name"' as often as '{"name"')
+    if any(body.startswith(o) for o in _CALL_OPENINGS):
+        return True
+    return None if any(o.startswith(body) for o in _CALL_OPENINGS) else False
+
+
+def _partial_tail(text: str, marker: str) -> int:
+    """How many of ``text``'s last characters are the start of ``marker``."""
+    return max((n for n in range(min(len(marker) - 1, len(text)), 0, -1) if text.endswith(marker[:n])), default=0)
+
+
+def argument_fragments(arguments: str, size: int = 16) -> list[str]:
+    """A call's arguments in pieces, as OpenAI streams them."""
+    return [arguments[i:i + size] for i in range(0, len(arguments), size)] or [""]
