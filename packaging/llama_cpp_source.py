@@ -2,7 +2,7 @@
 
     python packaging/llama_cpp_source.py DEST   ->  prints the folder to `pip install`
 
-The change: a switch, GGML_CPU_ROW_INVARIANT=1 in the environment, under which ggml's CPU
+The changes: a switch, GGML_CPU_ROW_INVARIANT=1 in the environment, under which ggml's CPU
 backend computes every row of a matrix product and of attention with one kernel whatever the
 number of rows in its pass. Without it, a row's logits depend on how many rows share its pass
 (llamafile's sgemm serves 2+ rows and vec_dot one; repacked weights take groups of 4 through
@@ -10,7 +10,9 @@ gemm and the rest through gemv; the tiled K-quant matmul starts at 8 rows; flash
 splits the cache for one row at >= 512 cached tokens and tiles queries from 64), so a verified
 draft can take the other token at a near tie and speculative output would differ from plain
 decoding. Unset, the build computes exactly as upstream's. docs/notes/issue46-exact.md has the
-measurements.
+measurements. And GGML_CPU_TILED_MM_MIN_ROWS=N, from which row count the tiled K-quant matmul
+is taken (upstream: 8), so it can read prompts without taking verification passes
+(docs/notes/cpu-settings.md).
 
 Edits are made by exact text replacement, each checked: a version whose sources moved fails
 loudly here instead of building something else. Standard library only (Windows has no `patch`).
@@ -26,7 +28,6 @@ import tempfile
 from pathlib import Path
 
 VERSION = "0.3.36"  # the sources these edits were written against (packaging/constraints.txt)
-MARK = "ggml_cpu_row_invariant"
 
 SWITCH = """
 // GGML_CPU_ROW_INVARIANT=1 (Speculum): every row of a matrix product or attention is computed by
@@ -55,6 +56,26 @@ EDITS = [
     ("tiled/tiled.cpp",
      "        enabled = env == NULL || atoi(env) != 0;",
      "        enabled = (env == NULL || atoi(env) != 0) && !ggml_cpu_row_invariant();"),
+    # GGML_CPU_TILED_MM_MIN_ROWS=N (Speculum): the tiled K-quant matmul from N rows on, not 8.
+    # Where verification passes (up to 64 rows) pay for its unpacking but prompt chunks gain
+    # (AVX2 CPUs), it can then read prompts and leave the passes alone.
+    ("tiled/tiled.cpp",
+     "static bool ggml_tiled_min_batch(int64_t rows) {\n"
+     "    //  Profitable at rows >= 8, take even when unprofitable if we're forced\n"
+     "    return rows >= 8 || ggml_tiled_matmul_forced();\n}",
+     "static int64_t ggml_tiled_min_rows(void) {\n"
+     "    static int64_t min_rows = 8;\n"
+     "    static std::once_flag flag;\n"
+     "    std::call_once(flag, []() {\n"
+     "        const char * env = getenv(\"GGML_CPU_TILED_MM_MIN_ROWS\");\n"
+     "        if (env != NULL && atoi(env) > 0) {\n"
+     "            min_rows = atoi(env);\n"
+     "        }\n"
+     "    });\n"
+     "    return min_rows;\n}\n\n"
+     "static bool ggml_tiled_min_batch(int64_t rows) {\n"
+     "    //  Profitable at rows >= 8, take even when unprofitable if we're forced\n"
+     "    return rows >= ggml_tiled_min_rows() || ggml_tiled_matmul_forced();\n}"),
     # flash attention: the reference path for every row count (no split cache, no query tiles)
     ("ops.cpp",
      "    const bool use_ref = params->use_ref;\n\n    const bool kv_is_f32_or_f16",
@@ -90,13 +111,14 @@ EDITS = [
 
 
 def patch(source: Path) -> None:
-    """Make the edits in an unpacked llama-cpp-python source folder (once: a patched one is left as it is)."""
+    """Make the edits in an unpacked llama-cpp-python source folder; each one once (a folder an
+    earlier version of this list patched gets the edits added since)."""
     cpu = source / "vendor" / "llama.cpp" / "ggml" / "src" / "ggml-cpu"
-    if MARK in (cpu / "ggml-cpu-impl.h").read_text(encoding="utf-8"):
-        return
     for name, old, new in EDITS:
         file = cpu / name
         text = file.read_text(encoding="utf-8")
+        if new in text:
+            continue
         if text.count(old) != 1:
             raise SystemExit(f"{file}: the text to change is not there once; these edits are for "
                              f"llama-cpp-python {VERSION}")

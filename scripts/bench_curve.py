@@ -6,11 +6,12 @@ caps what any drafter can gain (a copy of n - 1 accepted tokens gives n tokens f
 price of the pass). Two settings change it (engine/llama/cpu_settings.py): ggml's tiled K-quant
 matmul (``--setting tiled``, from 8 tokens on; it also speeds up prompt chunks) and flash
 attention (``--setting attention``; its CPU kernel walks the cache once per row of a small
-batch, so it matters more the more is cached: ``--context``). Each setting runs in a
+batch, so it matters more the more is cached: ``--context``); ``--setting prompt-tiled`` times
+the tiled matmul in prompt chunks only (Speculum's build) against none. Each setting runs in a
 process of its own (ggml reads the tiled one once), alternated round by round so machine
 noise hits both alike. Also times a 128-token prompt chunk.
 
-    python scripts/bench_curve.py --target MODEL.gguf [--setting tiled|attention]
+    python scripts/bench_curve.py --target MODEL.gguf [--setting tiled|prompt-tiled|attention]
         [--context 300] [--rounds 3] [--repeat 5]
 """
 
@@ -22,6 +23,8 @@ import os
 import statistics
 import subprocess
 import sys
+
+from speculum.engine.llama.cpu_settings import PROMPT_CHUNK_ROWS, TILED_MATMUL, TILED_MIN_ROWS
 
 SIZES = (1, 2, 3, 4, 6, 7, 8, 10, 12, 16)
 CHUNK = 128
@@ -41,8 +44,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="processes per setting, alternated")
     ap.add_argument("--repeat", type=int, default=5, help="passes of each size per process (median)")
     ap.add_argument("--threads", type=int)
-    ap.add_argument("--setting", choices=("tiled", "attention"), default="tiled",
-                    help="the tiled matmul (GGML_CPU_TILED_MM) or flash attention")
+    ap.add_argument("--setting", choices=("tiled", "prompt-tiled", "attention"), default="tiled",
+                    help="the tiled matmul (GGML_CPU_TILED_MM), the tiled matmul in prompt chunks only "
+                         "(and GGML_CPU_TILED_MM_MIN_ROWS) against none, or flash attention")
     ap.add_argument("--context", type=int, default=300, help="tokens cached before each pass")
     ap.add_argument("--child", choices=("0", "1"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -56,7 +60,12 @@ def main() -> None:
     label = {"1": f"{args.setting} on", "0": f"{args.setting} off"}
     for r in range(args.rounds):
         for setting in ("1", "0"):
-            env = {**os.environ, "GGML_CPU_TILED_MM": setting} if args.setting == "tiled" else None
+            env = None
+            if args.setting != "attention":
+                env = {k: v for k, v in os.environ.items() if k != TILED_MIN_ROWS}
+                env[TILED_MATMUL] = setting
+                if args.setting == "prompt-tiled" and setting == "1":
+                    env[TILED_MIN_ROWS] = str(PROMPT_CHUNK_ROWS)
             cmd = [sys.executable, __file__, "--target", args.target, "--repeat", str(args.repeat),
                    "--setting", args.setting, "--context", str(args.context), "--child", setting]
             if args.threads:

@@ -137,7 +137,7 @@ def test_doctor_reports_versions_backend_and_folders(tmp_path):
 
     # ggml's tiled path where it makes verification passes cheaper: CPUs with AVX-512
     pays = cpu_settings.tiled_matmul_pays(cpu_settings.cpu_flags())
-    assert proc.stdout.split("Tiled matmul")[1].split()[0] == ("on" if pays else "off")
+    assert proc.stdout.split("Tiled matmul")[1].split()[0] == ("on" if pays else "prompt")  # (prompt chunks only)
     from speculum.engine.llama.native import gpu_backend
     attention = proc.stdout.split("Flash attention")[1].splitlines()[0]
     assert ("off for the target" in attention) is (gpu_backend() is None)

@@ -67,7 +67,7 @@ def _engine_settings() -> dict:
 def test_the_engine_process_waits_for_threads_as_speculum_sets_it_before_llama_cpp_loads(data_dirs, monkeypatch):
     from speculum.engine.llama import cpu_settings
 
-    for name in (*cpu_settings.USER_SETTINGS, cpu_settings.TILED_MATMUL):
+    for name in (*cpu_settings.USER_SETTINGS, cpu_settings.TILED_MATMUL, cpu_settings.TILED_MIN_ROWS):
         monkeypatch.delenv(name, raising=False)  # this test process applied them to itself
     setting = _engine_settings()
     assert setting["GOMP_SPINCOUNT"] == str(cpu_settings.SPIN_COUNT) and setting["source"] == "Speculum"
@@ -77,10 +77,13 @@ def test_the_engine_process_waits_for_threads_as_speculum_sets_it_before_llama_c
     assert setting["OMP_WAIT_POLICY"] == "active"
     assert setting["set_before_libgomp_loaded"] is True
     assert setting["libgomp_loaded"] is True  # llama.cpp's OpenMP runtime, which reads it, is loaded
-    # ggml's tiled matmul as this CPU runs verification passes faster: on with AVX-512, else off
+    # ggml's tiled matmul in verification passes as this CPU runs them faster: with AVX-512, else
+    # not; in prompt chunks either way (this build, the README's, says from how many rows)
     pays = cpu_settings.tiled_matmul_pays(cpu_settings.cpu_flags())
-    assert setting[cpu_settings.TILED_MATMUL] == ("1" if pays else "0") and setting["tiled_source"] == "Speculum"
-    assert cpu_settings.tiled_matmul_on(setting) is pays
+    assert cpu_settings.tiled_in_passes(setting) is pays and setting["tiled_source"] == "Speculum"
+    assert cpu_settings.build_has_tiled_rows() and cpu_settings.tiled_matmul_on(setting)
+    if not pays:
+        assert setting[cpu_settings.TILED_MIN_ROWS] == str(cpu_settings.PROMPT_CHUNK_ROWS)
 
 
 def test_the_tiled_matmul_is_on_only_where_the_cpu_has_avx512(tmp_path, monkeypatch):
@@ -103,13 +106,17 @@ def test_the_tiled_matmul_is_on_only_where_the_cpu_has_avx512(tmp_path, monkeypa
     # Windows: the one feature asked for
     assert pays(cpu_settings._windows_flags(lambda feature: feature == cpu_settings.PF_AVX512F_INSTRUCTIONS_AVAILABLE))
     assert not pays(cpu_settings._windows_flags(lambda feature: 0))
-    # apply() sets it by the CPU when the user did not
-    for avx512 in (True, False):
+    # apply() sets it by the CPU when the user did not: in passes with AVX-512, else in prompt
+    # chunks only, or not at all with a build that cannot say from how many rows
+    for avx512, rows in ((True, True), (False, True), (False, False)):
         monkeypatch.setattr(cpu_settings, "_in_effect", {})
         monkeypatch.setattr(cpu_settings, "cpu_flags", lambda: {"avx2", "avx512f"} if avx512 else {"avx2"})
+        monkeypatch.setattr(cpu_settings, "build_has_tiled_rows", lambda: rows)
         environ: dict = {}
-        assert cpu_settings.apply(environ)[cpu_settings.TILED_MATMUL] == environ[cpu_settings.TILED_MATMUL] == (
-            "1" if avx512 else "0")
+        setting = cpu_settings.apply(environ)
+        assert cpu_settings.tiled_in_passes(setting) is cpu_settings.tiled_in_passes(environ) is avx512
+        assert cpu_settings.tiled_matmul_on(setting) is (avx512 or rows)
+        assert environ.get(cpu_settings.TILED_MIN_ROWS) == (None if avx512 or not rows else "65")
 
 
 @pytest.mark.parametrize("needed, expected", [(b"libgomp.so.1", "active"), (b"libomp.so", "")])
@@ -147,6 +154,12 @@ def test_the_tiled_matmul_switch_reads_as_ggml_reads_it():
     assert tiled_matmul_on({})  # unset: ggml's default is on
     for value, on in (("0", False), ("1", True), ("00", False), (" 2", True), ("off", False), ("", False)):
         assert tiled_matmul_on({TILED_MATMUL: value}) is on, value
+    from speculum.engine.llama.cpu_settings import TILED_MIN_ROWS, tiled_in_passes
+
+    # Speculum's build: from how many rows (ggml's own 8 when unset or not a positive number)
+    for rows, in_passes in ((None, True), ("65", False), ("64", True), ("8", True), ("0", True), ("x", True)):
+        assert tiled_in_passes({TILED_MATMUL: "1", TILED_MIN_ROWS: rows}) is in_passes, rows
+    assert not tiled_in_passes({TILED_MATMUL: "0"})
 
 
 def test_after_loading_the_engine_measures_costs_while_idle_and_gives_way_to_a_request(smollm_path, data_dirs):
@@ -451,7 +464,7 @@ def test_idle_after_a_load_the_engine_measures_the_tiled_matmul_and_the_next_eng
     assert all(0 < entry["passes"][s]["1"] < entry["passes"][s]["16"] for s in ("1", "0"))
     # The next engine starts with what was measured, and says so
     setting = _engine_settings()
-    assert setting[cpu_settings.TILED_MATMUL] == entry["tiled"]
+    assert cpu_settings.tiled_in_passes(setting) is (entry["tiled"] == "1")
     assert setting["tiled_source"] == "a measurement on this machine"
     # ... unless the user set it
     other = "0" if entry["tiled"] == "1" else "1"
@@ -488,7 +501,8 @@ def test_speculum_tune_measures_now_and_the_doctor_names_the_measurement(smollm_
     assert proc.returncode == 0, proc.stderr
     entry = json.loads(proc.stdout)
     assert entry == cpu_settings.remembered() and entry["tiled"] in ("1", "0")
-    assert f"GGML_CPU_TILED_MM={entry['tiled']} from the next start" in proc.stderr
+    setting = " ".join(f"{k}={v}" for k, v in cpu_settings.tiled_environment(entry["tiled"]).items())
+    assert f"{setting} from the next start" in proc.stderr
     doctor = subprocess.run([sys.executable, "-m", "speculum.cli", "doctor"], capture_output=True, text=True, timeout=120)
     row = doctor.stdout.split("Tiled matmul")[1].splitlines()[0]
     assert "set by a measurement on this machine" in row and smollm_path.name in row, row

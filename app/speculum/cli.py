@@ -193,7 +193,11 @@ def cmd_tune(options: TuneOptions) -> int:
         raise SpeculumError(f"The measurement failed: the model could not be timed ({options.target}).")
     entry = tuning.remember_passes(options.target, passes)
     print(json.dumps(entry, indent=1))
-    print(f"speculum: GGML_CPU_TILED_MM={entry['tiled']} from the next start ({entry['decided_by']})", file=sys.stderr)
+    from .engine.llama.cpu_settings import tiled_environment
+
+    setting = " ".join(f"{k}={v}" for k, v in tiled_environment(entry["tiled"]).items())
+    print(f"speculum: the tiled matmul {'in' if entry['tiled'] == '1' else 'not in'} verification passes, "
+          f"{setting} from the next start ({entry['decided_by']})", file=sys.stderr)
     return 0
 
 
@@ -361,7 +365,7 @@ def _thread_wait(setting: dict) -> str:
 def _tiled_matmul(setting: dict) -> str:
     from .engine.llama import cpu_settings
 
-    on = cpu_settings.tiled_matmul_on(setting)
+    on = cpu_settings.tiled_in_passes(setting)
     why = ""
     if setting.get("tiled_source") == cpu_settings.FROM_SPECULUM:
         why = (": this CPU has AVX-512, where verification passes run faster with it" if on
@@ -372,8 +376,10 @@ def _tiled_matmul(setting: dict) -> str:
         why = (f" ({measured.get('model')}, {measured.get('at')}): " +
                (f"verification passes ran faster {'with' if on else 'without'} it here"
                 if measured.get("decided_by") == "measurement" else "no difference measured, so by the CPU's flags"))
-    value = setting.get(cpu_settings.TILED_MATMUL)
-    return f"{'on' if on else 'off'} ({cpu_settings.TILED_MATMUL}={value}, set by {setting.get('tiled_source')}){why}"
+    state = "on" if on else "prompt chunks only" if cpu_settings.tiled_matmul_on(setting) else "off"
+    values = ", ".join(f"{name}={setting[name]}" for name in (cpu_settings.TILED_MATMUL, cpu_settings.TILED_MIN_ROWS)
+                       if setting.get(name) is not None)
+    return f"{state} ({values}, set by {setting.get('tiled_source')}){why}"
 
 
 def cmd_gui(options: WindowOptions) -> int:

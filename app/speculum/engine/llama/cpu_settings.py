@@ -7,8 +7,10 @@ it takes per context. Verification sends small batches, and these three decide w
   libgomp the policy is ``active`` with GOMP_SPINCOUNT capping both of libgomp's counts: the
   window and the server decode on several threads, each with a team of its own. libgomp reads
   this once, when loaded: ``apply`` runs before llama_cpp is imported (``native``).
-- ggml's tiled K-quant matmul (``TILED_MATMUL``): on with AVX-512, off elsewhere, until
-  ``tuning`` has measured both on this machine; from then on the measurement decides.
+- ggml's tiled K-quant matmul (``TILED_MATMUL``): in verification passes with AVX-512, not
+  elsewhere, until ``tuning`` has measured both on this machine; from then on the measurement
+  decides. Prompt chunks take it either way where Speculum's build can say from how many rows
+  (``TILED_MIN_ROWS``): it reads prompts faster on every CPU measured.
 - Row invariance (``ROW_INVARIANT``): Speculum's switch in its llama.cpp build
   (packaging/llama_cpp_source.py) under which a row's logits do not depend on how many rows
   share its pass, so verified drafts give exactly plain decoding's tokens. ``EXACT_BY_DEFAULT``
@@ -36,6 +38,9 @@ from ... import paths
 SPIN_COUNT = 1_000  # libgomp spin iterations before a waiting thread sleeps (see scripts/bench_load.py)
 USER_SETTINGS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 TILED_MATMUL = "GGML_CPU_TILED_MM"  # ggml's switch for its tiled K-quant matmul (see above)
+TILED_MIN_ROWS = "GGML_CPU_TILED_MM_MIN_ROWS"  # Speculum's build: from how many rows it is taken (ggml: 8)
+# More rows than any verification pass (policy.costs.MAX_BATCH, 64): prompt chunks only.
+PROMPT_CHUNK_ROWS = 65
 ROW_INVARIANT = "GGML_CPU_ROW_INVARIANT"  # Speculum's build's switch: one kernel per row whatever the pass
 EXACT_BY_DEFAULT = False  # see docs/notes/issue46-exact.md: what the switch costs here
 KQ_BUDGET = 256 * 2**20  # bytes of attention scores a context without flash attention may reserve
@@ -82,6 +87,11 @@ def build_has_row_switch() -> bool:
     """Whether the installed llama.cpp's CPU backend has Speculum's row-invariance switch (its
     name is among the library's strings)."""
     return ROW_INVARIANT.encode() in (_cpu_backend_bytes("*ggml-cpu*") or b"")
+
+
+def build_has_tiled_rows() -> bool:
+    """Whether the installed llama.cpp's CPU backend reads ``TILED_MIN_ROWS`` (Speculum's build)."""
+    return TILED_MIN_ROWS.encode() in (_cpu_backend_bytes("*ggml-cpu*") or b"")
 
 
 def cpu_name() -> str:
@@ -196,13 +206,16 @@ def apply(environ=os.environ) -> dict:
                 environ["OMP_WAIT_POLICY"] = "active"
         tiled_chosen = TILED_MATMUL in environ
         measured = None if tiled_chosen else _measured_tiled()
-        environ.setdefault(TILED_MATMUL, measured["tiled"] if measured else tiled_by_flags())
+        if not tiled_chosen:
+            environ.pop(TILED_MIN_ROWS, None)  # (Speculum's own, only with GGML_CPU_TILED_MM)
+            environ.update(tiled_environment(measured["tiled"] if measured else tiled_by_flags()))
         _in_effect.update({
             "GOMP_SPINCOUNT": environ.get("GOMP_SPINCOUNT", ""),
             "OMP_WAIT_POLICY": environ.get("OMP_WAIT_POLICY", ""),
             "source": FROM_USER if chosen else FROM_SPECULUM,
             "set_before_libgomp_loaded": _libgomp_loaded() is not True,
             TILED_MATMUL: environ[TILED_MATMUL],
+            TILED_MIN_ROWS: environ.get(TILED_MIN_ROWS),
             "tiled_source": FROM_USER if tiled_chosen else
                             FROM_MEASUREMENT if measured else FROM_SPECULUM,
             "tiled_measured": {k: measured.get(k) for k in ("decided_by", "model", "at")} if measured else None,
@@ -210,6 +223,27 @@ def apply(environ=os.environ) -> dict:
             "invariant_source": FROM_USER if invariant_chosen else FROM_SPECULUM,
         })
     return dict(_in_effect)
+
+
+def tiled_environment(in_passes: str) -> dict[str, str]:
+    """The tiled matmul's environment for a decision on verification passes ("1": they take it,
+    "0": they do not): prompt chunks take it either way where the build can say so (see above)."""
+    if in_passes == "1":
+        return {TILED_MATMUL: "1"}
+    if build_has_tiled_rows():
+        return {TILED_MATMUL: "1", TILED_MIN_ROWS: str(PROMPT_CHUNK_ROWS)}
+    return {TILED_MATMUL: "0"}
+
+
+def tiled_in_passes(setting: dict) -> bool:
+    """Whether verification passes take the tiled matmul under ``setting`` (read as ggml does)."""
+    rows = _number(setting.get(TILED_MIN_ROWS))
+    return tiled_matmul_on(setting) and (rows is None or rows <= 0 or rows < PROMPT_CHUNK_ROWS)
+
+
+def _number(value: str | None) -> int | None:
+    digits = re.match(r"\s*[+-]?\d+", value or "")
+    return int(digits.group()) if digits else None
 
 
 def _measured_tiled() -> dict | None:
@@ -259,17 +293,15 @@ def remember(entry: dict) -> None:
 
 def rows_invariant_asked(setting: dict) -> bool:
     """Whether the row-invariance switch is on in ``setting`` (as ggml reads it: atoi != 0)."""
-    digits = re.match(r"\s*[+-]?\d+", setting.get(ROW_INVARIANT) or "")
-    return digits is not None and int(digits.group()) != 0
+    return (_number(setting.get(ROW_INVARIANT)) or 0) != 0
 
 
 def tiled_matmul_on(setting: dict) -> bool:
-    """Whether ggml takes its tiled path under ``setting``, read as ggml reads it (atoi != 0)."""
+    """Whether ggml takes its tiled path at all under ``setting``, read as ggml reads it (atoi != 0)."""
     value = setting.get(TILED_MATMUL)
     if value is None:
         return True  # ggml's default
-    digits = re.match(r"\s*[+-]?\d+", value)
-    return digits is not None and int(digits.group()) != 0
+    return (_number(value) or 0) != 0
 
 
 def in_effect() -> dict:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..settings import LoadOptions
-from .cpu_settings import TILED_MATMUL, remember, remembered, tiled_by_flags
+from .cpu_settings import TILED_MATMUL, TILED_MIN_ROWS, remember, remembered, tiled_by_flags
 
 OFF_SWITCH = "SPECULUM_NO_TUNING"  # set: never measure (the test suite; a machine that must stay quiet)
 SIZES = (1, 8, 16)  # a single step, and the passes the tiled path changes (8 rows and more)
@@ -84,7 +84,10 @@ def child_command(target, threads: int) -> list[str]:
 
 
 def _child(target, threads: int, setting: str, interrupted: Callable[[], bool], poll_s: float) -> dict | None:
+    # Verification passes with the tiled path or without: not the prompt-chunks-only setting
+    # this process may run with.
     env = {**os.environ, TILED_MATMUL: setting}
+    env.pop(TILED_MIN_ROWS, None)
     cmd = child_command(target, threads)
     # The user's programs go first.
     niced = (lambda: os.nice(10)) if hasattr(os, "nice") else None  # platform: not on Windows
