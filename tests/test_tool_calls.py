@@ -55,6 +55,13 @@ SHAPES = [  # answer, content, the arguments of its calls
      ['{"city":"Oslo"}', '{"city":"Rome"}']),
     ('{"name": "get_weather", "arguments": {"city": "Oslo"}, "id": "a } in text"}\n{"answer": 1}', '{"answer": 1}',
      ['{"city": "Oslo"}']),
+    # Fenced calls, as Qwen's 1.5B writes Claude Code's (streamed from their heads too)
+    ('```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Oslo"\n  }\n}\n```', None,
+     ['{\n    "city": "Oslo"\n  }']),
+    ('```json\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n{"name": "get_weather", "arguments": '
+     '{"city": "Rome"}}\n```\nDone.', "Done.", ['{"city": "Oslo"}', '{"city": "Rome"}']),
+    ('```json\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\nThat is the call.\n```', "That is the call.",
+     ['{"city": "Oslo"}']),
 ]
 
 
@@ -89,6 +96,16 @@ def test_a_bare_call_streams_from_its_head_as_the_lazy_grammar_makes_it_a_call()
     assert [d["index"] for d in deltas] == [0, 1, 1] and deltas[1]["function"]["name"] == "get_weather"
     assert stream.feed('"city": "Rome"}}')[1] == [{"index": 1, "function": {"arguments": '"city": "Rome"}'}}]
     assert stream.finish() == ("", [])
+
+
+def test_a_fenced_call_streams_from_its_head():
+    stream = callstream.CallStream(_use())
+    assert stream.feed('Reading it.\n```json\n{\n  "name": "get_weather",\n') == ("Reading it.\n", [])
+    text, deltas = stream.feed('  "arguments": {\n    "city": "Os')
+    assert text == "" and deltas[0]["function"] == {"name": "get_weather", "arguments": ""}
+    assert "".join(d["function"]["arguments"] for d in deltas) == '{\n    "city": "Os'
+    assert stream.feed('lo"\n  }\n}\n``') == ("", [{"index": 0, "function": {"arguments": 'lo"\n  }'}}])
+    assert stream.feed("`\nDone.") == ("Done.", []) and stream.finish() == ("", [])
 
 
 def test_code_fences_that_are_no_calls_stream_as_text():

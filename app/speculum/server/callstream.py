@@ -37,6 +37,7 @@ class CallStream:
         self.code = False  # inside a fenced block that is no call
         self.bare: CallArguments | None = None  # inside a bare call: its object, to find where it closes
         self.after_bare = False  # past bare calls: more may follow, else text
+        self.in_fence = False  # ... and those calls were in a fenced block, its close still to come
         self._out: list[str] = []  # what one feed sends: its text
         self._deltas: list[dict] = []  # ... and its call deltas
 
@@ -96,6 +97,15 @@ class CallStream:
             self._deltas += self.begun
             self.begun = []
             return True
+        if self.in_fence:  # up to the block's closing fence: text, the fence dropped
+            end = self.pending.find(_FENCE_MARK)
+            if end < 0:
+                return False
+            self._emit_up_to(end)
+            self.pending = self.pending[len(_FENCE_MARK):]
+            self.in_fence = self.after_bare = False
+            self.trim = True
+            return True
         rest = self.pending.strip()
         if not rest or len(rest) <= 40 and rest[:1] == "{":
             return False
@@ -145,10 +155,18 @@ class CallStream:
         shape = _fenced_shape(self.pending)
         if shape is None:
             return False  # may still be a fenced call: held
+        header = _FENCE_HEADER.match(self.pending).end()
         if shape is False:  # code or text: streamed as it comes
-            self._emit_up_to(_FENCE_HEADER.match(self.pending).end())
+            self._emit_up_to(header)
             self.code = True
             return True
+        held, self.pending = self.pending, self.pending[header:]
+        if self._bare_head():  # a call opens the block: streamed from its head, as a bare one is
+            self._deltas += self.begun
+            self.begun = []
+            self.in_fence = True
+            return True
+        self.pending = held
         end = self.pending.find(_FENCE_MARK, len(_FENCE_MARK))
         if end < 0:
             return False
@@ -222,6 +240,7 @@ class CallStream:
             args, self.arguments = self.arguments, None
             more = args.text[self.sent:]
             return "", [{"index": self.count - 1, "function": {"arguments": more}}] if more else []
+        self.in_fence = self.after_bare = False
         if not rest:
             return "", []
         content, calls = parse_calls(rest, self.use)

@@ -324,10 +324,12 @@ def _loose_calls(text: str, fmt: CallFormat, names: set[str]) -> tuple[str | Non
         return leading
     calls, rest, at = [], [], 0
     for match in _FENCE.finditer(text):
-        found = calls_in(match.group(1), fmt, names)
+        found, inside = calls_in(match.group(1), fmt, names), None
+        if not found:  # calls that open the block, then text (as CallStream streams them)
+            inside, found = _leading_calls(match.group(1), fmt, names) or (None, None)
         if found:
             calls += found
-            rest.append(text[at:match.start()])
+            rest += [text[at:match.start()], inside or ""]
             at = match.end()
     if not calls:
         return text or None, []
