@@ -14,12 +14,13 @@ from speculum.server.errors import BadRequest
 PARAMS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 
 
-def _use(fmt=tools.HERMES):
-    return tools.ToolUse(tools=[], format=fmt, choice=tools.ToolChoice.AUTO, parameters={"get_weather": PARAMS})
+def _use(fmt=tools.HERMES, enforced=False):
+    return tools.ToolUse(tools=[], format=fmt, choice=tools.ToolChoice.AUTO, parameters={"get_weather": PARAMS},
+                         enforced=enforced)
 
 
-def _streamed(text, size, fmt=tools.HERMES):
-    stream, sent, deltas = callstream.CallStream(_use(fmt)), [], []
+def _streamed(text, size, fmt=tools.HERMES, enforced=False):
+    stream, sent, deltas = callstream.CallStream(_use(fmt, enforced)), [], []
     for i in range(0, len(text), size):
         piece, found = stream.feed(text[i:i + size])
         sent.append(piece)
@@ -65,12 +66,13 @@ SHAPES = [  # answer, content, the arguments of its calls
 ]
 
 
+@pytest.mark.parametrize("enforced", [False, True], ids=["free", "grammar"])
 @pytest.mark.parametrize("text, content, arguments", SHAPES, ids=range(len(SHAPES)))
-def test_calls_in_every_shape_are_read_and_streamed_byte_for_byte(text, content, arguments):
+def test_calls_in_every_shape_are_read_and_streamed_byte_for_byte(text, content, arguments, enforced):
     found_content, calls = tools.parse_calls(text, _use())
     assert found_content == content and [c.arguments for c in calls] == arguments
     for size in (1, 2, 3, 7, 1000):
-        sent, streamed = _streamed(text, size)
+        sent, streamed = _streamed(text, size, enforced=enforced)
         assert streamed == arguments, size
         assert sent.strip() == (content or ""), size
 
@@ -96,6 +98,25 @@ def test_a_bare_call_streams_from_its_head_as_the_lazy_grammar_makes_it_a_call()
     assert [d["index"] for d in deltas] == [0, 1, 1] and deltas[1]["function"]["name"] == "get_weather"
     assert stream.feed('"city": "Rome"}}')[1] == [{"index": 1, "function": {"arguments": '"city": "Rome"}'}}]
     assert stream.finish() == ("", [])
+
+
+def test_under_the_calls_grammar_a_bare_call_begins_at_its_name():
+    # The lazy grammar holds an answer that opens with '{"name"' to calls: what follows the name
+    # is its arguments, so the client hears of the call a few tokens sooner.
+    stream = callstream.CallStream(_use(enforced=True))
+    text, deltas = stream.feed('{"name": "get_weather"')
+    assert text == "" and deltas == [{"index": 0, "id": deltas[0]["id"], "type": "function",
+                                      "function": {"name": "get_weather", "arguments": ""}}]
+    assert stream.feed(', "argu') == ("", [])
+    assert stream.feed('ments": {"city": "Oslo"}}') == ("", [{"index": 0, "function": {"arguments": '{"city": "Oslo"}'}}])
+    assert stream.finish() == ("", [])
+    # Another shape, as only another grammar lets a model write: its arguments as read whole
+    stream = callstream.CallStream(_use(enforced=True))
+    deltas = stream.feed('{"name": "get_weather", "id": 3, "arguments": {"city": "Rome"}}')[1] + stream.finish()[1]
+    assert "".join(d["function"]["arguments"] for d in deltas) == '{"city": "Rome"}'
+    # Cut short between its name and its arguments (max_tokens): a call with none
+    stream = callstream.CallStream(_use(enforced=True))
+    assert len(stream.feed('{"name": "get_weather", "')[1]) == 1 and stream.finish() == ("", [])
 
 
 def test_a_fenced_call_streams_from_its_head():

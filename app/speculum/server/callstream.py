@@ -38,6 +38,7 @@ class CallStream:
         self.bare: CallArguments | None = None  # inside a bare call: its object, to find where it closes
         self.after_bare = False  # past bare calls: more may follow, else text
         self.in_fence = False  # ... and those calls were in a fenced block, its close still to come
+        self.named = False  # a bare call begun at its name: its arguments still to come
         self._out: list[str] = []  # what one feed sends: its text
         self._deltas: list[dict] = []  # ... and its call deltas
 
@@ -50,7 +51,7 @@ class CallStream:
             markers = {LLAMA3: ("{", "<|python_tag|>"), MISTRAL: ("[TOOL_CALLS]",), HERMES: ("{",)}[fmt]
             self.whole = any(head.startswith(m) or m.startswith(head) for m in markers)
         if self.whole and fmt is HERMES:
-            if self._bare_head():
+            if self._bare_head(named=self.use.enforced):
                 self.whole = False
             elif not _BARE_CALL.match(self.pending) and len(self.pending.strip()) > 40:
                 self.whole = False  # a code block or JSON that is no call: streamed as text after all
@@ -61,17 +62,45 @@ class CallStream:
             return out, []
         return self._hermes()
 
-    def _bare_head(self) -> bool:
+    def _bare_head(self, named: bool = False) -> bool:
         """Whether the held text now opens with a bare call's head (a known name, then its
-        arguments object): then its call begins (``self.begun``) and its arguments stream."""
+        arguments object): then its call begins (``self.begun``) and its arguments stream.
+        ``named``: the grammar holds a call from its opening on, so it begins at its name."""
         text = self.pending.lstrip()
-        head = CALL_HEAD.match(text)
-        if head is None or head.group(1) not in self.use.parameters or text[head.end():head.end() + 1] != "{":
+        head = (_NAME_HEAD if named else CALL_HEAD).match(text)
+        if head is None or head.group(1) not in self.use.parameters:
+            return False
+        if not named and text[head.end():head.end() + 1] != "{":
             return False
         self.begun.append(self._begin(head.group(1)))
         self.bare = CallArguments()
-        self.bare.feed(text[:head.end()])  # the call object, open to its arguments
-        self.pending, self.arguments, self.sent, self.after_bare = text[head.end():], CallArguments(), 0, False
+        self.bare.feed(text[:head.end()])  # the call object, open to its arguments (or its name)
+        self.pending, self.after_bare, self.named = text[head.end():], False, named
+        if not named:
+            self.arguments, self.sent = CallArguments(), 0
+        return True
+
+    def _to_arguments(self) -> bool:
+        """Between a call's name (sent) and its arguments; False: held."""
+        head = _TO_ARGUMENTS.match(self.pending)
+        if head is not None and self.pending[head.end():head.end() + 1] == "{":
+            self.bare.feed(self.pending[:head.end()])
+            self.pending, self.arguments, self.sent, self.named = self.pending[head.end():], CallArguments(), 0, False
+            return True
+        written = "".join(self.pending.split())
+        if any(key.startswith(written) for key in _ARGUMENT_KEYS):
+            return False
+        # Another shape, which only an answer with another grammar can write: its arguments
+        # as the whole answer reads them, once the call has closed.
+        used = self.bare.feed(self.pending)
+        self.pending = self.pending[used:]
+        if not self.bare.done:
+            return False
+        found = calls_in(self.bare.text, self.use.format, set(self.use.parameters))
+        arguments = found[0].arguments if found else "{}"
+        self._deltas += [{"index": self.count - 1, "function": {"arguments": fragment}}
+                         for fragment in argument_fragments(arguments)]
+        self.bare, self.named, self.after_bare = None, False, True
         return True
 
     def _hermes(self) -> tuple[str, list[dict]]:
@@ -85,6 +114,8 @@ class CallStream:
         """Read one piece of the held text; False when the rest must wait for more."""
         if self.after_bare and not self._past_bare():
             return False
+        if self.named:
+            return self._to_arguments()
         if self.code:
             return self._in_code()
         if self.arguments is None:
@@ -93,7 +124,7 @@ class CallStream:
 
     def _past_bare(self) -> bool:
         """After bare calls: another one, or text once it is plainly none; False: held."""
-        if self._bare_head():
+        if self._bare_head(named=self.use.enforced and not self.in_fence):
             self._deltas += self.begun
             self.begun = []
             return True
@@ -236,6 +267,9 @@ class CallStream:
     def finish(self) -> tuple[str, list[dict]]:
         """What was held back, at the end of the answer."""
         rest, self.pending = self.pending, ""
+        if self.named:  # cut short (max_tokens) between its name and its arguments: a call without them
+            self.named, self.bare = False, None
+            return "", []
         if self.arguments is not None:  # a call cut short (max_tokens): its arguments as they stand
             args, self.arguments = self.arguments, None
             more = args.text[self.sent:]
@@ -248,6 +282,9 @@ class CallStream:
 
 
 _BARE_CALL = re.compile(r'\s*\{\{?\s*"name"')
+_NAME_HEAD = re.compile(r'\{\s*"name"\s*:\s*"([^"\\]*)"')  # a call's head up to its name
+_TO_ARGUMENTS = re.compile(r'\s*,\s*"(?:arguments|parameters)"\s*:\s*')  # ... and on to its arguments
+_ARGUMENT_KEYS = (',"arguments":{', ',"parameters":{')
 _FENCE_MARK = "```"
 _FENCE_HEADER = re.compile(r"```[a-zA-Z]*[ \t]*(\n|$)")
 _CALL_OPENINGS = ('{"name"', '{{"name"', '[{"name"')

@@ -274,6 +274,7 @@ def chat_request(served: ServedModel, body: dict, bound: "PromptBound") -> Compl
         # for the model to start one, unless the answer already follows a response_format.
         if use.choice is not ToolChoice.AUTO or completion.grammar is None:
             completion.grammar = use.grammar()
+            use.enforced = True
     return completion
 
 

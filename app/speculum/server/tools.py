@@ -76,6 +76,7 @@ class ToolUse:
     parameters: dict[str, dict] = field(default_factory=dict)  # each function's JSON schema
     parallel: bool = True  # whether a required call may be followed by more
     places: dict[str, str] = field(default_factory=dict)  # each function's schema's place in the request
+    enforced: bool = False  # the answer's grammar is these calls' (``grammar``): a call it starts is one
 
     def grammar(self) -> Grammar | LazyGrammar:
         """The calls' grammar in the model's format, over the offered functions and their argument
