@@ -12,17 +12,14 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
-import socket
 import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
-import httpx
 import pytest
+
+from serve_process import refusals, serving
 
 pytestmark = pytest.mark.qwen
 
@@ -55,29 +52,9 @@ def claude() -> Path:
 
 @pytest.fixture(scope="module")
 def server(qwen_target_path, qwen_draft_path):
-    """`speculum serve` on the demo pair (auto mode, a fresh data folder: it measures in idle moments)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    log = tempfile.NamedTemporaryFile(mode="w+", suffix=".log", delete=False)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "speculum.cli", "serve", "--target", str(qwen_target_path), "--draft",
-         str(qwen_draft_path), "--ctx", "8192", "--port", str(port), "--api-key", KEY, "--model-id", MODEL],
-        stdout=log, stderr=log, text=True,
-        env={**os.environ, "SPECULUM_DATA_DIR": tempfile.mkdtemp(prefix="speculum-agent-")})
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while True:
-        try:
-            if httpx.get(url + "/health", timeout=10).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        assert process.poll() is None and time.monotonic() < deadline, Path(log.name).read_text()
-        time.sleep(0.5)
-    yield url, Path(log.name)
-    process.terminate()
-    process.wait(30)
+    """`speculum serve --exact` on the demo pair (serve_process.py says why exact)."""
+    with serving(qwen_target_path, qwen_draft_path, "--api-key", KEY, "--model-id", MODEL) as served:
+        yield served
 
 
 def test_claude_code_reads_a_file_with_its_tool_and_answers(claude, server, tmp_path):
@@ -99,5 +76,5 @@ def test_claude_code_reads_a_file_with_its_tool_and_answers(claude, server, tmp_
     result = json.loads(run.stdout)
     assert result["is_error"] is False and result["num_turns"] >= 2, result  # the tool was called, its result read
     assert WORD in result["result"].lower(), result
-    refused = re.findall(r"/v1/messages\S*: [45]\d\d .*", served)
+    refused = refusals(log, "/v1/messages")
     assert not refused, refused

@@ -57,6 +57,7 @@ def test_with_exact_speculation_off_the_check_shows_the_first_difference(qtbot, 
     results = []
     w.engine.worker.plainChecked.connect(results.append, Qt.DirectConnection)
     shown = _check(qtbot, w, 1)
+    assert results, shown  # (the check's own words when it could not run)
     result = results[-1].result
     assert result.index is not None and result.answer.token != result.plain.token
     assert shown.startswith(f"Answer 1: Differs from plain decoding at token {result.index} of ")
