@@ -29,9 +29,15 @@ MODEL = "qwen-demo"
 KEY = "agent-key-1"
 WORD = "papaya"
 # The demo target (1.5B) needs the task said plainly: told only to read, it read the file again
-# instead of answering; asked for a "secret word", it declined.
-TASK = "Read notes.txt with the Read tool, then tell me which fruit is on the shopping list."
-AFTER = "After a tool result, answer the user in one sentence; do not call a tool again."
+# instead of answering; asked for a "secret word", it declined. Its first token is a near tie
+# between a call and prose for softer wordings ("Read notes.txt with the Read tool, then ..." gave
+# "To" -1.39, a fenced call -1.47, a bare call -1.53, and which of them won changed with the test's
+# folder and the date in Claude Code's system prompt, and with the CPU: CI answered in prose).
+# These words put a call 1.7 logits ahead of prose in each folder and date tried, more than the
+# 0.78 that kernels part rows by.
+TASK = "Call the Read tool on notes.txt now. Then tell me which fruit is on the shopping list."
+AFTER = ("Until you have read the file, reply with a tool call only, no text. After a tool result, "
+         "answer the user in one sentence; do not call a tool again.")
 
 
 @pytest.fixture(scope="module")
