@@ -109,3 +109,21 @@ def test_a_check_cancels_and_foreign_tokens_are_refused_in_words(qtbot, open_win
                                    "load the model that wrote it.")
     assert w.engine.is_alive() and w.chat.send_button.isEnabled()
     assert send(qtbot, w, "Name three colours.").content  # the engine answers on
+
+
+def test_a_checks_result_stays_with_its_conversation(qtbot, open_window, smollm_path):
+    w = open_window(smollm_path, mode="lookup", max_tokens=16)
+    send(qtbot, w, "Name three fruits.")
+    checked = w.current.id
+    shown = _check(qtbot, w, 1)
+    assert shown.startswith("Answer 1: ")
+    w.new_conversation()
+    qtbot.waitUntil(lambda: w.current.id != checked)
+    other = w.current.id
+    assert w.plain_checking.bar.text() == ""  # another conversation's answer was checked, not this one's
+    w.open_conversation(checked)
+    assert w.plain_checking.bar.text() == shown  # back: its result, as it was
+    w.plain_checking.bar.close_button.click()
+    w.open_conversation(other)
+    w.open_conversation(checked)
+    assert w.plain_checking.bar.text() == ""  # dismissed stays dismissed

@@ -323,6 +323,7 @@ class MainWindow(QMainWindow):
         if conv.document:
             self.model_bar.document_toggle.setChecked(True)
         self.replay_last()
+        self.plain_checking.show_for(conv.id)
         self.settings.conversation = conv.id
         self.save_settings()
 

@@ -11,7 +11,7 @@ from PySide6.QtCore import QObject, Qt, Signal
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QProgressBar, QPushButton, QToolButton, QVBoxLayout
 
 from ...conversations import Message
-from ...engine.plaincheck import Outcome, PlainCheck
+from ...engine.plaincheck import Outcome
 from ...protocol import CheckPlain, PlainChecked
 from .richtext import plain_label
 
@@ -85,13 +85,7 @@ class PlainCheckBar(QFrame):
         self.cancel_button.setEnabled(False)
         self.progress.setFormat(self.progress.format() + " · cancelling…")
 
-    def show_result(self, answer: str, result: PlainCheck) -> None:
-        self._end(f"{answer}: {result.words()}", result.outcome)
-
-    def show_failure(self, answer: str, message: str) -> None:
-        self._end(f"{answer}: the check could not run. {message}", Outcome.CANCELLED)
-
-    def _end(self, text: str, outcome: Outcome) -> None:
+    def show_ended(self, text: str, outcome: Outcome) -> None:
         self._look(outcome)
         self.label.setText(text)
         self.progress.hide()
@@ -104,7 +98,9 @@ class PlainCheckBar(QFrame):
 
 
 class PlainChecking(QObject):
-    """The window's checks against plain decoding, one at a time, in its engine process."""
+    """The window's checks against plain decoding, one at a time, in its engine process. The bar
+    belongs to the conversation whose answer was checked: another conversation opened hides it,
+    and going back shows its check again (running, or its result until dismissed)."""
 
     finished = Signal()  # a check ended and its result (or why it could not run) is shown
 
@@ -116,7 +112,10 @@ class PlainChecking(QObject):
         chat.layout().insertWidget(chat.layout().indexOf(chat.prompt_progress), self.bar)
         self.busy = False
         self._answer = ""  # the answer being checked, in words ("Answer 2")
+        self._conversation: str | None = None  # whose answer is being checked
+        self._ended: dict[str, tuple[str, Outcome]] = {}  # a conversation's last result, until dismissed
         self.bar.cancel_button.clicked.connect(self.cancel)
+        self.bar.close_button.clicked.connect(self._dismissed)
         worker = window.engine.worker
         worker.plainCheckProgress.connect(self.bar.show_progress)
         worker.plainChecked.connect(self._on_checked)
@@ -137,6 +136,8 @@ class PlainChecking(QObject):
         tokens = answer_tokens(conv.messages[index])
         number = sum(m.role == "assistant" for m in conv.messages[:index + 1])
         self._answer = f"Answer {number}"
+        self._conversation = conv.id
+        self._ended.pop(conv.id, None)
         self.busy = True
         w.update_controls()
         self.bar.begin(self._answer, len(tokens))
@@ -147,18 +148,31 @@ class PlainChecking(QObject):
             self.w.engine.stop()
             self.bar.cancelling()
 
+    def show_for(self, conversation_id: str | None) -> None:
+        """The bar as conversation ``conversation_id`` left it: its check running, its last result, or none."""
+        if self.busy:
+            self.bar.setVisible(conversation_id == self._conversation)
+        elif conversation_id in self._ended:
+            self.bar.show_ended(*self._ended[conversation_id])
+        else:
+            self.bar.hide()
+
     def _on_checked(self, event: PlainChecked) -> None:
-        self._end()
-        self.bar.show_result(self._answer, event.result)
-        self.finished.emit()
+        self._end(f"{self._answer}: {event.result.words()}", event.result.outcome)
 
     def _on_failed(self, message: str) -> None:
-        if not self.busy:
-            return
-        self._end()
-        self.bar.show_failure(self._answer, message)
+        if self.busy:
+            self._end(f"{self._answer}: the check could not run. {message}", Outcome.CANCELLED)
+
+    def _end(self, text: str, outcome: Outcome) -> None:
+        self.busy = False
+        self._ended[self._conversation] = (text, outcome)
+        self.w.update_controls()
+        current = self.w.current
+        self.show_for(current.id if current is not None else None)
         self.finished.emit()
 
-    def _end(self) -> None:
-        self.busy = False
-        self.w.update_controls()
+    def _dismissed(self) -> None:
+        current = self.w.current
+        if current is not None:
+            self._ended.pop(current.id, None)
