@@ -81,6 +81,11 @@ class Turn:
 class Result(PeerResult):
     """One turn's answer, timed as bench_peer times a request (its rates are bench_peer's)."""
     text: str = ""  # (not compared here: the turns replay the recorded conversation)
+    calls: tuple[str, ...] = ()  # the tools called, as the client received them (none: a text answer)
+
+    @property
+    def received(self) -> str:
+        return "call " + ",".join(self.calls) if self.calls else "text"
 
     @property
     def new_tokens(self) -> int:
@@ -127,6 +132,16 @@ def is_output(event: dict) -> bool:
     return kind in FIRST_OUTPUT
 
 
+def called(event: dict) -> str | None:
+    """The tool's name where an event opens a call: Anthropic's tool_use block, Responses' function_call
+    item. (A call the server did not read as one reaches the client as text, and is counted so.)"""
+    block = event.get("content_block") if event.get("type") == "content_block_start" else \
+        event.get("item") if event.get("type") == "response.output_item.added" else None
+    if isinstance(block, dict) and block.get("type") in ("tool_use", "function_call"):
+        return str(block.get("name"))
+    return None
+
+
 def usage_of(event: dict, usage: dict) -> dict:
     """The usage an event carries, merged into what earlier events said (Anthropic's message_start
     holds the prompt's counts at llama-server, its message_delta the final ones at Speculum)."""
@@ -140,11 +155,14 @@ def send(url: str, turn: Turn, max_tokens: int) -> Result:
     usage: dict = {}
     start = time.perf_counter()
     first = None
+    calls = []
     for event in sse_events(url + turn.api, replay_body(turn, max_tokens), headers, what=f"{turn.row} with "):
         if event.get("type") in ("error", "response.failed"):
             raise SystemExit(f"{url}{turn.api} failed on {turn.row}: {json.dumps(event)[:400]}")
         if first is None and is_output(event):
             first = time.perf_counter()
+        if (name := called(event)) is not None:
+            calls.append(name)
         usage = usage_of(event, usage)
     end = time.perf_counter()
     if turn.api == "/v1/messages":  # input_tokens: those read; cache_read_input_tokens: those the cache gave
@@ -154,7 +172,7 @@ def send(url: str, turn: Turn, max_tokens: int) -> Result:
         cached = int((usage.get("input_tokens_details") or {}).get("cached_tokens") or 0)
         prompt = int(usage.get("input_tokens") or 0)
     return Result(ttft_s=(first or end) - start, seconds=end - start, tokens=int(usage.get("output_tokens") or 0),
-                  prompt_tokens=prompt, cached_tokens=cached)
+                  prompt_tokens=prompt, cached_tokens=cached, calls=tuple(calls))
 
 
 # -- the run and the report ------------------------------------------------------------------
@@ -187,7 +205,8 @@ METRICS = {"new": ("new prompt tokens read (prompt - cached)", lambda r: r.new_t
            "tokens": ("answer tokens", lambda r: r.tokens, "{:d}"),
            "ttft": ("time to first token, s", lambda r: r.ttft_s, "{:.2f}"),
            "decode": ("decode tok/s", lambda r: r.decode_tok_s, "{:.1f}"),
-           "e2e": ("end-to-end tok/s", lambda r: r.e2e_tok_s, "{:.1f}")}
+           "e2e": ("end-to-end tok/s", lambda r: r.e2e_tok_s, "{:.1f}"),
+           "received": ("what the client received: tool calls, or text", lambda r: r.received, "{}")}
 
 
 def render(results, turns: list[Turn], configs: list[str], metric: str) -> str:
@@ -219,6 +238,15 @@ def verdicts(results, turns: list[Turn], configs: list[str]) -> dict:
                   if results[(t.row, c)].ttft_s > 0]
         wins = sum(results[(t.row, SPECULUM)].ttft_s <= results[(t.row, c)].ttft_s for t in turns)
         out[f"TTFT speculum / {c}"] = f"{_summary(ratios)}; turns with speculum <= : {wins} of {len(turns)}"
+        # A tool call's first event is its name, some tokens into the answer; a call another server
+        # did not read as one is text from its first token, and the client gets no call.
+        alike = [t for t in turns if results[(t.row, SPECULUM)].received == results[(t.row, c)].received]
+        as_text = [t.row for t in turns if results[(t.row, SPECULUM)].calls and not results[(t.row, c)].calls]
+        if len(alike) < len(turns):
+            ratios = [results[(t.row, SPECULUM)].ttft_s / results[(t.row, c)].ttft_s for t in alike
+                      if results[(t.row, c)].ttft_s > 0]
+            out[f"TTFT speculum / {c}, turns answered alike"] = (
+                f"{_summary(ratios)}; {c} sent as text what speculum sent as a call on: {', '.join(as_text) or 'none'}")
     edit_rows = [t for t in turns if t.edit]
     ratios, lines = [], []
     for t in edit_rows:
@@ -239,7 +267,8 @@ def report_json(results, turns: list[Turn], configs: list[str], info: dict) -> d
             "rows": [{"turn": t.row, "session": t.session, "index": t.index, "edit": t.edit, "config": c,
                       "prompt_tokens": r.prompt_tokens, "cached_tokens": r.cached_tokens, "new_tokens": r.new_tokens,
                       "answer_tokens": r.tokens, "ttft_s": round(r.ttft_s, 3), "seconds": round(r.seconds, 3),
-                      "decode_tok_s": round(r.decode_tok_s, 2), "e2e_tok_s": round(r.e2e_tok_s, 2)}
+                      "decode_tok_s": round(r.decode_tok_s, 2), "e2e_tok_s": round(r.e2e_tok_s, 2),
+                      "calls": list(r.calls)}
                      for t in turns for c in configs for r in [results.get((t.row, c))] if r is not None]}
 
 

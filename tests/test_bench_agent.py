@@ -1,6 +1,7 @@
 """scripts/agent_record.py's pure logic (no agents, no servers): the scrubber takes paths, ids and
 dates out of a recorded session and keeps what the prompt cache needs (the same value, the same
-placeholder); an answer's tool calls mark the turns that edit code."""
+placeholder); an answer's tool calls mark the turns that edit code; scripts/bench_agent.py tells a
+call the client received from a call that reached it as text."""
 
 import importlib.util
 import json
@@ -12,6 +13,10 @@ spec = importlib.util.spec_from_file_location("agent_record", SCRIPT)
 agent_record = importlib.util.module_from_spec(spec)
 sys.modules["agent_record"] = agent_record  # (its dataclasses look their module up)
 spec.loader.exec_module(agent_record)
+spec = importlib.util.spec_from_file_location("bench_agent", SCRIPT.with_name("bench_agent.py"))
+bench_agent = importlib.util.module_from_spec(spec)
+sys.modules["bench_agent"] = bench_agent
+spec.loader.exec_module(bench_agent)
 
 
 def test_the_scrubber_replaces_paths_ids_and_dates_with_the_same_placeholder_for_the_same_value():
@@ -51,3 +56,24 @@ def test_an_answers_calls_are_read_from_either_api_and_mark_edit_turns():
     assert not agent_record.edits(agent_record.calls_in(responses))  # reading is no edit
     assert agent_record.edits(agent_record.calls_in(writes))
     assert agent_record.calls_in("event: ping\ndata: {}\n") == []
+
+
+def test_ttft_is_compared_apart_where_a_server_sent_a_call_as_text():
+    # llama-server streamed Qwen's bare {"name": ...} calls to Codex as output text: its first event
+    # came with the first token, and Codex got no call.
+    assert bench_agent.called({"type": "content_block_start", "content_block": {"type": "tool_use", "name": "Read"}}) == "Read"
+    assert bench_agent.called({"type": "response.output_item.added",
+                               "item": {"type": "function_call", "name": "write_stdin"}}) == "write_stdin"
+    assert bench_agent.called({"type": "response.output_item.added", "item": {"type": "message"}}) is None
+    turns = [bench_agent.Turn("codex", i, "/v1/responses", False, {}) for i in (1, 2)]
+
+    def result(ttft, calls=()):
+        return bench_agent.Result(ttft_s=ttft, seconds=ttft + 1, tokens=10, prompt_tokens=100, cached_tokens=0,
+                                  calls=calls)
+    results = {("codex 1", "speculum auto"): result(2.0, ("write_stdin",)), ("codex 1", "plain"): result(1.0),
+               ("codex 2", "speculum auto"): result(1.0), ("codex 2", "plain"): result(2.0)}
+    said = bench_agent.verdicts(results, turns, ["speculum auto", "plain"])
+    assert said["TTFT speculum / plain"].startswith("median 1.25 (min 0.50, max 2.00, n 2)")
+    assert said["TTFT speculum / plain, turns answered alike"] == (
+        "median 0.50 (min 0.50, max 0.50, n 1); plain sent as text what speculum sent as a call on: codex 1")
+    assert "call write_stdin" in bench_agent.render(results, turns, ["speculum auto", "plain"], "received")
