@@ -54,11 +54,9 @@ def test_with_exact_speculation_off_the_check_shows_the_first_difference(qtbot, 
     monkeypatch.setenv("SPECULUM_FOLLOW_CORES", "0")
     w = _self_drafting(open_window, smollm_path, tmp_path, exact=False)
     assert send(qtbot, w, PROMPT).mode == "draft"
-    results = []
-    w.engine.worker.plainChecked.connect(results.append, Qt.DirectConnection)
     shown = _check(qtbot, w, 1)
-    assert results, shown  # (the check's own words when it could not run)
-    result = results[-1].result
+    result = w.plain_checking.last
+    assert result is not None, shown  # (the check's own words when it could not run)
     assert result.index is not None and result.answer.token != result.plain.token
     assert shown.startswith(f"Answer 1: Differs from plain decoding at token {result.index} of ")
     assert f", after …{result.before!r}: " in shown  # where it is, in the answer's own words

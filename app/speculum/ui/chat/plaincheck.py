@@ -11,7 +11,7 @@ from PySide6.QtCore import QObject, Qt, Signal
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QProgressBar, QPushButton, QToolButton, QVBoxLayout
 
 from ...conversations import Message
-from ...engine.plaincheck import Outcome
+from ...engine.plaincheck import Outcome, PlainCheck
 from ...protocol import CheckPlain, PlainChecked
 from .richtext import plain_label
 
@@ -114,6 +114,7 @@ class PlainChecking(QObject):
         self._answer = ""  # the answer being checked, in words ("Answer 2")
         self._conversation: str | None = None  # whose answer is being checked
         self._ended: dict[str, tuple[str, Outcome]] = {}  # a conversation's last result, until dismissed
+        self.last: PlainCheck | None = None  # the last check's result (None: none ended, or it could not run)
         self.bar.cancel_button.clicked.connect(self.cancel)
         self.bar.close_button.clicked.connect(self._dismissed)
         worker = window.engine.worker
@@ -158,10 +159,12 @@ class PlainChecking(QObject):
             self.bar.hide()
 
     def _on_checked(self, event: PlainChecked) -> None:
+        self.last = event.result
         self._end(f"{self._answer}: {event.result.words()}", event.result.outcome)
 
     def _on_failed(self, message: str) -> None:
         if self.busy:
+            self.last = None
             self._end(f"{self._answer}: the check could not run. {message}", Outcome.CANCELLED)
 
     def _end(self, text: str, outcome: Outcome) -> None:
