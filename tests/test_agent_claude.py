@@ -32,7 +32,8 @@ WORD = "papaya"
 # instead of answering; asked for a "secret word", it declined. Its first token is a near tie
 # between a call and prose for softer wordings ("Read notes.txt with the Read tool, then ..." gave
 # "To" -1.39, a fenced call -1.47, a bare call -1.53, and which of them won changed with the test's
-# folder and the date in Claude Code's system prompt, and with the CPU: CI answered in prose).
+# folder and the date in Claude Code's system prompt: CI's run answered in prose, as this machine
+# did in CI's folder).
 # These words put a call 1.7 logits ahead of prose in each folder and date tried, more than the
 # 0.78 that kernels part rows by.
 TASK = "Call the Read tool on notes.txt now. Then tell me which fruit is on the shopping list."
