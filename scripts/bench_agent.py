@@ -120,26 +120,22 @@ FIRST_OUTPUT = {"text_delta", "input_json_delta", "response.output_text.delta",
                 "response.function_call_arguments.delta"}
 
 
-def is_output(event: dict) -> bool:
-    """Whether an event carries the model's first output: text, a tool's name or its input."""
-    kind = event.get("type")
-    if kind == "content_block_delta":
-        return event.get("delta", {}).get("type") in FIRST_OUTPUT
-    if kind == "content_block_start":
-        return event.get("content_block", {}).get("type") == "tool_use"
-    if kind == "response.output_item.added":
-        return event.get("item", {}).get("type") == "function_call"
-    return kind in FIRST_OUTPUT
-
-
 def called(event: dict) -> str | None:
     """The tool's name where an event opens a call: Anthropic's tool_use block, Responses' function_call
     item. (A call the server did not read as one reaches the client as text, and is counted so.)"""
-    block = event.get("content_block") if event.get("type") == "content_block_start" else \
-        event.get("item") if event.get("type") == "response.output_item.added" else None
+    kind = event.get("type")
+    block = (event.get("content_block") if kind == "content_block_start"
+             else event.get("item") if kind == "response.output_item.added" else None)
     if isinstance(block, dict) and block.get("type") in ("tool_use", "function_call"):
         return str(block.get("name"))
     return None
+
+
+def is_output(event: dict) -> bool:
+    """Whether an event carries the model's first output: text, a tool's name or its input."""
+    if event.get("type") == "content_block_delta":
+        return event.get("delta", {}).get("type") in FIRST_OUTPUT
+    return event.get("type") in FIRST_OUTPUT or called(event) is not None
 
 
 def usage_of(event: dict, usage: dict) -> dict:
