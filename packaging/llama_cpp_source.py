@@ -3,16 +3,19 @@
     python packaging/llama_cpp_source.py DEST   ->  prints the folder to `pip install`
 
 The changes: a switch, GGML_CPU_ROW_INVARIANT=1 in the environment, under which ggml's CPU
-backend computes every row of a matrix product and of attention with one kernel whatever the
-number of rows in its pass. Without it, a row's logits depend on how many rows share its pass
-(llamafile's sgemm serves 2+ rows and vec_dot one; repacked weights take groups of 4 through
-gemm and the rest through gemv; the tiled K-quant matmul starts at 8 rows; flash attention
-splits the cache for one row at >= 512 cached tokens and tiles queries from 64), so a verified
-draft can take the other token at a near tie and speculative output would differ from plain
-decoding. Unset, the build computes exactly as upstream's. docs/notes/issue46-exact.md has the
-measurements. And GGML_CPU_TILED_MM_MIN_ROWS=N, from which row count the tiled K-quant matmul
-is taken (upstream: 8), so it can read prompts without taking verification passes
-(docs/notes/cpu-settings.md).
+backend computes every row of a matrix product and of attention alike whatever the number of rows
+in its pass. Without it, a row's logits depend on how many rows share its pass (llamafile's sgemm
+serves 2+ rows and vec_dot one; repacked weights take groups of 4 through gemm and the rest
+through gemv; the tiled K-quant matmul starts at 8 rows; flash attention splits the cache for one
+row at >= 512 cached tokens and tiles queries from 64), so a verified draft can take the other
+token at a near tie and speculative output would differ from plain decoding. Unset, the build
+computes exactly as upstream's. For Q4_K's repacked weights on AVX2 (the common quantization) the
+switch keeps gemm, which reads prompts and verifies fast, and makes gemv round as gemm does
+(once per sub-block pair where upstream rounds once per super block); other repacked types go
+through gemv row by row. A comma list of parts instead of "1" measures each alone.
+docs/notes/issue46-exact.md has the measurements. And GGML_CPU_TILED_MM_MIN_ROWS=N, from which
+row count the tiled K-quant matmul is taken (upstream: 8), so it can read prompts without taking
+verification passes (docs/notes/cpu-settings.md).
 
 Edits are made by exact text replacement, each checked: a version whose sources moved fails
 loudly here instead of building something else. Standard library only (Windows has no `patch`).
@@ -20,6 +23,7 @@ loudly here instead of building something else. Standard library only (Windows h
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import subprocess
 import sys
@@ -30,19 +34,43 @@ from pathlib import Path
 VERSION = "0.3.36"  # the sources these edits were written against (packaging/constraints.txt)
 
 SWITCH = """
-// GGML_CPU_ROW_INVARIANT=1 (Speculum): every row of a matrix product or attention is computed by
-// one kernel whatever the number of rows in its pass, so a row's result does not depend on the
-// batch it shares (verify passes then match single steps bit for bit).
-static inline bool ggml_cpu_row_invariant(void) {
-    static int invariant = -1;  // (a benign race: every thread reads the same value)
-    if (invariant < 0) {
+// GGML_CPU_ROW_INVARIANT (Speculum): a row's result does not depend on the batch it shares, so
+// verify passes match single steps bit for bit. "1" takes the parts Speculum ships as one switch;
+// a comma list names parts, to measure each: sgemm-one (llamafile's sgemm serves single rows too),
+// no-sgemm (it serves none: vec_dot for every row), repack (repacked weights through gemv for
+// every row), tiled (the tiled K-quant matmul off), flash (flash attention's reference path for
+// every row count), mmla (ARM's paired-row kernels one row at a time), gemv-sb (Q4_K's repacked
+// gemv on AVX2 rounds once per sub-block pair, as its gemm does, so gemm keeps serving groups of
+// 4 rows: the repack part then leaves Q4_K alone).
+enum {
+    GGML_ROW_INV_SGEMM_ONE = 1, GGML_ROW_INV_REPACK = 2, GGML_ROW_INV_TILED = 4,
+    GGML_ROW_INV_FLASH = 8, GGML_ROW_INV_MMLA = 16, GGML_ROW_INV_NO_SGEMM = 32, GGML_ROW_INV_GEMV_SB = 64,
+    GGML_ROW_INV_SHIPPED = 1 | 2 | 4 | 8 | 16 | 64,
+};
+static inline int ggml_cpu_row_invariant_parts(void) {
+    static int parts = -1;  // (a benign race: every thread reads the same value)
+    if (parts < 0) {
         const char * env = getenv("GGML_CPU_ROW_INVARIANT");
-        invariant = env != NULL && atoi(env) != 0;
+        int p = 0;
+        if (env != NULL && env[0] >= '0' && env[0] <= '9') {
+            p = atoi(env) != 0 ? GGML_ROW_INV_SHIPPED : 0;
+        } else if (env != NULL) {
+            p |= strstr(env, "sgemm-one") ? GGML_ROW_INV_SGEMM_ONE : 0;
+            p |= strstr(env, "no-sgemm") ? GGML_ROW_INV_NO_SGEMM : 0;
+            p |= strstr(env, "repack") ? GGML_ROW_INV_REPACK : 0;
+            p |= strstr(env, "tiled") ? GGML_ROW_INV_TILED : 0;
+            p |= strstr(env, "flash") ? GGML_ROW_INV_FLASH : 0;
+            p |= strstr(env, "mmla") ? GGML_ROW_INV_MMLA : 0;
+            p |= strstr(env, "gemv-sb") ? GGML_ROW_INV_GEMV_SB : 0;
+        }
+        parts = p;
     }
-    return invariant != 0;
+    return parts;
+}
+static inline bool ggml_cpu_row_invariant(int part) {
+    return (ggml_cpu_row_invariant_parts() & part) != 0;
 }
 """
-
 # (file under ggml/src/ggml-cpu, text as upstream has it, text with the switch)
 EDITS = [
     ("ggml-cpu-impl.h",
@@ -51,11 +79,11 @@ EDITS = [
     # llamafile's sgemm serves single rows too (else one row goes to vec_dot, several to sgemm)
     ("llamafile/sgemm.cpp",
      "#if !defined(__MMA__)\n    if (n < 2)\n        return false;\n#endif",
-     "#if !defined(__MMA__)\n    if (n < 2 && !ggml_cpu_row_invariant())\n        return false;\n#endif"),
+     "#if !defined(__MMA__)\n    if ((n < 2 && !ggml_cpu_row_invariant(GGML_ROW_INV_SGEMM_ONE)) || ggml_cpu_row_invariant(GGML_ROW_INV_NO_SGEMM))\n        return false;\n#endif"),
     # the tiled K-quant matmul, which starts at 8 rows, stays off
     ("tiled/tiled.cpp",
      "        enabled = env == NULL || atoi(env) != 0;",
-     "        enabled = (env == NULL || atoi(env) != 0) && !ggml_cpu_row_invariant();"),
+     "        enabled = (env == NULL || atoi(env) != 0) && !ggml_cpu_row_invariant(GGML_ROW_INV_TILED);"),
     # GGML_CPU_TILED_MM_MIN_ROWS=N (Speculum): the tiled K-quant matmul from N rows on, not 8.
     # Where verification passes (up to 64 rows) pay for its unpacking but prompt chunks gain
     # (AVX2 CPUs), it can then read prompts and leave the passes alone.
@@ -79,12 +107,12 @@ EDITS = [
     # flash attention: the reference path for every row count (no split cache, no query tiles)
     ("ops.cpp",
      "    const bool use_ref = params->use_ref;\n\n    const bool kv_is_f32_or_f16",
-     "    const bool use_ref = params->use_ref || ggml_cpu_row_invariant();\n\n    const bool kv_is_f32_or_f16"),
+     "    const bool use_ref = params->use_ref || ggml_cpu_row_invariant(GGML_ROW_INV_FLASH);\n\n    const bool kv_is_f32_or_f16"),
     # mmla kernels (ARM i8mm) pair rows: one row at a time
     ("ggml-cpu.c",
      "        if ((nr0 % 2 != 0) || (ne11 % 2 != 0) || ((ir0_end - ir0_start) % 2 != 0) || ((ir1_end - ir1_start) % 2 != 0)) {",
      "        if ((nr0 % 2 != 0) || (ne11 % 2 != 0) || ((ir0_end - ir0_start) % 2 != 0) || ((ir1_end - ir1_start) % 2 != 0)\n"
-     "            || ggml_cpu_row_invariant()) {"),
+     "            || ggml_cpu_row_invariant(GGML_ROW_INV_MMLA)) {"),
     # repacked weights: every row quantized plainly and through gemv (gemm takes groups of 4)
     ("repack.cpp",
      "            for (int64_t i11 = ith * 4; i11 < ne11 - ne11 % 4; i11 += nth * 4) {\n"
@@ -92,7 +120,7 @@ EDITS = [
      "                                                            (void *) (wdata_ptr + i11 * nbw1), 4, ne10);\n"
      "            }\n\n"
      "            const int64_t i11_processed = ne11 - ne11 % 4;",
-     "            const int64_t i11_processed = ggml_cpu_row_invariant() ? 0 : ne11 - ne11 % 4;\n"
+     "            const int64_t i11_processed = ggml_repack_row_by_row<BLOC_TYPE, INTER_SIZE, NB_COLS>() ? 0 : ne11 - ne11 % 4;\n"
      "            for (int64_t i11 = ith * 4; i11 < i11_processed; i11 += nth * 4) {\n"
      "                ggml_quantize_mat_t<INTER_SIZE, PARAM_TYPE>((float *) (data_ptr + i11 * nb11),\n"
      "                                                            (void *) (wdata_ptr + i11 * nbw1), 4, ne10);\n"
@@ -102,17 +130,67 @@ EDITS = [
      "                                                             src0_ptr + src0_start * nb01, src1_ptr,\n"
      "                                                             nrows - (nrows % 4), ncols);\n        }\n"
      "        for (int iter = nrows - (nrows % 4); iter < nrows; iter++) {",
-     "        const int64_t n_gemm = ggml_cpu_row_invariant() ? 0 : nrows - (nrows % 4);\n"
+     "        const int64_t n_gemm = ggml_repack_row_by_row<BLOC_TYPE, INTER_SIZE, NB_COLS>() ? 0 : nrows - (nrows % 4);\n"
      "        if (n_gemm > 0) {\n            gemm<BLOC_TYPE, INTER_SIZE, NB_COLS, PARAM_TYPE>(ne00, (float *) (dst_ptr) + src0_start, nb1 / nb0,\n"
      "                                                             src0_ptr + src0_start * nb01, src1_ptr,\n"
      "                                                             n_gemm, ncols);\n        }\n"
      "        for (int64_t iter = n_gemm; iter < nrows; iter++) {"),
+    # ... except Q4_K on AVX2, whose gemv then rounds as its gemm does (below)
+    ("repack.cpp",
+     "class tensor_traits_base : public ggml::cpu::tensor_traits {\n",
+     "// Speculum: whether repacked weights take every row through gemv (GGML_CPU_ROW_INVARIANT's\n"
+     "// repack part): not Q4_K 8x8 on AVX2 under gemv-sb, whose gemv then rounds as its gemm does.\n"
+     "template <typename BLOC_TYPE, int64_t INTER_SIZE, int64_t NB_COLS> static bool ggml_repack_row_by_row() {\n"
+     "#if defined(__AVX2__)\n"
+     "    if (std::is_same<BLOC_TYPE, block_q4_K>::value && INTER_SIZE == 8 && NB_COLS == 8\n"
+     "        && ggml_cpu_row_invariant(GGML_ROW_INV_GEMV_SB)) {\n"
+     "        return false;\n"
+     "    }\n"
+     "#endif\n"
+     "    return ggml_cpu_row_invariant(GGML_ROW_INV_REPACK);\n"
+     "}\n\n"
+     "class tensor_traits_base : public ggml::cpu::tensor_traits {\n"),
+    ("repack.cpp",
+     "#include <cassert>\n",
+     "#include <cassert>\n#include <type_traits>\n"),
+    # Q4_K's gemv on AVX2 (x86 only): gemm scales and adds each sub-block pair's integer sums into
+    # its float accumulators, gemv a whole super block's at once; under gemv-sb gemv does as gemm
+    # (the same fused multiply-adds in the same order), so a row's sums do not depend on its pass.
+    ("arch/x86/repack.cpp",
+     "                    // Accumulate for the complete block\n"
+     "                    iacc_b = _mm256_add_epi32(iacc_b, iacc_sb);\n"
+     "                    iacc_min_b = _mm256_add_epi32(iacc_min_b, iacc_min_sb);\n"
+     "                }\n\n"
+     "                // Multiply-Add with scale values for the complete super block\n"
+     "                acc_row = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc_b), _mm256_mul_ps(col_scale_f32, row_scale_f32), acc_row);\n"
+     "                acc_min_rows = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc_min_b), _mm256_mul_ps(col_dmin_f32, row_scale_f32), acc_min_rows);\n",
+     "                    if (per_sub_block) {  // (Speculum: as gemm rounds)\n"
+     "                        acc_row = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc_sb), _mm256_mul_ps(col_scale_f32, row_scale_f32), acc_row);\n"
+     "                        acc_min_rows = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc_min_sb), _mm256_mul_ps(col_dmin_f32, row_scale_f32), acc_min_rows);\n"
+     "                        continue;\n"
+     "                    }\n"
+     "                    // Accumulate for the complete block\n"
+     "                    iacc_b = _mm256_add_epi32(iacc_b, iacc_sb);\n"
+     "                    iacc_min_b = _mm256_add_epi32(iacc_min_b, iacc_min_sb);\n"
+     "                }\n\n"
+     "                if (!per_sub_block) {\n"
+     "                // Multiply-Add with scale values for the complete super block\n"
+     "                acc_row = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc_b), _mm256_mul_ps(col_scale_f32, row_scale_f32), acc_row);\n"
+     "                acc_min_rows = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc_min_b), _mm256_mul_ps(col_dmin_f32, row_scale_f32), acc_min_rows);\n"
+     "                }\n"),
+    ("arch/x86/repack.cpp",
+     "    const block_q4_Kx8 * b_ptr_start = (const block_q4_Kx8 *)vx;\n"
+     "    const block_q8_K * a_ptr_start = (const block_q8_K *)vy;\n\n"
+     "    // Process Q8_K blocks one by one\n",
+     "    const block_q4_Kx8 * b_ptr_start = (const block_q4_Kx8 *)vx;\n"
+     "    const block_q8_K * a_ptr_start = (const block_q8_K *)vy;\n"
+     "    const bool per_sub_block = ggml_cpu_row_invariant(GGML_ROW_INV_GEMV_SB);\n\n"
+     "    // Process Q8_K blocks one by one\n"),
 ]
 
 
 def patch(source: Path) -> None:
-    """Make the edits in an unpacked llama-cpp-python source folder; each one once (a folder an
-    earlier version of this list patched gets the edits added since)."""
+    """Make the edits in a freshly unpacked llama-cpp-python source folder."""
     cpu = source / "vendor" / "llama.cpp" / "ggml" / "src" / "ggml-cpu"
     for name, old, new in EDITS:
         file = cpu / name
@@ -126,25 +204,33 @@ def patch(source: Path) -> None:
 
 
 def fetch(dest: Path) -> Path:
-    """The patched source folder under ``dest``, downloaded (from the package index) if not there yet."""
+    """The patched source folder under ``dest``, unpacked afresh (the archive downloaded from the
+    package index once) unless it holds exactly these edits: an edit changed since would not find
+    its upstream text in a folder patched by the earlier list."""
     folder = dest / f"llama_cpp_python-{VERSION}"
-    if not (folder / "pyproject.toml").exists():
-        dest.mkdir(parents=True, exist_ok=True)
+    stamp = folder / ".speculum-edits"
+    want = hashlib.sha256(repr(EDITS).encode()).hexdigest()
+    if (folder / "pyproject.toml").exists() and stamp.exists() and stamp.read_text() == want:
+        return folder
+    dest.mkdir(parents=True, exist_ok=True)
+    archive = dest / f"llama_cpp_python-{VERSION}.tar.gz"
+    if not archive.exists():
         with tempfile.TemporaryDirectory(dir=dest) as tmp:
             subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
                             "--no-binary", ":all:", "--no-deps",
                             f"llama-cpp-python=={VERSION}", "-d", tmp], check=True)
-            archive = next(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
-            with tarfile.open(archive) as tar:
-                if hasattr(tarfile, "data_filter"):  # (Python >= 3.10.12: refuse links and paths out of tmp)
-                    tar.extractall(tmp, filter="data")
-                else:
-                    tar.extractall(tmp)
-            shutil.rmtree(folder, ignore_errors=True)
-            shutil.move(str(Path(tmp) / folder.name), str(folder))
-    patch(folder)
+            shutil.move(str(next(Path(tmp).glob("llama_cpp_python-*.tar.gz"))), str(archive))
+    with tempfile.TemporaryDirectory(dir=dest) as tmp:
+        with tarfile.open(archive) as tar:
+            if hasattr(tarfile, "data_filter"):  # (Python >= 3.10.12: refuse links and paths out of tmp)
+                tar.extractall(tmp, filter="data")
+            else:
+                tar.extractall(tmp)
+        patch(Path(tmp) / folder.name)
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.move(str(Path(tmp) / folder.name), str(folder))
+    stamp.write_text(want)
     return folder
-
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
