@@ -162,6 +162,19 @@ def test_the_tiled_matmul_switch_reads_as_ggml_reads_it():
     assert not tiled_in_passes({TILED_MATMUL: "0"})
 
 
+def test_the_row_switch_reads_as_ggml_reads_it_and_only_q4_k_on_x86_keeps_repacked_weights():
+    from speculum.engine.llama.cpu_settings import ROW_INVARIANT, keeps_repacked_weights, rows_invariant_asked
+
+    assert not rows_invariant_asked({})
+    for value, on in (("0", False), ("1", True), ("00", False), ("2", True), ("x", False), ("", False),
+                      (" 1", False), ("sgemm-one,gemv-sb", True), ("tiled", True)):
+        assert rows_invariant_asked({ROW_INVARIANT: value}) is on, value
+    # Q4_K's repacked gemv rounds as its gemm does under the switch (x86 only): the rest go plain
+    assert keeps_repacked_weights("Q4_K_M", "x86_64") and keeps_repacked_weights("Q4_K_S", "AMD64")
+    assert not keeps_repacked_weights("Q4_0", "x86_64") and not keeps_repacked_weights("IQ4_NL", "x86_64")
+    assert not keeps_repacked_weights("Q4_K_M", "arm64") and not keeps_repacked_weights("unknown", "x86_64")
+
+
 def test_after_loading_the_engine_measures_costs_while_idle_and_gives_way_to_a_request(smollm_path, data_dirs):
     from speculum.protocol import GenerationRequest
 

@@ -27,6 +27,7 @@ print(json.dumps({"pass": hashlib.sha1(passed.tobytes()).hexdigest(), "chunk": h
 
 def _rows(model, **setting) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in (cpu_settings.TILED_MATMUL, cpu_settings.TILED_MIN_ROWS)}
+    env[cpu_settings.ROW_INVARIANT] = "0"  # (the exact switch turns the tiled matmul off altogether)
     env.update(setting)
     proc = subprocess.run([sys.executable, "-c", CHILD, str(model)], env=env, capture_output=True, text=True,
                           timeout=300)

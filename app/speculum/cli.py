@@ -260,8 +260,8 @@ def _row_invariance(setting: dict, built: bool, gpu: str | None) -> str:
     where = (f"; on {gpu} the GPU's kernels are not covered by the switch (unmeasured)" if gpu else "")
     state = ("on: every row computed by one kernel whatever its pass, so speculative output equals "
              "plain decoding token for token (speculum --self-test checks it on a model)" if on else
-             "off: faster verify passes and prompt reading, but at a near tie speculative output can part "
-             "from plain decoding; --exact turns it on")
+             "off: prompts read a little faster (8% on the demo target), but at a near tie speculative "
+             "output can part from plain decoding; --exact turns it on")
     return f"{state} ({cpu_settings.ROW_INVARIANT}={setting.get(cpu_settings.ROW_INVARIANT)}, " \
            f"set by {setting.get('invariant_source')}){where}"
 

@@ -42,7 +42,9 @@ TILED_MIN_ROWS = "GGML_CPU_TILED_MM_MIN_ROWS"  # Speculum's build: from how many
 # More rows than any verification pass (policy.costs.MAX_BATCH, 64): prompt chunks only.
 PROMPT_CHUNK_ROWS = 65
 ROW_INVARIANT = "GGML_CPU_ROW_INVARIANT"  # Speculum's build's switch: one kernel per row whatever the pass
-EXACT_BY_DEFAULT = False  # see docs/notes/issue46-exact.md: what the switch costs here
+# On: with Q4_K's gemv rounding as its gemm does, the switch costs plain decoding nothing measurable,
+# verify passes nothing and prompt reading 8% on the demo target (docs/notes/issue46-exact.md).
+EXACT_BY_DEFAULT = True
 KQ_BUDGET = 256 * 2**20  # bytes of attention scores a context without flash attention may reserve
 UBATCHES = (512, 256, 128)  # micro-batch sizes it may take to stay within that
 
@@ -292,8 +294,24 @@ def remember(entry: dict) -> None:
 
 
 def rows_invariant_asked(setting: dict) -> bool:
-    """Whether the row-invariance switch is on in ``setting`` (as ggml reads it: atoi != 0)."""
-    return (_number(setting.get(ROW_INVARIANT)) or 0) != 0
+    """Whether the row-invariance switch is on in ``setting``, as ggml reads it: a number (atoi != 0),
+    or a list of the parts to turn on (packaging/llama_cpp_source.py; for measuring them)."""
+    value = setting.get(ROW_INVARIANT) or ""
+    if value[:1].isdigit():
+        return (_number(value) or 0) != 0
+    return any(part in value for part in ROW_INVARIANT_PARTS)
+
+
+ROW_INVARIANT_PARTS = ("sgemm-one", "no-sgemm", "repack", "tiled", "flash", "mmla", "gemv-sb")
+
+
+def keeps_repacked_weights(quantization: str, machine: str | None = None) -> bool:
+    """Whether a model keeps ggml's repacked weights under the row-invariance switch: Q4_K files
+    on x86, whose repacked gemv then rounds as its gemm does (the switch's gemv-sb part), so verify
+    passes and prompts keep gemm's speed. Other repacked types take every row through gemv under
+    the switch, slower than plain weights, which then serve them."""
+    machine = (machine or platform.machine()).lower()
+    return quantization.upper().startswith("Q4_K") and machine in ("x86_64", "amd64", "i386", "i686", "x86")
 
 
 def tiled_matmul_on(setting: dict) -> bool:

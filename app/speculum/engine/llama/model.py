@@ -86,7 +86,7 @@ class LlamaModel(Backend):
         gpu = gpu_backend()
         rpc = options.workers(role)
         mparams, n_gpu_layers = self._model_params(gpu, options.gpu_layers(role), rpc, options.split(role),
-                                                   options.extra_buffer_types)
+                                                   options.extra_buffer_types, header.quantization)
         # A model with NextN layers is its own drafter: load them when this llama.cpp can run them.
         want_mtp = header.nextn_layers > 0 and bool(llama_ext.support())
         if want_mtp:
@@ -144,7 +144,7 @@ class LlamaModel(Backend):
         self._decode_listeners: list[Callable[[Sequence[int], int, np.ndarray], None]] = []
 
     def _model_params(self, gpu: str | None, n_gpu_layers: int | None, rpc: Sequence[str],
-                      tensor_split: Sequence[float] | None, extra_buffer_types: bool):
+                      tensor_split: Sequence[float] | None, extra_buffer_types: bool, quantization: str = ""):
         """llama.cpp's model parameters: which devices take how many layers; and the layer
         count asked for, with None made concrete (all of them where there is a device)."""
         mparams = lc.llama_model_default_params()
@@ -166,10 +166,13 @@ class LlamaModel(Backend):
                                     f"{lc.llama_max_devices()}.")
             self._tensor_split = (ctypes.c_float * lc.llama_max_devices())(*tensor_split)
             mparams.tensor_split = self._tensor_split
-        # Under the row-invariance switch repacked weights lose their multi-row gemm anyway, and
-        # their gemv sums a row in another order than plain weights do on an RPC worker (and for the
-        # output layer kept here for one): plain weights, so an exact row is the same on either.
-        mparams.use_extra_bufts = extra_buffer_types and not cpu_settings.rows_invariant_asked(cpu_settings.in_effect())
+        # Under the row-invariance switch repacked weights keep their multi-row gemm only for Q4_K on
+        # x86 (cpu_settings.keeps_repacked_weights); and their gemv sums a row in another order than
+        # plain weights do on an RPC worker (and for the output layer kept here for one): plain
+        # weights then, so an exact row is the same on either.
+        invariant = cpu_settings.rows_invariant_asked(cpu_settings.in_effect())
+        mparams.use_extra_bufts = extra_buffer_types and not (
+            invariant and (bool(rpc) or not cpu_settings.keeps_repacked_weights(quantization)))
         self._placement = rpc_module.output_layer_here() if rpc and not gpu else None
         self.output_here = self._placement is not None  # the output layer on this machine, the rest on workers
         if self._placement is not None:
