@@ -143,7 +143,8 @@ class SettingsDialog(QDialog):
         exactness = QGroupBox("Exactness")
         exact_form = QVBoxLayout(exactness)
         exact_form.addWidget(self.exact)
-        exact_form.addWidget(caption("Slower verify passes and prompt reading on the CPU." if built else
+        exact_form.addWidget(caption("On the CPU: prompts read a little slower (8% for a Q4_K_M model, a third for "
+                                     "other repacked types such as Q4_0)." if built else
                                      "This llama.cpp build has no row-invariance switch: "
                                      "bash scripts/setup-env.sh builds one that has."))
         note = caption("Changes apply at the next Load.")
