@@ -83,3 +83,16 @@ def test_memory_settings_reach_the_engine_and_forget_empties_the_memory(qtbot, o
     assert memory_files() == [] and dialog.held.text() == "Forgotten: it is empty."
     dialog.reject()
     assert w.current.messages  # the conversations themselves are kept
+
+
+def test_exactness_follows_the_default_until_the_user_chooses(data_dirs):
+    from speculum import paths
+    from speculum.engine.llama.cpu_settings import EXACT_BY_DEFAULT
+
+    # a file an earlier version saved, with its default written out, is no choice
+    paths.write_json_atomic(Settings.path(), {"exact": not EXACT_BY_DEFAULT})
+    assert Settings.load().exact is EXACT_BY_DEFAULT
+    chosen = Settings(exact=not EXACT_BY_DEFAULT, exact_chosen=True)
+    chosen.save()
+    assert Settings.load().exact is (not EXACT_BY_DEFAULT)
+

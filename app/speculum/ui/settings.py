@@ -28,6 +28,7 @@ class Settings:
     prompt_cache_mib: int = -1  # saved states of recent prompts: -1 from free memory, 0 none
     ngram_memory: bool = True  # draft from what this machine wrote and read before
     exact: bool = EXACT_BY_DEFAULT  # the engine's row-invariance switch: speculation gives plain decoding's tokens
+    exact_chosen: bool = False  # the user set ``exact``; else it follows this version's default
     conversation: str = ""  # the one open when the window closed
     plain_tokens_per_s: dict[str, float] = field(default_factory=dict)  # per target file, measured here
     geometry: str = ""  # the window's saved geometry, hex
@@ -49,6 +50,8 @@ class Settings:
         if data is None:
             return cls()
         kept, problems = typed_fields(cls, data)
+        if not kept.get("exact_chosen"):  # (every field is saved: an earlier version's default is no choice)
+            kept.pop("exact", None)
         if problems:
             paths.set_aside(cls.path(), "reset to defaults: " + "; ".join(problems), keep_original=True)
         return cls(**kept)

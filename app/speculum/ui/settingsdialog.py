@@ -173,5 +173,7 @@ class SettingsDialog(QDialog):
     def accept(self) -> None:
         self.settings.prompt_cache_mib = self.cache.value()
         self.settings.ngram_memory = self.memory.isChecked()
+        if self.exact.isChecked() != self.settings.exact:
+            self.settings.exact_chosen = True
         self.settings.exact = self.exact.isChecked()
         super().accept()
