@@ -71,6 +71,7 @@ static inline bool ggml_cpu_row_invariant(int part) {
     return (ggml_cpu_row_invariant_parts() & part) != 0;
 }
 """
+
 # (file under ggml/src/ggml-cpu, text as upstream has it, text with the switch)
 EDITS = [
     ("ggml-cpu-impl.h",
@@ -195,8 +196,6 @@ def patch(source: Path) -> None:
     for name, old, new in EDITS:
         file = cpu / name
         text = file.read_text(encoding="utf-8")
-        if new in text:
-            continue
         if text.count(old) != 1:
             raise SystemExit(f"{file}: the text to change is not there once; these edits are for "
                              f"llama-cpp-python {VERSION}")
@@ -231,6 +230,7 @@ def fetch(dest: Path) -> Path:
         shutil.move(str(Path(tmp) / folder.name), str(folder))
     stamp.write_text(want)
     return folder
+
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:

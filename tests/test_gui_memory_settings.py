@@ -95,4 +95,3 @@ def test_exactness_follows_the_default_until_the_user_chooses(data_dirs):
     chosen = Settings(exact=not EXACT_BY_DEFAULT, exact_chosen=True)
     chosen.save()
     assert Settings.load().exact is (not EXACT_BY_DEFAULT)
-

@@ -42,6 +42,8 @@ TILED_MIN_ROWS = "GGML_CPU_TILED_MM_MIN_ROWS"  # Speculum's build: from how many
 # More rows than any verification pass (policy.costs.MAX_BATCH, 64): prompt chunks only.
 PROMPT_CHUNK_ROWS = 65
 ROW_INVARIANT = "GGML_CPU_ROW_INVARIANT"  # Speculum's build's switch: one kernel per row whatever the pass
+# Its parts, named in place of "1" to measure each (packaging/llama_cpp_source.py)
+ROW_INVARIANT_PARTS = ("sgemm-one", "no-sgemm", "repack", "tiled", "flash", "mmla", "gemv-sb")
 # On: with Q4_K's gemv rounding as its gemm does, the switch costs plain decoding nothing measurable,
 # verify passes nothing and prompt reading 8% on the demo target (docs/notes/issue46-exact.md).
 EXACT_BY_DEFAULT = True
@@ -300,9 +302,6 @@ def rows_invariant_asked(setting: dict) -> bool:
     if value[:1].isdigit():
         return (_number(value) or 0) != 0
     return any(part in value for part in ROW_INVARIANT_PARTS)
-
-
-ROW_INVARIANT_PARTS = ("sgemm-one", "no-sgemm", "repack", "tiled", "flash", "mmla", "gemv-sb")
 
 
 def keeps_repacked_weights(quantization: str, machine: str | None = None) -> bool:
