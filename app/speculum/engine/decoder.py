@@ -164,6 +164,9 @@ class Decoder:
             # Draft: the policy's choice, never past the context or max tokens. The first token
             # comes from one plain pass (none when the prompt's last chunk gave its row), as
             # llama-server's does: drafting first would hold it back by a draft and a wider pass.
+            if index:
+                for drafter in self.drafters.values():
+                    drafter.constrain(constraints.grammar)
             choice = constraints.guide(policy.choose(context)) if index else FIRST_TOKEN
             k_now = min(choice.k, self.target.n_ctx - len(context) - 1, max_tokens - generated - 1,
                         self.max_draft)

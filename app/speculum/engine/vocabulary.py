@@ -36,6 +36,7 @@ class Source(Word):
     MEMORY = "memory"  # prompt lookup in what this machine wrote and read before (ngrammemory)
     MTP = "mtp"  # the target's own NextN head
     PREDICTION = "prediction"  # the client's expected output (OpenAI Predicted Outputs)
+    GRAMMAR = "grammar"  # the text the answer's grammar forces next (a schema's keys)
     NONE = "none"  # nothing drafted: a plain step
 
 

@@ -68,7 +68,7 @@ LABELS = {
 ACCEPTED_AS = {Source.PREDICTION: PREDICTED, Source.MTP: MTP_ACCEPTED}
 
 DRAFTERS = {Source.MODEL: "draft model", Source.LOOKUP: "prompt lookup", Source.PREDICTION: "client's prediction",
-            Source.MEMORY: "n-gram memory",
+            Source.MEMORY: "n-gram memory", Source.GRAMMAR: "the grammar's forced text",
             Source.MTP: "MTP head (the model's own NextN layer)", Source.NONE: "none (plain step)"}
 
 CHART_LINE = QColor("#2f6fdf")

@@ -20,7 +20,7 @@ from ..vocabulary import Source
 from .ngrammemory import NgramMemory
 
 if TYPE_CHECKING:
-    from ..grammar.state import GrammarState
+    from ..grammar.state import Follows, GrammarState
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,9 @@ class Drafter(ABC):
 
     def expect(self, tokens: Sequence[int]) -> None:
         """The next generation's predicted output (a client's Predicted Outputs; empty: none)."""
+
+    def constrain(self, state: "Follows | None") -> None:
+        """The answer's grammar state at the context's end, before each choice (None: no grammar)."""
 
     def match(self, context: Sequence[int]) -> Match:
         """A copying drafter's match at the end of ``context`` (the policy's acceptance tables

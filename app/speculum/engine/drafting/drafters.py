@@ -13,6 +13,7 @@ what the decoder and the policy ask of some (``match``, ``behind``, ``read``, ..
 - ``MtpDrafter`` (``mtp.py``): the target's own multi-token prediction head.
 - ``PredictionDrafter`` (``prediction.py``): the client's predicted output, kept aligned
   with what the target writes.
+- ``GrammarDrafter`` (``grammardrafter.py``): the text the answer's grammar forces next.
 
 ``DRAFTERS`` maps each source to its class: a new drafter is one class with a ``build``
 and one entry there; the decoder builds whichever the loaded models allow.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 from ..vocabulary import Source
 from .draft import Drafter, DrafterInputs
+from .grammardrafter import GrammarDrafter
 from .lookup import MemoryLookup, PromptLookup
 from .modeldrafter import ModelDrafter
 from .mtp import MtpDrafter
@@ -35,6 +37,7 @@ DRAFTERS: dict[Source, type[Drafter]] = {
     Source.MEMORY: MemoryLookup,  # needs an n-gram memory
     Source.PREDICTION: PredictionDrafter,
     Source.MTP: MtpDrafter,  # needs a target with NextN layers
+    Source.GRAMMAR: GrammarDrafter,  # drafts only where an answer has a grammar
 }
 
 

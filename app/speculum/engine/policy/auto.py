@@ -34,8 +34,8 @@ from ..backend import Backend
 from ..cycle import PolicyReport
 from ..drafting.draft import Choice, Draft, Drafter
 from ..vocabulary import Device, Mode, Source
-from .acceptance import (IDLE_DECAY, LOOKUP_BUCKETS, LOOKUP_PRIORS, MEMORY_PRIORS, PREDICTION_BUCKETS,
-                         PREDICTION_PRIORS, Rate, Table, bucket_of, chained, observe_positions)
+from .acceptance import (GRAMMAR_BUCKETS, GRAMMAR_PRIORS, IDLE_DECAY, LOOKUP_BUCKETS, LOOKUP_PRIORS, MEMORY_PRIORS,
+                         PREDICTION_BUCKETS, PREDICTION_PRIORS, Rate, Table, bucket_of, chained, observe_positions)
 from .costs import CURVE_BATCH, MAX_BATCH, CostModel
 
 MAX_K = 15  # lookup drafts are nearly free to make: long copies can pay
@@ -132,16 +132,21 @@ class AutoPolicy:
 
     # auto: any drafter or none; draft / lookup / mtp: that drafter, always drafting. A client's
     # prediction (there only when a request brings one) is offered in every mode.
-    MODE_SOURCES = {Mode.AUTO: (Source.MODEL, Source.LOOKUP, Source.MEMORY, Source.PREDICTION, Source.MTP),
+    MODE_SOURCES = {Mode.AUTO: (Source.MODEL, Source.LOOKUP, Source.MEMORY, Source.PREDICTION, Source.MTP,
+                                Source.GRAMMAR),
                     Mode.DRAFT: (Source.MODEL, Source.PREDICTION),
                     Mode.LOOKUP: (Source.LOOKUP, Source.PREDICTION),
                     Mode.MTP: (Source.MTP, Source.PREDICTION)}
     # Copying drafters (``match(context)`` -> Match): acceptance by match-length bucket.
     # A new one is one more entry here.
     MATCH_TABLES = {Source.LOOKUP: (LOOKUP_BUCKETS, LOOKUP_PRIORS), Source.MEMORY: (LOOKUP_BUCKETS, MEMORY_PRIORS),
-                    Source.PREDICTION: (PREDICTION_BUCKETS, PREDICTION_PRIORS)}
+                    Source.PREDICTION: (PREDICTION_BUCKETS, PREDICTION_PRIORS),
+                    Source.GRAMMAR: (GRAMMAR_BUCKETS, GRAMMAR_PRIORS)}
     # Sources whose acceptance belongs to one request (each brings its own prediction).
     PER_REQUEST = (Source.PREDICTION,)
+    # Sources whose match is evidence of its own, sure on the margin alone: a prediction's (this
+    # request's output agreeing with it) and the grammar's (text the grammar forces).
+    SURE_ON_MARGIN = (Source.PREDICTION, Source.GRAMMAR)
 
     def __init__(self, drafters: Mapping[Source, Drafter], mode: Mode = Mode.AUTO, device: Device = Device.CPU,
                  store: Path | None = None, clock: Callable[[], float] = time.perf_counter, seed: int = SEED):
@@ -354,7 +359,7 @@ class AutoPolicy:
         Sure means the means pay by SURE_MARGIN, and: on a match of SURE_MATCH tokens or more,
         its bucket has been seen (SURE_EVIDENCE); on a shorter one, this answer's short copies were
         right (SHORT_SURE_AFTER); a client's prediction, whose match is this request's own output
-        agreeing with it, and a memory's copy of an earlier text that began as this whole context
+        agreeing with it, the grammar's forced text, and a memory's copy of an earlier text that began as this whole context
         does (the same prompt again, an answer regenerated: greedy decoding writes it again), need
         only the margin.
         A draft model (or MTP head) is sure once it has been seen and its means pay; while its
@@ -372,7 +377,7 @@ class AutoPolicy:
                 return o.choice.k <= 2  # its cost a default guess: the shortest try that times it all
             if o.mean_speed * step < SURE_MARGIN:
                 return False
-            if source in self.PER_REQUEST:  # its match is this request's own output agreeing with it
+            if source in self.SURE_ON_MARGIN:
                 return True
             if self._recalled(source, match, context_length):
                 # A one-token probe first cost a pass of a 128-token answer's ten.
@@ -448,7 +453,7 @@ class AutoPolicy:
                 # The answer left the remembered one (its sampling, or a near tie decided
                 # otherwise): the rest is not a repeat, and a long pass would be lost again.
                 self._recall = False
-            if draft.source not in self.PER_REQUEST and draft.match_length < SURE_MATCH:
+            if draft.source not in self.SURE_ON_MARGIN and draft.match_length < SURE_MATCH:
                 self._short[0] += n_accepted > 0
                 self._short[1] += 1
         else:
