@@ -5,7 +5,8 @@ choices can be replayed without the model: each cycle the policy chooses, lookup
 recorded answer says how much was right, and the pass is priced (and reported to the policy) on a
 fixed verify curve. A policy change is compared over many seeds, on curves of more than one shape,
 in seconds, and the same seed makes the same choices every time. The draft model is left out: on
-a CPU auto mode almost never chooses it, and its proposals cannot be replayed.
+a CPU auto mode almost never chooses it, and its proposals cannot be replayed. Where a prompt has
+a grammar (the JSON schema), the grammar's forced text is drafted too (``--no-grammar``: not).
 
 Also reported, per prompt: the oracle's speedup (``bench.oracle_speedup``) and a ceiling, the
 speedup of a causal policy told this answer's own acceptance per match-length bucket and draft
@@ -68,24 +69,35 @@ def record(target: str, path: Path) -> dict[str, tuple[list[int], list[int]]]:
     return answers
 
 
-def replay(answers, curve: dict[int, float], seed: int, mode, spelling=None) -> dict[str, float]:
-    """One fresh policy through the answers in order; each answer's speedup over plain decoding."""
+def replay(answers, curve: dict[int, float], seed: int, mode, spelling=None, grammars=None) -> dict[str, float]:
+    """One fresh policy through the answers in order; each answer's speedup over plain decoding.
+    ``grammars``: (the target, {prompt name: its grammar}): those answers' forced text is drafted too."""
     from speculum.engine.policy.auto import AutoPolicy
     from speculum.engine.drafting.draft import Draft
+    from speculum.engine.drafting.grammardrafter import GrammarDrafter
     from speculum.engine.drafting.lookup import PromptLookup
     from speculum.engine.vocabulary import Source
 
     now = [0.0]
     lookup = PromptLookup(spelling=spelling)  # renames in every spelling, as the engine's lookup
-    policy = AutoPolicy({Source.LOOKUP: lookup}, mode=mode, store=None, clock=lambda: now[0], seed=seed)
+    drafters = {Source.LOOKUP: lookup}
+    target, grammar_of = grammars or (None, {})
+    if target is not None:
+        drafters[Source.GRAMMAR] = GrammarDrafter(target)
+    policy = AutoPolicy(drafters, mode=mode, store=None, clock=lambda: now[0], seed=seed)
     speedups = {}
     for name, (prompt, answer) in answers.items():
-        lookup.begin(prompt)
+        for drafter in drafters.values():
+            drafter.begin(prompt)
+        state = grammar_of[name].start(target) if name in grammar_of else None
         context, written, steps = list(prompt), 0, 0.0
         while written < len(answer):
+            for drafter in drafters.values():
+                drafter.constrain(state)
             choice = policy.choose(context)
             k = min(choice.k, len(answer) - written - 1)  # the decoder stops at the answer's end too
-            draft = lookup.propose(context, k, choice, None, None) if k > 0 else Draft(source=Source.NONE)
+            drafter = drafters.get(choice.source)
+            draft = drafter.propose(context, k, choice, None, None) if k > 0 and drafter else Draft()
             if not draft.tokens:
                 draft = Draft(source=Source.NONE)
             right = 0
@@ -95,6 +107,10 @@ def replay(answers, curve: dict[int, float], seed: int, mode, spelling=None) -> 
             steps += cost
             policy.observe(draft, right, 2e-5 if draft.tokens else 0.0, cost * STEP_S)
             context += answer[written:written + right + 1]
+            if state is not None:
+                state = state.clone()  # a new state, as the decoder's after each cycle
+                for token in answer[written:written + right + 1]:
+                    state.follow(token)
             written += right + 1
             lookup.accept(context)
         policy.finish()
@@ -134,6 +150,8 @@ def main() -> int:
     parser.add_argument("--answers", help="where the recorded answers are kept (default: the temp folder)")
     parser.add_argument("--seeds", default="1-16", help="a range a-b or a list a,b,c")
     parser.add_argument("--mode", default="auto", choices=("auto", "lookup"))
+    parser.add_argument("--grammar", action=argparse.BooleanOptionalAction, default=True,
+                        help="draft the grammar's forced text too, where a prompt has a grammar")
     parser.add_argument("--curve", help="sizes:steps, e.g. 2:1.5,4:2.4,16:4.8 (default: the flat and steep ones)")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO / "app"))
@@ -148,16 +166,21 @@ def main() -> int:
     from speculum.engine.llama.model import LlamaModel
     from speculum.engine.settings import LoadOptions
 
-    spelling = Spelling.of(LlamaModel(target, LoadOptions(n_ctx=64)))  # its vocabulary: lookup respells renamed words
+    vocabulary = LlamaModel(target, LoadOptions(n_ctx=64))
+    spelling = Spelling.of(vocabulary)  # its vocabulary: lookup respells renamed words
+    from speculum.bench import load_prompts
+    grammars = (vocabulary, {p.name: p.grammar() for p in load_prompts() if p.grammar() is not None}
+                ) if args.grammar else None
     a, _, b = args.seeds.partition("-")
     seeds = list(range(int(a), int(b) + 1)) if b else [int(s) for s in args.seeds.split(",")]
     curves = {"given": {int(n): float(c) for n, c in (x.split(":") for x in args.curve.split(","))}
               } if args.curve else CURVES
-    print(f"{Path(target).name}, {args.mode}, fresh policy per seed ({len(seeds)} seeds), lookup only; "
+    print(f"{Path(target).name}, {args.mode}, fresh policy per seed ({len(seeds)} seeds), lookup"
+          f"{' and forced text' if grammars else ' only'}; "
           "speedup over plain decoding: mean / min over seeds, then the oracle and the ceiling")
     for name, points in curves.items():
         curve = full_curve(points)
-        runs = [replay(answers, curve, seed, Mode(args.mode), spelling) for seed in seeds]
+        runs = [replay(answers, curve, seed, Mode(args.mode), spelling, grammars) for seed in seeds]
         print(f"{name} curve, single steps by size: " + " ".join(f"{n}:{curve[n]:.2f}" for n in (2, 4, 8, 16)))
         for prompt_name, (prompt, answer) in answers.items():
             got = [r[prompt_name] for r in runs]
