@@ -198,3 +198,23 @@ def test_an_agents_tool_schemas_build_one_grammar():
                       for name, schema in AGENT_TOOLS]}
     grammar = tools.tool_use(body, "{% if tools %}<tool_call>{% endif %}").grammar()
     assert isinstance(grammar, LazyGrammar) and "Workflow" in grammar.grammar.gbnf
+
+
+def test_under_the_calls_grammar_a_marked_call_begins_at_its_name_or_sooner():
+    # Hermes calls began once '"arguments": {' was read, 8-12 tokens after <tool_call>; under the
+    # grammar the name is all a client needs first, and a name no other offered name extends is
+    # known before its closing quote (the grammar forces it).
+    use = tools.ToolUse(tools=[], format=tools.HERMES, choice=tools.ToolChoice.AUTO, enforced=True,
+                        parameters={"get_weather": PARAMS, "get_time": PARAMS, "Edit": PARAMS, "EditFile": PARAMS})
+    stream = callstream.CallStream(use)
+    assert stream.feed("Checking.\n<tool_call>\n") == ("Checking.\n", [])
+    assert stream.feed('{"name": "get_') == ("", [])  # get_weather or get_time: not yet
+    text, deltas = stream.feed("weather")
+    assert text == "" and [d["function"] for d in deltas] == [{"name": "get_weather", "arguments": ""}]
+    assert stream.feed('", "arguments": {"city": ') == ("", [{"index": 0, "function": {"arguments": '{"city":'}}])
+    assert stream.feed('"Oslo"}}\n</tool_call>\n<tool_call>\n{"name": "Edit')[1] == [
+        {"index": 0, "function": {"arguments": ' "Oslo"}'}}]  # Edit or EditFile: not yet
+    text, deltas = stream.feed('", "arguments": {"city": "Rome"}}\n</tool_call>')
+    assert [d["function"].get("name") for d in deltas] == ["Edit", None]
+    assert "".join(d["function"]["arguments"] for d in deltas) == '{"city": "Rome"}'
+    assert stream.feed("\nDone.") == ("Done.", []) and stream.finish() == ("", [])

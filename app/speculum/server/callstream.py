@@ -18,7 +18,9 @@ class CallStream:
     Hermes calls stream as they are written: the name once the call's head is read, then the
     arguments object, exactly its text. So do bare calls that open the answer (``{"name": ...,
     "arguments": {``, as Qwen writes them without their marker): the lazy grammar holds such an
-    answer to calls from its opening on, so from the head on it is known to be one. Text that may
+    answer to calls from its opening on, so from the head on it is known to be one. Under that
+    grammar (``ToolUse.enforced``) a call begins at its name, and at a name no other offered name
+    extends before its closing quote is written (the grammar forces the rest). Text that may
     start a call is held back; a call in another shape is held to its end and sent whole. Formats
     without a closing marker (Mistral, Llama 3.x) are held from their first character to the end
     when they look like calls, and sent whole then.
@@ -38,7 +40,8 @@ class CallStream:
         self.bare: CallArguments | None = None  # inside a bare call: its object, to find where it closes
         self.after_bare = False  # past bare calls: more may follow, else text
         self.in_fence = False  # ... and those calls were in a fenced block, its close still to come
-        self.named = False  # a bare call begun at its name: its arguments still to come
+        self.named = False  # a call begun at its name: its arguments still to come
+        self.marked = False  # ... and it is inside <tool_call>: it ends at the marker's close
         self._out: list[str] = []  # what one feed sends: its text
         self._deltas: list[dict] = []  # ... and its call deltas
 
@@ -67,18 +70,34 @@ class CallStream:
         arguments object): then its call begins (``self.begun``) and its arguments stream.
         ``named``: the grammar holds a call from its opening on, so it begins at its name."""
         text = self.pending.lstrip()
-        head = (_NAME_HEAD if named else CALL_HEAD).match(text)
-        if head is None or head.group(1) not in self.use.parameters:
+        if named:
+            name, end = self._name_at_head(text)
+        else:
+            head = CALL_HEAD.match(text)
+            name, end = (head.group(1), head.end()) if head is not None else (None, 0)
+            if text[end:end + 1] != "{":
+                name = None
+        if name not in self.use.parameters:
             return False
-        if not named and text[head.end():head.end() + 1] != "{":
-            return False
-        self.begun.append(self._begin(head.group(1)))
+        self.begun.append(self._begin(name))
         self.bare = CallArguments()
-        self.bare.feed(text[:head.end()])  # the call object, open to its arguments (or its name)
-        self.pending, self.after_bare, self.named = text[head.end():], False, named
+        self.bare.feed(text[:end])  # the call object, open to its arguments (or its name)
+        self.pending, self.after_bare, self.named = text[end:], False, named
         if not named:
             self.arguments, self.sent = CallArguments(), 0
         return True
+
+    def _name_at_head(self, text: str) -> tuple[str | None, int]:
+        """A call's name where ``text`` opens with its head, and where the head read ends; under
+        the calls' grammar a name is known before its closing quote once no other offered name
+        extends it. (None, 0): not yet."""
+        head = _NAME_HEAD.match(text)
+        if head is None:
+            return None, 0
+        name = head.group(1)
+        if not head.group(2) and any(other != name and other.startswith(name) for other in self.use.parameters):
+            return None, 0
+        return name, head.end()
 
     def _to_arguments(self) -> bool:
         """Between a call's name (sent) and its arguments; False: held."""
@@ -86,6 +105,8 @@ class CallStream:
         if head is not None and self.pending[head.end():head.end() + 1] == "{":
             self.bare.feed(self.pending[:head.end()])
             self.pending, self.arguments, self.sent, self.named = self.pending[head.end():], CallArguments(), 0, False
+            if self.marked:  # its end is the marker's close (``_in_call``)
+                self.bare, self.marked = None, False
             return True
         written = "".join(self.pending.split())
         if any(key.startswith(written) for key in _ARGUMENT_KEYS):
@@ -100,7 +121,10 @@ class CallStream:
         arguments = found[0].arguments if found else "{}"
         self._deltas += [{"index": self.count - 1, "function": {"arguments": fragment}}
                          for fragment in argument_fragments(arguments)]
-        self.bare, self.named, self.after_bare = None, False, True
+        self.bare, self.named, self.after_bare = None, False, not self.marked
+        if self.marked:  # the rest, up to the marker's close, is skipped (``_in_call``)
+            self.arguments, self.sent, self.marked = CallArguments(), 0, False
+            self.arguments.done = True
         return True
 
     def _hermes(self) -> tuple[str, list[dict]]:
@@ -164,6 +188,13 @@ class CallStream:
             return False
         self._emit_up_to(start)
         body = self.pending[len(HERMES_OPEN):].lstrip()
+        if self.use.enforced:  # a call from its marker on (the grammar): it begins at its name
+            held, self.pending = self.pending, body
+            if self._bare_head(named=True):
+                self._deltas += self.begun
+                self.begun, self.marked = [], True
+                return True
+            self.pending = held  # not yet, or another shape: as without the grammar
         head = CALL_HEAD.match(body)
         if head is not None and head.group(1) in self.use.parameters and body[head.end():head.end() + 1] == "{":
             self._deltas.append(self._begin(head.group(1)))  # streamed from here as it is written
@@ -268,7 +299,7 @@ class CallStream:
         """What was held back, at the end of the answer."""
         rest, self.pending = self.pending, ""
         if self.named:  # cut short (max_tokens) between its name and its arguments: a call without them
-            self.named, self.bare = False, None
+            self.named, self.bare, self.marked = False, None, False
             return "", []
         if self.arguments is not None:  # a call cut short (max_tokens): its arguments as they stand
             args, self.arguments = self.arguments, None
@@ -282,9 +313,9 @@ class CallStream:
 
 
 _BARE_CALL = re.compile(r'\s*\{\{?\s*"name"')
-_NAME_HEAD = re.compile(r'\{\s*"name"\s*:\s*"([^"\\]*)"')  # a call's head up to its name
-_TO_ARGUMENTS = re.compile(r'\s*,\s*"(?:arguments|parameters)"\s*:\s*')  # ... and on to its arguments
-_ARGUMENT_KEYS = (',"arguments":{', ',"parameters":{')
+_NAME_HEAD = re.compile(r'\{\s*"name"\s*:\s*"([^"\\]*)(")?')  # a call's head up to its name (and its close)
+_TO_ARGUMENTS = re.compile(r'"?\s*,\s*"(?:arguments|parameters)"\s*:\s*')  # ... and on to its arguments
+_ARGUMENT_KEYS = (',"arguments":{', ',"parameters":{', '","arguments":{', '","parameters":{')
 _FENCE_MARK = "```"
 _FENCE_HEADER = re.compile(r"```[a-zA-Z]*[ \t]*(\n|$)")
 _CALL_OPENINGS = ('{"name"', '{{"name"', '[{"name"')
