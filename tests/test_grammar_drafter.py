@@ -21,10 +21,10 @@ WEATHER = [{"type": "function", "function": {"name": "get_weather", "parameters"
 class Answer:
     """An answer written token by token under a grammar, with the drafter following it."""
 
-    def __init__(self, model, grammar):
+    def __init__(self, model, grammar, prompt: str = "Hello"):
         self.model = model
         self.state = grammar.start(model)
-        self.context = model.tokenize("Hello", add_special=False)
+        self.context = model.tokenize(prompt, add_special=False)
         self.drafter = GrammarDrafter(model)
         self.drafter.begin(self.context)
 
@@ -67,6 +67,11 @@ def test_a_tool_call_is_drafted_from_its_opening_to_its_arguments(qwen_draft_pat
         assert answer.write("<tool_call>") == '\n{"name": "get_'  # the names part at "get_"
         assert answer.write('\n{"name": "get_weather') == '", "arguments": {"city": "'
         assert answer.write('", "arguments": {"city": "Oslo') == ""
+        # The prompt's own calls show the habit (an agent's history): compact JSON, from the first call on.
+        earlier = '<tool_call>\n{"name":"get_time","arguments":{"zone":"UTC"}}\n</tool_call>'
+        answer = Answer(model, use.grammar(), prompt=f"Earlier you wrote {earlier}\nNow:")
+        assert answer.write("<tool_call>") == '\n{"name":"get_'
+        assert answer.write('\n{"name":"get_weather') == '","arguments":{"city":"'
 
 
 def test_constrained_auto_drafts_the_forced_text_and_writes_plain_decodings_answer(smollm_path):

@@ -5,10 +5,10 @@ A schema's keys are in the grammar, not in the prompt, so prompt lookup cannot c
 draft model guesses them token by token; the grammar knows them. ``GrammarDrafter`` asks the
 grammar state at the context's end which single characters may come next, one at a time: where
 it allows one, that character is forced; where it allows blanks beside one other character
-(JSON's optional spaces), the answer's habit decides (what it wrote after the same one or two
-characters before: ``": "`` once it has written ``": "``), or before it has one, JSON as models
-write it (a blank after ``:`` and ``,``); where it allows more (a value's own text), the draft
-ends. The text is then tokenized as the model writes text, and the target verifies it as any
+(JSON's optional spaces), habit decides (what followed the same one or two characters before, in
+the answer or the prompt's end: ``": "`` once it has been written so), or where there is none,
+JSON as models write it (a blank after ``:`` and ``,``); where it allows more (a value's own
+text), the draft ends. The text is then tokenized as the model writes text, and the target verifies it as any
 copy: a wrong guess costs its pass, never a token.
 
 Its ``match`` is a copying drafter's: ``length`` the characters before the first guess no habit
@@ -35,6 +35,7 @@ BLANKS = " \t\n\r"
 PROBED = [chr(c) for c in range(32, 127)] + ["\n", "\t"]
 MAX_CHARS = 64  # longer than any key and its punctuation; the policy's k cuts it anyway
 HABIT_LOOKS = 8  # earlier places a habit is looked for at
+HABIT_TOKENS = 1024  # of the prompt's last tokens, whose text shows habits too
 # Before the answer has shown its habit, a blank follows these (``{"a": 1, "b": 2}``), and none
 # follows the rest: JSON as models write it, Qwen's tool calls included.
 BLANK_AFTER = ":,"
@@ -48,8 +49,7 @@ class GrammarDrafter(Drafter):
         self._chars: dict[int, str] | None = None  # token -> its one character, made on first use
         self._ids = np.zeros(0, np.int32)
         self._state: "Follows | None" = None
-        self._origin = 0  # where the answer starts in the context
-        self._text = ""  # the answer's text so far (its habits)
+        self._text = ""  # the prompt's end and the answer so far: its habits
         self._read = 0  # context tokens read into it
         self._at = -1  # the context length ``_draft`` was made for
         self._draft: tuple[list[int], int] = ([], 0)
@@ -59,8 +59,11 @@ class GrammarDrafter(Drafter):
         return cls(inputs.target)
 
     def begin(self, context: Sequence[int]) -> None:
-        self._origin = self._read = len(context)
-        self._text, self._at, self._state = "", -1, None
+        # The prompt's end is where the habits start: an agent's earlier calls and its tools'
+        # JSON are spaced as the model will space this answer's.
+        self._read = len(context)
+        self._text = b"".join(self.target.token_bytes(t) for t in context[-HABIT_TOKENS:]).decode("utf-8", "replace")
+        self._at, self._state = -1, None
 
     def constrain(self, state: "Follows | None") -> None:
         if state is not self._state:
@@ -91,8 +94,11 @@ class GrammarDrafter(Drafter):
         return self._draft
 
     def _follow(self, context: Sequence[int]) -> None:
-        if len(context) < self._read:  # went back (not within a generation): read the answer again
-            self._text, self._read = "", self._origin
+        if len(context) < self._read:  # went back (not within a generation): begin again
+            state = self._state
+            self.begin(context)
+            self._state = state
+            return
         for token in context[self._read:]:
             self._text += self.target.token_bytes(token).decode("utf-8", "replace")
         self._read = len(context)
