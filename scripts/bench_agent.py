@@ -226,7 +226,7 @@ def verdicts(results, turns: list[Turn], configs: list[str]) -> dict:
     """Issue 48's comparisons: TTFT per turn against each llama-server configuration, and end-to-end
     tok/s on edit turns against the best llama-server configuration of that turn."""
     out: dict = {}
-    others = [c for c in configs if c != SPECULUM]
+    others = [c for c in configs if not c.startswith("speculum")]
     if SPECULUM not in configs or not others:
         return out
     for c in others:
@@ -301,7 +301,8 @@ def bench(argv: Sequence[str]) -> int:
     threads = args.threads or usable_cores()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # (the servers are stopped on the way out)
     wanted = args.configs.split(",") if args.configs else ([SPECULUM, PLAIN] if args.quick else None)
-    configs = speculum_configs(target, draft, ctx, threads)[:1]
+    configs = [c for c in speculum_configs(target, draft, ctx, threads)
+               if c.name == SPECULUM or wanted and c.name in wanted and "auto" in c.name]
     if not wanted or any(not w.startswith("speculum") for w in wanted):
         binary = args.llama_server or build_llama_server()
         configs += [c for c in llama_server_configs(binary, target, draft, ctx, threads, spec_types(binary))

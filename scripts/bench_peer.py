@@ -118,8 +118,11 @@ def speculum_configs(target: str, draft: str | None, ctx: int, threads: int | No
     base = (sys.executable, "-m", "speculum.cli", "serve", "--target", target, "--ctx", str(ctx),
             *(("--threads", str(threads)) if threads else ()), "--host", "127.0.0.1", "--port", "PORT",
             "--model-id", "bench", *(("--draft", draft) if draft else ()), *(("--exact",) if exact else ()))
+    # (optional) without the exact build's invariant kernels: what exactness costs beside llama-server
     return [Config("speculum auto", (*base, "--mode", "auto"), speculum=True),
-            Config("speculum off", (*base, "--mode", "off"), speculum=True)]
+            Config("speculum off", (*base, "--mode", "off"), speculum=True),
+            Config("speculum auto (not exact)", (*base, "--mode", "auto", "--no-exact"), speculum=True, optional=True),
+            Config("speculum off (not exact)", (*base, "--mode", "off", "--no-exact"), speculum=True, optional=True)]
 
 
 def llama_server_configs(binary: str, target: str, draft: str | None, ctx: int, threads: int,
