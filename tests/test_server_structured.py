@@ -32,6 +32,21 @@ def test_a_json_schema_answer_conforms_streamed_or_not(server):
     assert json.loads(text) == person  # greedy: the same answer either way
 
 
+def test_auto_drafts_a_schemas_forced_keys_and_answers_as_off_does(server):
+    # The grammar's forced text (its keys and punctuation) is drafted in auto mode and reported
+    # by its source; the answer is plain decoding's.
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "strict": True, "schema": PERSON}}
+    ask = [{"role": "user", "content": "Ann is 31, Bob is 40 and Cy is 25. Give Bob's name and age as JSON."}]
+    answers = {}
+    for mode in ("off", "auto"):
+        reply = server(mode=mode).client().chat.completions.create(model=MODEL, messages=ask, max_tokens=48,
+                                                                   response_format=fmt, temperature=0)
+        answers[mode] = reply.choices[0].message.content, reply.model_extra["speculum"]["passes_by_drafter"]
+    assert answers["auto"][0] == answers["off"][0]
+    assert answers["auto"][1].get("grammar", 0) >= 1, answers
+    assert "grammar" not in answers["off"][1]
+
+
 def test_json_object_answers_are_a_json_object(server):
     client = server().client()
     reply = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=40,

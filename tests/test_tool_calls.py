@@ -202,15 +202,16 @@ def test_an_agents_tool_schemas_build_one_grammar():
 
 def test_under_the_calls_grammar_a_marked_call_begins_at_its_name_or_sooner():
     # Hermes calls began once '"arguments": {' was read, 8-12 tokens after <tool_call>; under the
-    # grammar the name is all a client needs first, and a name no other offered name extends is
-    # known before its closing quote (the grammar forces it).
+    # grammar the name is all a client needs first, and it is known as soon as one offered name
+    # begins as written (the grammar forces the rest of it).
     use = tools.ToolUse(tools=[], format=tools.HERMES, choice=tools.ToolChoice.AUTO, enforced=True,
                         parameters={"get_weather": PARAMS, "get_time": PARAMS, "Edit": PARAMS, "EditFile": PARAMS})
     stream = callstream.CallStream(use)
     assert stream.feed("Checking.\n<tool_call>\n") == ("Checking.\n", [])
     assert stream.feed('{"name": "get_') == ("", [])  # get_weather or get_time: not yet
-    text, deltas = stream.feed("weather")
+    text, deltas = stream.feed("w")
     assert text == "" and [d["function"] for d in deltas] == [{"name": "get_weather", "arguments": ""}]
+    assert stream.feed("eat") == ("", []) and stream.feed("her") == ("", [])  # the rest of its name: read
     assert stream.feed('", "arguments": {"city": ') == ("", [{"index": 0, "function": {"arguments": '{"city":'}}])
     assert stream.feed('"Oslo"}}\n</tool_call>\n<tool_call>\n{"name": "Edit')[1] == [
         {"index": 0, "function": {"arguments": ' "Oslo"}'}}]  # Edit or EditFile: not yet
@@ -218,3 +219,12 @@ def test_under_the_calls_grammar_a_marked_call_begins_at_its_name_or_sooner():
     assert [d["function"].get("name") for d in deltas] == ["Edit", None]
     assert "".join(d["function"]["arguments"] for d in deltas) == '{"city": "Rome"}'
     assert stream.feed("\nDone.") == ("Done.", []) and stream.finish() == ("", [])
+
+
+def test_with_one_tool_under_its_grammar_a_call_begins_at_its_opening():
+    stream = callstream.CallStream(_use(enforced=True))
+    text, deltas = stream.feed('<tool_call>\n{"name": "')
+    assert text == "" and deltas[0]["function"] == {"name": "get_weather", "arguments": ""}
+    assert stream.feed('get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>')[1] == [
+        {"index": 0, "function": {"arguments": '{"city": "Oslo"}'}}]
+    assert stream.finish() == ("", [])

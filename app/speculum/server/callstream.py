@@ -19,8 +19,8 @@ class CallStream:
     arguments object, exactly its text. So do bare calls that open the answer (``{"name": ...,
     "arguments": {``, as Qwen writes them without their marker): the lazy grammar holds such an
     answer to calls from its opening on, so from the head on it is known to be one. Under that
-    grammar (``ToolUse.enforced``) a call begins at its name, and at a name no other offered name
-    extends before its closing quote is written (the grammar forces the rest). Text that may
+    grammar (``ToolUse.enforced``) a call begins at its name, as soon as one offered name begins as
+    written (the grammar forces the rest). Text that may
     start a call is held back; a call in another shape is held to its end and sent whole. Formats
     without a closing marker (Mistral, Llama 3.x) are held from their first character to the end
     when they look like calls, and sent whole then.
@@ -42,6 +42,7 @@ class CallStream:
         self.in_fence = False  # ... and those calls were in a fenced block, its close still to come
         self.named = False  # a call begun at its name: its arguments still to come
         self.marked = False  # ... and it is inside <tool_call>: it ends at the marker's close
+        self.name_rest = ""  # ... and the characters of its name still to come (see _name_at_head)
         self._out: list[str] = []  # what one feed sends: its text
         self._deltas: list[dict] = []  # ... and its call deltas
 
@@ -71,13 +72,14 @@ class CallStream:
         ``named``: the grammar holds a call from its opening on, so it begins at its name."""
         text = self.pending.lstrip()
         if named:
-            name, end = self._name_at_head(text)
+            name, end, self.name_rest = self._name_at_head(text)
         else:
             head = CALL_HEAD.match(text)
             name, end = (head.group(1), head.end()) if head is not None else (None, 0)
             if text[end:end + 1] != "{":
                 name = None
         if name not in self.use.parameters:
+            self.name_rest = ""
             return False
         self.begun.append(self._begin(name))
         self.bare = CallArguments()
@@ -87,20 +89,33 @@ class CallStream:
             self.arguments, self.sent = CallArguments(), 0
         return True
 
-    def _name_at_head(self, text: str) -> tuple[str | None, int]:
-        """A call's name where ``text`` opens with its head, and where the head read ends; under
-        the calls' grammar a name is known before its closing quote once no other offered name
-        extends it. (None, 0): not yet."""
+    def _name_at_head(self, text: str) -> tuple[str | None, int, str]:
+        """A call's name where ``text`` opens with its head, where the head read ends, and what the
+        grammar forces of the name still to be written: under the calls' grammar a name is known
+        as soon as one offered name begins as written (``write`` of ``write_stdin``; one tool:
+        at its opening quote). (None, 0, ""): not yet."""
         head = _NAME_HEAD.match(text)
         if head is None:
-            return None, 0
-        name = head.group(1)
-        if not head.group(2) and any(other != name and other.startswith(name) for other in self.use.parameters):
-            return None, 0
-        return name, head.end()
+            return None, 0, ""
+        written = head.group(1)
+        if head.group(2):
+            return written, head.end(), ""
+        names = [name for name in self.use.parameters if name.startswith(written)]
+        if len(names) != 1:
+            return None, 0, ""
+        return names[0], head.end(), names[0][len(written):] + '"'
 
     def _to_arguments(self) -> bool:
         """Between a call's name (sent) and its arguments; False: held."""
+        if self.name_rest:  # the rest of the name, as the grammar forces it: read, not sent
+            n = min(len(self.name_rest), len(self.pending))
+            if self.pending[:n] == self.name_rest[:n]:
+                self.bare.feed(self.pending[:n])
+                self.pending, self.name_rest = self.pending[n:], self.name_rest[n:]
+                if self.name_rest:
+                    return False
+            else:  # not as forced (no grammar writes this): read on as the call's other shapes are
+                self.name_rest = ""
         head = _TO_ARGUMENTS.match(self.pending)
         if head is not None and self.pending[head.end():head.end() + 1] == "{":
             self.bare.feed(self.pending[:head.end()])
@@ -299,7 +314,7 @@ class CallStream:
         """What was held back, at the end of the answer."""
         rest, self.pending = self.pending, ""
         if self.named:  # cut short (max_tokens) between its name and its arguments: a call without them
-            self.named, self.bare, self.marked = False, None, False
+            self.named, self.bare, self.marked, self.name_rest = False, None, False, ""
             return "", []
         if self.arguments is not None:  # a call cut short (max_tokens): its arguments as they stand
             args, self.arguments = self.arguments, None
