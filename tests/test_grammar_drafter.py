@@ -72,6 +72,11 @@ def test_a_tool_call_is_drafted_from_its_opening_to_its_arguments(qwen_draft_pat
         answer = Answer(model, use.grammar(), prompt=f"Earlier you wrote {earlier}\nNow:")
         assert answer.write("<tool_call>") == '\n{"name":"get_'
         assert answer.write('\n{"name":"get_weather') == '","arguments":{"city":"'
+        # A bare call's opening (the lazy grammar's trigger '{"name"') is drafted once '{"' is
+        # written, where the prompt's calls show it; else it is text like any other.
+        assert Answer(model, use.grammar()).write('{"') == ""
+        answer = Answer(model, use.grammar(), prompt=f'You called {{"name": "get_time", "arguments": {{}}}}.')
+        assert answer.write('{"') == 'name": "get_'
 
 
 def test_constrained_auto_drafts_the_forced_text_and_writes_plain_decodings_answer(smollm_path):

@@ -88,7 +88,7 @@ class GrammarDrafter(Drafter):
             return [], 0
         if self._at != len(context):
             self._follow(context)
-            text, sure = self._walk()
+            text, sure = self._walk(*self._start())
             tokens = self.target.tokenize(text, add_special=False, parse_special=False) if sure and text.strip(BLANKS) else []
             self._draft, self._at = (tokens, sure), len(context)
         return self._draft
@@ -127,14 +127,27 @@ class GrammarDrafter(Drafter):
             end = at + len(before) - 1
         return None
 
-    def _walk(self) -> tuple[str, int]:
-        """Characters forced from the state on, one at a time (see the module's docstring), and
-        how many lead it before the first guess the answer's habit did not confirm."""
+    def _start(self) -> tuple["Follows | None", str, bool]:
+        """Where the walk starts: the state; the text before it (a lazy grammar's trigger the answer
+        has begun, ``name"`` after ``{"``); whether that text is sure (the trigger written whole
+        before, in the prompt's calls). A lazy grammar's free text forces nothing: (None, "", False)."""
+        state = self._state
+        if getattr(state, "triggered", True):
+            return state, "", True
+        begun = state.begun_trigger()
+        if begun is None:
+            return None, "", False
+        trigger, rest, after = begun
+        return after, rest.decode("utf-8", "replace"), trigger.decode("utf-8", "replace") in self._text
+
+    def _walk(self, state: "Follows | None", lead: str = "", sure_lead: bool = True) -> tuple[str, int]:
+        """Characters forced from ``state`` on, one at a time (see the module's docstring), after
+        ``lead``, and how many lead the text before the first guess no habit confirmed."""
         chars, ids = self._probe_table()
-        if not len(ids):
+        if state is None or not len(ids):
             return "", 0
-        walk = self._state.clone()
-        out, sure = "", None
+        walk = state.clone()
+        out, sure = lead, None if sure_lead else 0
         while len(out) < MAX_CHARS:
             allowed = ids[walk.allowed_among(ids)]
             if len(allowed) == 1:

@@ -91,6 +91,16 @@ class LazyGrammarState(Follows):
     def triggered(self) -> bool:
         return self.inner is not None
 
+    def begun_trigger(self) -> tuple[bytes, bytes, GrammarState] | None:
+        """Where the answer's start has begun an at-start trigger (``{"`` of ``{"name"``): the
+        trigger, the rest of it and the grammar's state after it; None otherwise (or once triggered)."""
+        if self.inner is not None or not self._head:
+            return None
+        for (text, at_start), start in zip(self._shared.triggers, self._shared.starts):
+            if at_start and len(text) > len(self._head) and text.startswith(self._head):
+                return text, text[len(self._head):], start
+        return None
+
     def clone(self) -> "LazyGrammarState":
         return LazyGrammarState(self._shared, self._tail, self._head,
                                 self.inner.clone() if self.inner is not None else None)
