@@ -50,7 +50,8 @@ def test_a_registered_drafter_is_built_and_used(monkeypatch):
     args = dict(n_vocab=16, seed=2)
     dec = Decoder(SyntheticModel(**args))
     oracle = dec.drafters["oracle"]
-    assert set(dec.drafters) == {Source.LOOKUP, Source.PREDICTION, "oracle"}  # no draft model: no model drafter
+    # No draft model: no model drafter (the grammar's drafts only where an answer has a grammar)
+    assert set(dec.drafters) == {Source.LOOKUP, Source.PREDICTION, Source.GRAMMAR, "oracle"}
     cycles = list(dec.generate([1, 2, 3], max_tokens=40, policy=FixedPolicy(Choice("oracle", 3))))
     assert [t for c in cycles for t in c.emitted] == plain(args, [1, 2, 3], 40)
     assert cycles[0].drafted == [] and len(cycles[0].emitted) == 1  # the prompt's last row: no pass
