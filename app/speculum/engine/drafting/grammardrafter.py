@@ -114,8 +114,8 @@ class GrammarDrafter(Drafter):
         return self._chars, self._ids
 
     def _habit(self, before: str, options: str) -> str | None:
-        """What the answer wrote after ``before`` the last time it wrote one of ``options`` there
-        (None: it has not; ``HABIT_LOOKS`` places back at most)."""
+        """What followed ``before`` the last time one of ``options`` did, in the prompt's end or the
+        answer (None: none did; ``HABIT_LOOKS`` places back at most)."""
         text, end = self._text, len(self._text) - 1
         for _ in range(HABIT_LOOKS):
             at = text.rfind(before, 0, end)
