@@ -132,7 +132,7 @@ class GrammarDrafter(Drafter):
         has begun, ``name"`` after ``{"``); whether that text is sure (the trigger written whole
         before, in the prompt's calls). A lazy grammar's free text forces nothing: (None, "", False)."""
         state = self._state
-        if getattr(state, "triggered", True):
+        if state.triggered:
             return state, "", True
         begun = state.begun_trigger()
         if begun is None:

@@ -113,6 +113,11 @@ class Follows:
     and a draft's proposal under the grammar. ``GrammarState`` and ``grammar.lazy``'s state."""
 
     n_vocab: int
+    triggered = True  # False: a lazy grammar's state before its trigger (free text)
+
+    def begun_trigger(self) -> "tuple[bytes, bytes, GrammarState] | None":
+        """A lazy grammar's trigger the answer has begun (``grammar.lazy``); None here."""
+        return None
 
     def allows(self, token: int) -> bool:
         raise NotImplementedError
