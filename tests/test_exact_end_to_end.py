@@ -75,7 +75,11 @@ def test_every_mode_answers_the_api_as_plain_decoding_does(smollm_path, plain, m
     assert use["prompt_tokens_details"]["cached_tokens"] > 0  # the repeated prompt came from the cache
     if mode == "auto":  # the repeated answer was copied from the n-gram memory
         assert numbers["drafted_by_drafter"].get("memory", {}).get("accepted", 0) > 0, numbers
-    assert got["predicted"][2]["completion_tokens_details"]["accepted_prediction_tokens"] > 0  # it drafted
+    _, numbers, use = got["predicted"]
+    kept = use["completion_tokens_details"]["accepted_prediction_tokens"]
+    if mode == "auto":  # auto may copy the same words from the prompt instead (its policy's draws decide)
+        kept += numbers["drafted_by_drafter"].get("lookup", {}).get("accepted", 0)
+    assert kept > 0, numbers  # it drafted
     json.loads(got["schema"][0])  # the grammar held
 
 
