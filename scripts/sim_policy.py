@@ -169,8 +169,8 @@ def main() -> int:
     vocabulary = LlamaModel(target, LoadOptions(n_ctx=64))
     spelling = Spelling.of(vocabulary)  # its vocabulary: lookup respells renamed words
     from speculum.bench import load_prompts
-    grammars = (vocabulary, {p.name: p.grammar() for p in load_prompts() if p.grammar() is not None}
-                ) if args.grammar else None
+    grammar_of = {p.name: p.grammar() for p in load_prompts()}  # (each schema's grammar built once)
+    grammars = (vocabulary, {name: g for name, g in grammar_of.items() if g is not None}) if args.grammar else None
     a, _, b = args.seeds.partition("-")
     seeds = list(range(int(a), int(b) + 1)) if b else [int(s) for s in args.seeds.split(",")]
     curves = {"given": {int(n): float(c) for n, c in (x.split(":") for x in args.curve.split(","))}

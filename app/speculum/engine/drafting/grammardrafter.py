@@ -49,7 +49,7 @@ class GrammarDrafter(Drafter):
         self._chars: dict[int, str] | None = None  # token -> its one character, made on first use
         self._ids = np.zeros(0, np.int32)
         self._state: "Follows | None" = None
-        self._text = ""  # the prompt's end and the answer so far: its habits
+        self._text: str | None = None  # the prompt's end and the answer so far: its habits
         self._read = 0  # context tokens read into it
         self._at = -1  # the context length ``_draft`` was made for
         self._draft: tuple[list[int], int] = ([], 0)
@@ -60,9 +60,9 @@ class GrammarDrafter(Drafter):
 
     def begin(self, context: Sequence[int]) -> None:
         # The prompt's end is where the habits start: an agent's earlier calls and its tools'
-        # JSON are spaced as the model will space this answer's.
-        self._read = len(context)
-        self._text = b"".join(self.target.token_bytes(t) for t in context[-HABIT_TOKENS:]).decode("utf-8", "replace")
+        # JSON are spaced as the model will space this answer's. Read on first use (``_follow``):
+        # most answers have no grammar.
+        self._read, self._text = len(context), None
         self._at, self._state = -1, None
 
     def constrain(self, state: "Follows | None") -> None:
@@ -98,10 +98,13 @@ class GrammarDrafter(Drafter):
             state = self._state
             self.begin(context)
             self._state = state
-            return
-        for token in context[self._read:]:
-            self._text += self.target.token_bytes(token).decode("utf-8", "replace")
+        if self._text is None:
+            self._text = self._decoded(context[max(0, self._read - HABIT_TOKENS):self._read])
+        self._text += self._decoded(context[self._read:])
         self._read = len(context)
+
+    def _decoded(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.target.token_bytes(t) for t in tokens).decode("utf-8", "replace")
 
     def _probe_table(self) -> tuple[dict[int, str], np.ndarray]:
         if self._chars is None:
@@ -156,7 +159,7 @@ class GrammarDrafter(Drafter):
                 solid = [int(t) for t in allowed if chars[int(t)] not in BLANKS]
                 if len(solid) > 1 or not len(allowed):
                     break  # the model's own choice (a value), or only the end
-                written = self._text + out
+                written = (self._text[-2:] + out)[-2:]  # the habit's key: the last one or two characters
                 options = "".join(chars[int(t)] for t in allowed)
                 habit = next((h for n in (2, 1) if len(written) >= n
                               for h in [self._habit(written[-n:], options)] if h is not None), None)

@@ -32,9 +32,9 @@ MEMORY_PRIORS = (0.1, 0.2, 0.3, 0.4, 0.55, 0.85, 0.95)
 # right nearly every time.
 PREDICTION_BUCKETS = (1, 2, 4, 8, 16)
 PREDICTION_PRIORS = (0.1, 0.5, 0.75, 0.85, 0.9)
-# The grammar's forced text: acceptance by how many of its characters the grammar forced
-# (bucket lower bounds: 1, 4-7, 8-15, 16+); the rest are blanks guessed from the answer's habit.
-# A whole key with its quotes and colon is right unless a guessed blank before it is wrong.
+# The grammar's forced text: acceptance by how many of its characters lead it before the first
+# blank no habit confirmed (bucket lower bounds: 1, 4-7, 8-15, 16+). A whole key with its quotes
+# and colon is right unless a guessed blank before it is wrong.
 GRAMMAR_BUCKETS = (1, 4, 8, 16)
 GRAMMAR_PRIORS = (0.5, 0.8, 0.9, 0.95)
 

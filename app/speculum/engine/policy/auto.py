@@ -359,9 +359,9 @@ class AutoPolicy:
         Sure means the means pay by SURE_MARGIN, and: on a match of SURE_MATCH tokens or more,
         its bucket has been seen (SURE_EVIDENCE); on a shorter one, this answer's short copies were
         right (SHORT_SURE_AFTER); a client's prediction, whose match is this request's own output
-        agreeing with it, the grammar's forced text, and a memory's copy of an earlier text that began as this whole context
-        does (the same prompt again, an answer regenerated: greedy decoding writes it again), need
-        only the margin.
+        agreeing with it, the grammar's forced text, and a memory's copy of an earlier text that
+        began as this whole context does (the same prompt again, an answer regenerated: greedy
+        decoding writes it again), need only the margin.
         A draft model (or MTP head) is sure once it has been seen and its means pay; while its
         costs are untimed, a draft of up to two tokens is (only a try times them); else its drafts
         are exploration too. (Left to its draws, a fresh policy on a 2-core CPU tried the draft
