@@ -5,7 +5,10 @@ The forced difference is a real one: SmolLM2 drafting for itself at k = 8 sends 
 through a 9-row verify pass; with the row-invariance switch off, those rows differ from single
 steps (up to 0.66 of a logit, docs/notes/issue46-exact.md), and this prompt's answer meets a near
 tie where the pass's row takes the other token (on this project's Zen 4 CPU: token 44, 0.007
-apart). With the switch on, the same answer is plain decoding's."""
+apart). Which prompt meets such a tie depends on the CPU's kernels (on an AVX-512 Zen 4 the first
+answer below is plain decoding's even so, the second parts at token 12), so the forced difference
+is looked for over a few prompts: one of them must part. With the switch on, every answer is
+plain decoding's."""
 
 import json
 
@@ -15,6 +18,9 @@ import pytest
 from test_cli import speculum
 
 PROMPT = "Write a Python function that reverses a string."
+# Prompts whose answers meet a near tie on one CPU or another, the first one above
+TIED_PROMPTS = (PROMPT, "Write a Python function that checks whether a number is prime.",
+                "Write a Python class for a bank account.")
 SELF_DRAFT = ("--mode", "draft", "--fixed-k", "-k", "8", "--ctx", "1024", "--max-tokens", "64")
 
 
@@ -97,9 +103,13 @@ def test_generate_check_plain_exact_prints_identical(smollm_path):
 
 def test_generate_check_plain_forced_non_invariant_exits_1_at_the_first_difference(smollm_path, monkeypatch):
     monkeypatch.setenv("SPECULUM_FOLLOW_CORES", "0")  # one kernel path: its near tie does not move with the load
-    proc = speculum("generate", "--target", smollm_path, "--draft", smollm_path, *SELF_DRAFT, "--no-exact",
-                    "--check-plain", "--json", PROMPT)
-    assert proc.returncode == 1, proc.stderr
+    for prompt in TIED_PROMPTS:
+        proc = speculum("generate", "--target", smollm_path, "--draft", smollm_path, *SELF_DRAFT, "--no-exact",
+                        "--check-plain", "--json", prompt)
+        assert proc.returncode in (0, 1), proc.stderr
+        if proc.returncode == 1:
+            break
+    assert proc.returncode == 1, f"no answer of {len(TIED_PROMPTS)} parted from plain decoding"
     records = [json.loads(line) for line in proc.stdout.splitlines()]
     check, summary = records[-1], records[-2]
     answer = [t for r in records if r["type"] == "cycle" for t in r["emitted"]]

@@ -2,11 +2,13 @@
 it takes per context. Verification sends small batches, and these three decide what they cost.
 
 - How threads wait (``apply``): libgomp's threads spin ``SPIN_COUNT`` times at each barrier,
-  then sleep: a short spin keeps the quiet speed and gives a core away soon when another
-  program takes one (llama.cpp's default spin collapses under load). Where llama.cpp runs on
-  libgomp the policy is ``active`` with GOMP_SPINCOUNT capping both of libgomp's counts: the
-  window and the server decode on several threads, each with a team of its own. libgomp reads
-  this once, when loaded: ``apply`` runs before llama_cpp is imported (``native``).
+  then sleep: libgomp's own default, llama-server's. A core another program takes is left to
+  it by decoding on a thread fewer (``contention``), which is what once needed a short spin;
+  the short spin now only cost the quiet machine its barriers' wake-ups. Where llama.cpp runs
+  on libgomp the policy is ``active``, so that its count for more threads than cores (the
+  window and the server decode on several threads, each with a team of its own) is 1,000
+  spins, not 100. libgomp reads this once, when loaded: ``apply`` runs before llama_cpp is
+  imported (``native``).
 - ggml's tiled K-quant matmul (``TILED_MATMUL``): in verification passes with AVX-512, not
   elsewhere, until ``tuning`` has measured both on this machine; from then on the measurement
   decides. Prompt chunks take it either way where Speculum's build can say from how many rows
@@ -35,7 +37,7 @@ from pathlib import Path
 
 from ... import paths
 
-SPIN_COUNT = 1_000  # libgomp spin iterations before a waiting thread sleeps (see scripts/bench_load.py)
+SPIN_COUNT = 300_000  # libgomp spin iterations before a waiting thread sleeps (docs/notes/cpu-settings.md)
 USER_SETTINGS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 TILED_MATMUL = "GGML_CPU_TILED_MM"  # ggml's switch for its tiled K-quant matmul (see above)
 TILED_MIN_ROWS = "GGML_CPU_TILED_MM_MIN_ROWS"  # Speculum's build: from how many rows it is taken (ggml: 8)
