@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import queue
 import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, AsyncIterator, Callable
@@ -151,6 +152,7 @@ class ServedModel:
         self.reload = reload
         self._engine_threads: dict[int, Callable[[BaseException], None]] = {}  # thread -> fails its request
         self._parked: set[int] = set()  # threads a lost worker left inside llama.cpp, for good
+        self._engine = EngineThread()  # every request's decoding, on one thread (see there)
         self._given_up: list = []  # their decoders: never freed while a thread is inside them
         self._recovering = asyncio.Lock()
         self._lost_message = ""
@@ -245,8 +247,8 @@ class ServedModel:
         if decoder.draft is not None:
             decoder.draft.close()
 
-    def _joined(self, thread: threading.Thread) -> None:
-        """Wait for an engine thread to end, or to be parked by a lost worker."""
+    def _joined(self, thread: EngineJob) -> None:
+        """Wait for a request's decoding to end, or for its thread to be parked by a lost worker."""
         while thread.is_alive() and thread.ident not in self._parked:
             thread.join(0.1)
 
@@ -372,8 +374,7 @@ class ServedModel:
             finally:
                 self._engine_threads.pop(threading.get_ident(), None)
 
-        thread = threading.Thread(target=produce, name="speculum-serve", daemon=True)
-        thread.start()
+        thread = self._engine.start(produce, self._parked)
         stops = StopSequences(completion.stop)
         finish, generated, stats = "length", 0, Stats()
         try:
@@ -408,3 +409,56 @@ class ServedModel:
             if not whole.is_set():  # (a whole answer's thread ends by itself: the response need not wait for it)
                 await asyncio.to_thread(self._joined, thread)
             self.pace.finished()
+
+
+class EngineJob:
+    """One request's decoding on the engine thread: ended, or still running (``_joined`` asks)."""
+
+    def __init__(self, work: Callable[[], None], ident: int | None):
+        self.work, self.ident = work, ident
+        self.ended = threading.Event()
+
+    def is_alive(self) -> bool:
+        return not self.ended.is_set()
+
+    def join(self, timeout: float | None = None) -> None:
+        self.ended.wait(timeout)
+
+
+class EngineThread:
+    """One long-lived thread for the requests' decoding. llama.cpp's OpenMP threads form a team
+    per calling thread: a thread per request started a fresh team each time, and plain decoding
+    served that way ran 2% slower than the same loop on one thread (docs/notes/issue47-never-slower.md).
+    A request that comes while the thread is still busy (keeping the last answer, or parked inside
+    llama.cpp by a lost RPC worker, for good) gets a new thread, at once, as before: it must be
+    running to hear a lost worker's error. The busy one ends once its work does."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._jobs: queue.SimpleQueue | None = None  # the current thread's
+        self._thread: threading.Thread | None = None
+        self._idle = False
+
+    def start(self, work: Callable[[], None], parked: set[int]) -> EngineJob:
+        with self._lock:
+            if not self._idle or self._thread is None or self._thread.ident in parked:
+                self._jobs = queue.SimpleQueue()
+                self._thread = threading.Thread(target=self._serve, args=(self._jobs,), name="speculum-serve",
+                                                daemon=True)
+                self._thread.start()
+            self._idle = False
+            job = EngineJob(work, self._thread.ident)
+            self._jobs.put(job)
+            return job
+
+    def _serve(self, jobs: queue.SimpleQueue) -> None:
+        while True:
+            job = jobs.get()
+            try:
+                job.work()  # (its own errors go to its response)
+            finally:
+                job.ended.set()
+                with self._lock:
+                    if jobs is not self._jobs:  # a newer thread took over while this one worked
+                        return
+                    self._idle = True
