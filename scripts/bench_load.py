@@ -10,7 +10,7 @@ process that spins on one core, for plain decoding and auto mode.
     (add --model T --draft D, --settings today,passive,speculum,spin=N, --modes off,auto,
      --max-tokens N, --repeat N, --json)
 
-Settings: today = libgomp's default (GOMP_SPINCOUNT=300000, what Speculum ran with before);
+Settings: today = libgomp's default (GOMP_SPINCOUNT=300000; Speculum's again since its threads follow the cores);
 passive = OMP_WAIT_POLICY=passive; speculum = what engine/llama/cpu_settings.py sets; spin=N = GOMP_SPINCOUNT=N.
 Each as Speculum runs it, its thread count following other programs (engine/llama/contention.py);
 with "/fixed" after it (speculum/fixed), on all cores whatever else runs.

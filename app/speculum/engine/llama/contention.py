@@ -3,8 +3,8 @@
 llama.cpp's threads meet at a barrier after every operation, hundreds of times a token. When
 another program takes one of the cores, the thread on it is preempted and every other thread
 waits for it at each barrier: one busy core of two took plain decoding of the demo target from
-10.6 to 5.6 tok/s with Speculum's short spin, and to 1.4 with libgomp's default
-(docs/notes/cpu-settings.md). With one thread fewer, no thread waits for a preempted one and
+10.6 to 5.6 tok/s with a short spin (1,000), and to 1.4 with libgomp's default, the spin
+Speculum keeps now that its threads follow the cores (docs/notes/cpu-settings.md). With one thread fewer, no thread waits for a preempted one and
 the other program keeps its core. So every INTERVAL_S, at a decode, the cores this process may
 run on are read for the CPU time spent on them by everything else (the system's busy time on
 them less this process's own), and the next decode runs on the cores left.
