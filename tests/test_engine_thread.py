@@ -51,6 +51,9 @@ def test_a_parked_thread_is_never_given_work_again():
     engine = EngineThread()
     first, _ = _ran_on(engine)
     first.join(5)
+    old = next(t for t in threading.enumerate() if t.ident == first.ident)
     second, seen = _ran_on(engine, parked={first.ident})
     second.join(5)
     assert seen == [second.ident] and second.ident != first.ident
+    old.join(5)
+    assert not old.is_alive()  # (parked, it came back: it ends rather than wait for work forever)

@@ -414,7 +414,7 @@ class ServedModel:
 class EngineJob:
     """One request's decoding on the engine thread: ended, or still running (``_joined`` asks)."""
 
-    def __init__(self, work: Callable[[], None], ident: int | None):
+    def __init__(self, work: Callable[[], None], ident: int):
         self.work, self.ident = work, ident
         self.ended = threading.Event()
 
@@ -442,6 +442,8 @@ class EngineThread:
     def start(self, work: Callable[[], None], parked: set[int]) -> EngineJob:
         with self._lock:
             if not self._idle or self._thread is None or self._thread.ident in parked:
+                if self._idle:  # a parked thread that came back: it ends instead of waiting for work
+                    self._jobs.put(None)
                 self._jobs = queue.SimpleQueue()
                 self._thread = threading.Thread(target=self._serve, args=(self._jobs,), name="speculum-serve",
                                                 daemon=True)
@@ -454,6 +456,8 @@ class EngineThread:
     def _serve(self, jobs: queue.SimpleQueue) -> None:
         while True:
             job = jobs.get()
+            if job is None:
+                return
             try:
                 job.work()  # (its own errors go to its response)
             finally:

@@ -208,7 +208,7 @@ def apply(environ=os.environ) -> dict:
         chosen = {k: environ[k] for k in USER_SETTINGS if k in environ}
         if not chosen:
             environ["GOMP_SPINCOUNT"] = str(SPIN_COUNT)
-            if llama_cpp_uses_libgomp():  # see above: the throttled count follows the spin count
+            if llama_cpp_uses_libgomp():  # see above: more threads than cores then spin 1,000 times, not 100
                 environ["OMP_WAIT_POLICY"] = "active"
         tiled_chosen = TILED_MATMUL in environ
         measured = None if tiled_chosen else _measured_tiled()
