@@ -41,11 +41,15 @@ SWITCH = """
 // every row), tiled (the tiled K-quant matmul off), flash (flash attention's reference path for
 // every row count), mmla (ARM's paired-row kernels one row at a time), gemv-sb (Q4_K's repacked
 // gemv on AVX2 rounds once per sub-block pair, as its gemm does, so gemm keeps serving groups of
-// 4 rows: the repack part then leaves Q4_K alone).
+// 4 rows: the repack part then leaves Q4_K alone), sgemm-heads (a batched product's heads go to
+// the threads as jobs, each computed by one thread's sgemm, instead of every head across all threads
+// with two barriers each: the same arithmetic, without ~1,300 barriers a decoded token; single
+// rows only).
 enum {
     GGML_ROW_INV_SGEMM_ONE = 1, GGML_ROW_INV_REPACK = 2, GGML_ROW_INV_TILED = 4,
     GGML_ROW_INV_FLASH = 8, GGML_ROW_INV_MMLA = 16, GGML_ROW_INV_NO_SGEMM = 32, GGML_ROW_INV_GEMV_SB = 64,
-    GGML_ROW_INV_SHIPPED = 1 | 2 | 4 | 8 | 16 | 64,
+    GGML_ROW_INV_SGEMM_HEADS = 128,
+    GGML_ROW_INV_SHIPPED = 1 | 2 | 4 | 8 | 16 | 64 | 128,
 };
 static inline int ggml_cpu_row_invariant_parts(void) {
     static int parts = -1;  // (a benign race: every thread reads the same value)
@@ -62,6 +66,7 @@ static inline int ggml_cpu_row_invariant_parts(void) {
             p |= strstr(env, "flash") ? GGML_ROW_INV_FLASH : 0;
             p |= strstr(env, "mmla") ? GGML_ROW_INV_MMLA : 0;
             p |= strstr(env, "gemv-sb") ? GGML_ROW_INV_GEMV_SB : 0;
+            p |= strstr(env, "sgemm-heads") ? GGML_ROW_INV_SGEMM_HEADS : 0;
         }
         parts = p;
     }
@@ -72,7 +77,71 @@ static inline bool ggml_cpu_row_invariant(int part) {
 }
 """
 
-# (file under ggml/src/ggml-cpu, text as upstream has it, text with the switch)
+SGEMM_HEADS = """#if GGML_USE_LLAMAFILE
+// (Speculum, GGML_CPU_ROW_INVARIANT's sgemm-heads) How many slices of each head's rows make the
+// jobs of a batched product of one row a head (a decoded token's attention), so that every thread
+// has at least one; 0 where upstream's loop over heads keeps it: the switch off, passes of several
+// rows (where the barriers weigh little against the work: no gain measured, and prompt reading
+// lost), one head, weights sgemm may serve by other kernels than tinyBLAS (whose acceptance could
+// then differ between slices), or too few rows to give every thread a job.
+static int64_t ggml_sgemm_head_slices(const struct ggml_tensor * src0, const struct ggml_tensor * src1, int nth) {
+    const int64_t heads = src1->ne[2] * src1->ne[3];
+    const int64_t rows = src0->ne[1];
+    if (!ggml_cpu_row_invariant(GGML_ROW_INV_SGEMM_HEADS) || src1->ne[1] != 1 || heads < 2
+        || (src0->type != GGML_TYPE_F16 && src0->type != GGML_TYPE_BF16 && src0->type != GGML_TYPE_F32)) {
+        return 0;
+    }
+    int64_t slices = 1;  // (slices of >= 32 rows, in multiples of 4: tinyBLAS's smallest tile)
+    while (heads * slices < 2 * nth && slices < 8 && rows % 4 == 0 && rows / (slices * 2) >= 32) {
+        slices *= 2;
+    }
+    return heads * slices >= nth ? slices : 0;
+}
+
+// Each job one slice of one head's rows, computed by this thread's tinyBLAS alone (nth = 1); the
+// jobs after each thread's first come from the team's chunk counter, which ggml_compute_forward_mul_mat
+// set to nth before its barrier. False, on every thread alike, where tinyBLAS does not serve these
+// types or sizes: each thread's first job asks before any work, and all jobs agree (same types and
+// depth, row counts all multiples of 4 or all the same).
+static bool ggml_sgemm_heads(const struct ggml_compute_params * params, const struct ggml_tensor * src0,
+                             const struct ggml_tensor * src1, struct ggml_tensor * dst, const void * wdata,
+                             size_t row_size, enum ggml_type vec_dot_type, int64_t slices) {
+    GGML_TENSOR_BINARY_OP_LOCALS
+    const int64_t r2 = ne12 / ne02;
+    const int64_t r3 = ne13 / ne03;
+    const int64_t jobs = ne12 * ne13 * slices;
+    const int64_t per_slice = slices == 1 ? ne01 : ((ne01 + slices - 1) / slices + 3) / 4 * 4;
+    struct ggml_compute_params alone = *params;
+    alone.ith = 0;
+    alone.nth = 1;
+    for (int64_t job = params->ith; job < jobs; job = ggml_threadpool_chunk_add(params->threadpool, 1)) {
+        const int64_t head = job / slices;
+        const int64_t i12 = head % ne12;
+        const int64_t i13 = head / ne12;
+        const int64_t r0 = (job % slices) * per_slice;
+        const int64_t r1 = MIN(r0 + per_slice, ne01);
+        if (!llamafile_sgemm(&alone,
+                             r1 - r0, ne11, ne00/ggml_blck_size(src0->type),
+                             (const char *)src0->data + i12/r2*nb02 + i13/r3*nb03 + r0*nb01,
+                             nb01/ggml_type_size(src0->type),
+                             (const char *)wdata + (i12*ne11 + i13*ne12*ne11)*row_size,
+                             row_size/ggml_type_size(vec_dot_type),
+                             (char *)dst->data + i12*nb2 + i13*nb3 + r0*nb0,
+                             nb1/ggml_type_size(dst->type),
+                             src0->type,
+                             vec_dot_type,
+                             dst->type)) {
+            GGML_ASSERT(job == params->ith);  // (a later job would have failed the first too)
+            return false;
+        }
+    }
+    return true;
+}
+#endif
+
+"""
+
+# (file under ggml/src/ggml-cpu, text as upstream has it, text with the switch[, times it is there: 1])
 EDITS = [
     ("ggml-cpu-impl.h",
      "#include <math.h>   // fabsf\n",
@@ -81,6 +150,56 @@ EDITS = [
     ("llamafile/sgemm.cpp",
      "#if !defined(__MMA__)\n    if (n < 2)\n        return false;\n#endif",
      "#if !defined(__MMA__)\n    if ((n < 2 && !ggml_cpu_row_invariant(GGML_ROW_INV_SGEMM_ONE)) || ggml_cpu_row_invariant(GGML_ROW_INV_NO_SGEMM))\n        return false;\n#endif"),
+    # tinyBLAS asked by one thread alone (nth = 1) for its own share of a larger product, beside the
+    # other threads doing theirs (sgemm-heads, below): no team's job counter, no barrier. Upstream
+    # never passes nth = 1 to a team of more threads, so its results are unchanged. (The same
+    # text twice: tinyBLAS and its RISC-V twin.)
+    ("llamafile/sgemm.cpp",
+     "        if (params->ith == 0) {\n"
+     "            GGML_ASSERT( jj_BN * SIZE_BN + (NB_BN - jj_BN) * (SIZE_BN - 1) == xtiles);\n"
+     "            // Every thread starts at ith, so the first unprocessed chunk is nth.  This save a bit of coordination right at the start.\n"
+     "            ggml_threadpool_chunk_set(params->threadpool, params->nth);\n"
+     "        }\n\n"
+     "        ggml_barrier(params->threadpool);\n",
+     "        const bool alone = params->nth == 1;  // (Speculum: a share of its own, see ggml-cpu.c)\n"
+     "        if (params->ith == 0) {\n"
+     "            GGML_ASSERT( jj_BN * SIZE_BN + (NB_BN - jj_BN) * (SIZE_BN - 1) == xtiles);\n"
+     "            // Every thread starts at ith, so the first unprocessed chunk is nth.  This save a bit of coordination right at the start.\n"
+     "            if (!alone) ggml_threadpool_chunk_set(params->threadpool, params->nth);\n"
+     "        }\n\n"
+     "        if (!alone) ggml_barrier(params->threadpool);\n", 2),
+    ("llamafile/sgemm.cpp",
+     "            job = ggml_threadpool_chunk_add(params->threadpool, 1);\n"
+     "        }\n\n"
+     "        ggml_barrier(params->threadpool);\n",
+     "            job = alone ? job + 1 : ggml_threadpool_chunk_add(params->threadpool, 1);\n"
+     "        }\n\n"
+     "        if (!alone) ggml_barrier(params->threadpool);\n", 2),
+    # sgemm-heads: a batched product's heads (attention's KQ and KQV without flash attention) as
+    # jobs for the threads, each one thread's tinyBLAS, where upstream runs each head across all the
+    # threads with two barriers of its own (and ~30 tiny jobs a head from one shared counter). Each
+    # element is accumulated alike whatever tile or thread computes it, so rows stay as sgemm-one
+    # makes them. Single rows only: decoding's steps, where that overhead weighs.
+    ("ggml-cpu.c",
+     "void ggml_compute_forward_mul_mat(\n"
+     "        const struct ggml_compute_params * params,\n"
+     "              struct ggml_tensor * dst) {\n",
+     SGEMM_HEADS +
+     "void ggml_compute_forward_mul_mat(\n"
+     "        const struct ggml_compute_params * params,\n"
+     "              struct ggml_tensor * dst) {\n"),
+    ("ggml-cpu.c",
+     "        const size_t row_size = ggml_row_size(vec_dot_type, ne10);\n\n"
+     "        for (int64_t i13 = 0; i13 < ne13; i13++)\n",
+     "        const size_t row_size = ggml_row_size(vec_dot_type, ne10);\n\n"
+     "        const int64_t slices = ggml_sgemm_head_slices(src0, src1, nth);\n"
+     "        if (slices > 0) {\n"
+     "            if (ggml_sgemm_heads(params, src0, src1, dst, wdata, row_size, vec_dot_type, slices)) {\n"
+     "                return;\n"
+     "            }\n"
+     "            goto UseGgmlGemm2;\n"
+     "        }\n"
+     "        for (int64_t i13 = 0; i13 < ne13; i13++)\n"),
     # the tiled K-quant matmul, which starts at 8 rows, stays off
     ("tiled/tiled.cpp",
      "        enabled = env == NULL || atoi(env) != 0;",
@@ -193,11 +312,11 @@ EDITS = [
 def patch(source: Path) -> None:
     """Make the edits in a freshly unpacked llama-cpp-python source folder."""
     cpu = source / "vendor" / "llama.cpp" / "ggml" / "src" / "ggml-cpu"
-    for name, old, new in EDITS:
+    for name, old, new, *times in EDITS:
         file = cpu / name
         text = file.read_text(encoding="utf-8")
-        if text.count(old) != 1:
-            raise SystemExit(f"{file}: the text to change is not there once; these edits are for "
+        if text.count(old) != (times[0] if times else 1):
+            raise SystemExit(f"{file}: the text to change is not there as often as expected; these edits are for "
                              f"llama-cpp-python {VERSION}")
         file.write_text(text.replace(old, new), encoding="utf-8")
 

@@ -1,7 +1,7 @@
 """Whether a row's logits depend on the pass it is decoded in, on this build and machine, and
 what the row-invariance switch costs.
 
-    python scripts/check_rows.py MODEL.gguf [--exact|--no-exact] [--prompt-len 24] [--sizes 1,2,4,8]
+    python scripts/check_rows.py MODEL.gguf [--exact|--no-exact] [--prompt-len 24] [--sizes 1,2,4,8] [--threads N]
                                  [--chunks one,7] [--time] [--json]
 
 Each of --gen tokens (greedy continuations) is decoded alone after the prompt, then in passes of
@@ -59,6 +59,7 @@ def main() -> int:
     ap.add_argument("--sizes", default="1,2,3,4,5,8,16,64")
     ap.add_argument("--chunks", default="one", help="comma list: 'one' (the prompt read whole) or a chunk size")
     ap.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto")
+    ap.add_argument("--threads", type=int, default=None, help="llama.cpp's threads (default: Speculum's choice)")
     ap.add_argument("--time", action="store_true")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -72,7 +73,8 @@ def main() -> int:
     from speculum.engine.settings import LoadOptions
 
     flash = {"on": True, "off": False}.get(args.flash_attn)
-    model = LlamaModel(args.model, LoadOptions(n_ctx=max(2048, args.prompt_len + args.gen + 64), flash_attn=flash),
+    model = LlamaModel(args.model, LoadOptions(n_ctx=max(2048, args.prompt_len + args.gen + 64), flash_attn=flash,
+                                                  n_threads=args.threads),
                        verifies=True)
     try:
         tokens = model.tokenize(TEXT * (1 + args.prompt_len // 20), add_special=True)

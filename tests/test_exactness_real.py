@@ -55,6 +55,16 @@ def test_rows_are_the_same_past_512_cached_tokens(which, flash, request):
     assert differing(report) == {}
 
 
+def test_rows_are_the_same_with_more_threads_than_heads(smollm_path):
+    """A single row's attention goes to the threads a head at a time (the switch's sgemm-heads
+    part); with more threads than SmolLM2's 9 heads each head's rows are cut into slices. Whatever
+    the cut, each row must still be the one a pass of several rows computes."""
+    report = check(smollm_path, "--exact", "--threads", "16", "--prompt-len", "300", "--gen", "16",
+                   "--sizes", "1,2,16", "--chunks", "one,7")
+    assert len(report["checks"]) == 6
+    assert differing(report) == {}
+
+
 def test_without_the_switch_the_demo_target_s_rows_depend_on_their_pass(qwen_target_path):
     """What the switch is for: as llama.cpp computes by default, the same row differs between
     passes (by a fraction of a logit, enough to turn a near tie)."""

@@ -45,7 +45,7 @@ TILED_MIN_ROWS = "GGML_CPU_TILED_MM_MIN_ROWS"  # Speculum's build: from how many
 PROMPT_CHUNK_ROWS = 65
 ROW_INVARIANT = "GGML_CPU_ROW_INVARIANT"  # Speculum's build's switch: one kernel per row whatever the pass
 # Its parts, named in place of "1" to measure each (packaging/llama_cpp_source.py)
-ROW_INVARIANT_PARTS = ("sgemm-one", "no-sgemm", "repack", "tiled", "flash", "mmla", "gemv-sb")
+ROW_INVARIANT_PARTS = ("sgemm-one", "no-sgemm", "repack", "tiled", "flash", "mmla", "gemv-sb", "sgemm-heads")
 # On: with Q4_K's gemv rounding as its gemm does, the switch costs plain decoding nothing measurable,
 # verify passes nothing and prompt reading 8% on the demo target (docs/notes/issue46-exact.md).
 EXACT_BY_DEFAULT = True
